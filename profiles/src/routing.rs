@@ -1,0 +1,296 @@
+//! The routing table: which destinations a message goes to.
+//!
+//! Rules are `[[routes]]` in file order and the first matching rule wins,
+//! because that is what operators read top to bottom. A rule matches on the
+//! submitting account (`*` = any) and on a prefix of the destination address.
+//! Addresses arrive as `+447700900123`, `00447700900123` or `447700900123`
+//! for the same number, so a leading `+` and then a leading `00` are ignored
+//! on both the address and the configured prefix (the address itself is not
+//! rewritten; this is for matching only).
+//!
+//! `resolve` runs for every message, so the table is compiled once: prefixes
+//! go into a byte trie whose nodes list the rules ending there in file order.
+//! A lookup walks the address once — cost proportional to the address length
+//! plus the few rules sharing a prefix, not to the number of rules — and
+//! allocates nothing.
+
+use crate::model::{Config, RouteConfig};
+
+/// What a matching rule sends a message to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// The rule's name (for logs and metrics).
+    pub name: String,
+    /// Destinations in failover order: the first reachable one is used.
+    pub to: Vec<String>,
+    /// Additional destinations, each an independent branch.
+    pub copy_to: Vec<String>,
+}
+
+/// One trie node: children keyed by the next address byte, and the indices of
+/// the rules whose normalized prefix ends exactly here (ascending = file order).
+#[derive(Debug, Clone, Default)]
+struct Node {
+    children: Vec<(u8, u32)>,
+    rules: Vec<u32>,
+}
+
+impl Node {
+    fn child(&self, byte: u8) -> Option<u32> {
+        // At most ten children for digit prefixes: a linear scan beats hashing.
+        self.children.iter().find(|(b, _)| *b == byte).map(|&(_, idx)| idx)
+    }
+}
+
+/// Compiled `[[routes]]`.
+#[derive(Debug, Clone)]
+pub struct RouteTable {
+    routes: Vec<Route>,
+    /// Per rule: `None` for `*`, else the one account it applies to.
+    accounts: Vec<Option<Box<str>>>,
+    /// Node 0 is the root (the empty prefix).
+    nodes: Vec<Node>,
+}
+
+/// Strips a leading `+`, then a leading `00` (international call prefix).
+pub fn normalize_address(addr: &str) -> &str {
+    let addr = addr.strip_prefix('+').unwrap_or(addr);
+    addr.strip_prefix("00").unwrap_or(addr)
+}
+
+impl RouteTable {
+    /// Compiles routes (normally those of a validated [`Config`]).
+    /// Never fails: an invalid rule can at worst never match.
+    pub fn new(routes: &[RouteConfig]) -> Self {
+        let mut table = RouteTable {
+            routes: Vec::with_capacity(routes.len()),
+            accounts: Vec::with_capacity(routes.len()),
+            nodes: vec![Node::default()],
+        };
+        for (idx, rc) in routes.iter().enumerate() {
+            // Rule counts are far below u32::MAX; saturate rather than panic.
+            let rule = u32::try_from(idx).unwrap_or(u32::MAX);
+            table.routes.push(Route {
+                name: rc.name.clone(),
+                to: rc.to.clone(),
+                copy_to: rc.copy_to.clone(),
+            });
+            table.accounts.push(if rc.account == "*" {
+                None
+            } else {
+                Some(rc.account.as_str().into())
+            });
+            let node = table.insert_prefix(normalize_address(&rc.destination_prefix));
+            if let Some(n) = table.nodes.get_mut(node) {
+                n.rules.push(rule);
+            }
+        }
+        table
+    }
+
+    /// Compiles the routes of a configuration.
+    pub fn from_config(cfg: &Config) -> Self {
+        Self::new(&cfg.routes)
+    }
+
+    fn insert_prefix(&mut self, prefix: &str) -> usize {
+        let mut node = 0usize;
+        for &byte in prefix.as_bytes() {
+            let existing = self.nodes.get(node).and_then(|n| n.child(byte));
+            node = match existing {
+                Some(next) => next as usize,
+                None => {
+                    let next = self.nodes.len();
+                    self.nodes.push(Node::default());
+                    if let Some(n) = self.nodes.get_mut(node) {
+                        n.children.push((byte, u32::try_from(next).unwrap_or(u32::MAX)));
+                    }
+                    next
+                }
+            };
+        }
+        node
+    }
+
+    /// The first rule, in file order, whose account and prefix match.
+    pub fn resolve(&self, account: &str, destination_addr: &str) -> Option<&Route> {
+        let addr = normalize_address(destination_addr).as_bytes();
+        let mut best: Option<u32> = None;
+        let mut node = self.nodes.first();
+        let mut depth = 0usize;
+        while let Some(n) = node {
+            for &rule in &n.rules {
+                if best.is_some_and(|b| rule >= b) {
+                    break;
+                }
+                let applies = match self.accounts.get(rule as usize) {
+                    Some(None) => true,
+                    Some(Some(only)) => **only == *account,
+                    None => false,
+                };
+                if applies {
+                    best = Some(rule);
+                    break;
+                }
+            }
+            if best == Some(0) {
+                break;
+            }
+            node = addr
+                .get(depth)
+                .and_then(|&byte| n.child(byte))
+                .and_then(|next| self.nodes.get(next as usize));
+            depth += 1;
+        }
+        best.and_then(|rule| self.routes.get(rule as usize))
+    }
+
+    /// Every rule, in file order.
+    pub fn routes(&self) -> &[Route] {
+        &self.routes
+    }
+
+    /// Number of rules.
+    pub fn len(&self) -> usize {
+        self.routes.len()
+    }
+
+    /// Whether there are no rules (every message is unroutable).
+    pub fn is_empty(&self) -> bool {
+        self.routes.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rc(name: &str, account: &str, prefix: &str, to: &[&str]) -> RouteConfig {
+        RouteConfig {
+            name: name.into(),
+            account: account.into(),
+            destination_prefix: prefix.into(),
+            to: to.iter().map(|s| (*s).to_owned()).collect(),
+            copy_to: vec![],
+        }
+    }
+
+    fn name<'a>(t: &'a RouteTable, account: &str, addr: &str) -> Option<&'a str> {
+        t.resolve(account, addr).map(|r| r.name.as_str())
+    }
+
+    #[test]
+    fn first_match_wins_in_file_order() {
+        let t = RouteTable::new(&[rc("all", "*", "", &["a"]), rc("uk", "*", "44", &["b"])]);
+        assert_eq!(name(&t, "x", "447700900123"), Some("all"));
+
+        let t = RouteTable::new(&[
+            rc("uk-mobile", "*", "447", &["b"]),
+            rc("uk", "*", "44", &["c"]),
+            rc("all", "*", "", &["a"]),
+        ]);
+        assert_eq!(name(&t, "x", "447700900123"), Some("uk-mobile"));
+        assert_eq!(name(&t, "x", "441632960000"), Some("uk"));
+        assert_eq!(name(&t, "x", "33612345678"), Some("all"));
+        // A later, longer prefix does not beat an earlier shorter one.
+        let t = RouteTable::new(&[rc("uk", "*", "44", &["c"]), rc("uk-mobile", "*", "447", &["b"])]);
+        assert_eq!(name(&t, "x", "447700900123"), Some("uk"));
+    }
+
+    #[test]
+    fn account_specific_route_before_wildcard() {
+        let t = RouteTable::new(&[
+            rc("esme1-uk", "esme1", "44", &["premium"]),
+            rc("uk", "*", "44", &["cheap"]),
+        ]);
+        let r = t.resolve("esme1", "447700900123").unwrap();
+        assert_eq!(r.name, "esme1-uk");
+        assert_eq!(r.to, vec!["premium".to_owned()]);
+        assert_eq!(name(&t, "esme2", "447700900123"), Some("uk"));
+        // An account rule placed after the wildcard is shadowed by it.
+        let t = RouteTable::new(&[
+            rc("uk", "*", "44", &["cheap"]),
+            rc("esme1-uk", "esme1", "44", &["premium"]),
+        ]);
+        assert_eq!(name(&t, "esme1", "447700900123"), Some("uk"));
+    }
+
+    #[test]
+    fn prefix_ignores_plus_and_double_zero() {
+        let t = RouteTable::new(&[
+            rc("uk", "*", "+44", &["b"]),
+            rc("fr", "*", "0033", &["c"]),
+            rc("national", "*", "0", &["d"]),
+        ]);
+        for addr in ["+447700900123", "00447700900123", "447700900123"] {
+            assert_eq!(name(&t, "x", addr), Some("uk"), "{addr}");
+        }
+        for addr in ["+33612345678", "0033612345678", "33612345678", "+0033612345678"] {
+            assert_eq!(name(&t, "x", addr), Some("fr"), "{addr}");
+        }
+        assert_eq!(name(&t, "x", "07700900123"), Some("national"));
+        assert_eq!(normalize_address("+00447"), "447");
+        assert_eq!(normalize_address("0447"), "0447");
+    }
+
+    #[test]
+    fn no_match_is_none() {
+        let t = RouteTable::new(&[rc("uk", "*", "44", &["b"]), rc("esme1", "esme1", "", &["c"])]);
+        assert_eq!(name(&t, "esme2", "33612345678"), None);
+        assert_eq!(name(&t, "esme2", ""), None);
+        assert_eq!(name(&t, "esme2", "4"), None);
+        assert!(RouteTable::new(&[]).resolve("a", "1").is_none());
+        assert!(RouteTable::new(&[]).is_empty());
+    }
+
+    #[test]
+    fn empty_prefix_matches_every_number() {
+        let t = RouteTable::new(&[rc("all", "*", "", &["a"])]);
+        assert_eq!(name(&t, "x", ""), Some("all"));
+        assert_eq!(name(&t, "x", "+1"), Some("all"));
+        assert_eq!(t.len(), 1);
+    }
+
+    /// Cross-checks the trie against the obvious linear scan on many tables.
+    #[test]
+    fn trie_agrees_with_linear_scan() {
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let digits = |len: u64, next: &mut dyn FnMut(u64) -> u64| -> String {
+            (0..len).map(|_| char::from(b'0' + next(4) as u8)).collect()
+        };
+        let accounts = ["*", "a", "b"];
+        for _ in 0..200 {
+            let mut routes = Vec::new();
+            for i in 0..next(12) {
+                let len = next(4);
+                let mut prefix = digits(len, &mut next);
+                if next(4) == 0 {
+                    prefix.insert(0, '+');
+                }
+                let account = accounts[next(3) as usize];
+                routes.push(rc(&format!("r{i}"), account, &prefix, &["d"]));
+            }
+            let table = RouteTable::new(&routes);
+            for _ in 0..50 {
+                let len = next(6);
+                let addr = digits(len, &mut next);
+                let account = ["a", "b", "c"][next(3) as usize];
+                let expected = routes.iter().find(|r| {
+                    (r.account == "*" || r.account == account)
+                        && normalize_address(&addr).starts_with(normalize_address(&r.destination_prefix))
+                });
+                assert_eq!(
+                    table.resolve(account, &addr).map(|r| r.name.as_str()),
+                    expected.map(|r| r.name.as_str()),
+                    "{routes:?} {account} {addr}"
+                );
+            }
+        }
+    }
+}

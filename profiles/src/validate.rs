@@ -1,0 +1,685 @@
+//! Rules a configuration must satisfy beyond its types.
+//!
+//! Everything that can be checked without opening a socket or a store is
+//! checked here, at startup, so an operator finds a mistake in the log of the
+//! first start rather than at the first message. All problems are collected
+//! and reported together ([`ConfigError::Multiple`]) so a file can be fixed in
+//! one pass; each names its full key.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::error::ConfigError;
+use crate::model::{Config, DestinationKind, DlrBackend, OnReceiptRequest, Secret, StageBackend};
+use crate::profile::check_supported;
+
+/// SMPP 3.4 field limits (bytes, without the terminating NUL): longer values
+/// cannot be encoded in a bind PDU, and an ESME could never bind with them.
+const MAX_SYSTEM_ID: usize = 15;
+const MAX_PASSWORD: usize = 8;
+const MAX_SYSTEM_TYPE: usize = 12;
+
+/// `smpp.max-command-length` bounds: below 64 not even a bind fits; above
+/// 1 MiB one session could pin a large allocation per PDU.
+pub const MIN_COMMAND_LENGTH: u32 = 64;
+/// See [`MIN_COMMAND_LENGTH`].
+pub const MAX_COMMAND_LENGTH: u32 = 1_048_576;
+
+/// Checks every rule, including that the storage profile is implemented by
+/// this release. `load*` runs it; call it again after editing a `Config` in code.
+pub fn validate(cfg: &Config) -> Result<(), ConfigError> {
+    let mut v = Validator::default();
+    v.sms(cfg);
+    v.dlr(cfg);
+    v.storage(cfg);
+    v.smpp(cfg);
+    v.http(cfg);
+    v.admin(cfg);
+    v.destinations(cfg);
+    v.routes(cfg);
+    if let Err(e) = check_supported(&cfg.storage_profile()) {
+        v.problems.push(e);
+    }
+    match ConfigError::from_problems(v.problems) {
+        None => Ok(()),
+        Some(e) => Err(e),
+    }
+}
+
+#[derive(Default)]
+struct Validator {
+    problems: Vec<ConfigError>,
+}
+
+impl Validator {
+    fn invalid(&mut self, key: impl Into<String>, reason: impl Into<String>) {
+        self.problems.push(ConfigError::Invalid {
+            key: key.into(),
+            reason: reason.into(),
+        });
+    }
+
+    fn value(&mut self, key: impl Into<String>, value: impl Into<String>, expected: impl Into<String>) {
+        self.problems.push(ConfigError::InvalidValue {
+            key: key.into(),
+            value: value.into(),
+            expected: expected.into(),
+        });
+    }
+
+    fn missing(&mut self, key: impl Into<String>, when: Option<String>) {
+        self.problems.push(ConfigError::MissingKey { key: key.into(), when });
+    }
+
+    /// Counts, windows and sizes of zero would stall or refuse everything.
+    fn at_least<T: Into<u64> + Copy>(&mut self, key: &str, value: T, min: u64) {
+        let v: u64 = value.into();
+        if v < min {
+            self.value(key, v.to_string(), format!("at least {min}"));
+        }
+    }
+
+    fn at_least_usize(&mut self, key: &str, value: usize, min: usize) {
+        if value < min {
+            self.value(key, value.to_string(), format!("at least {min}"));
+        }
+    }
+
+    /// A zero timeout, interval or retention is never what an operator means.
+    fn nonzero(&mut self, key: &str, d: Duration) {
+        if d.is_zero() {
+            self.value(
+                key,
+                format!("{:?}", crate::duration::format(d)),
+                "a duration greater than zero",
+            );
+        }
+    }
+
+    fn max_len(&mut self, key: &str, value: &str, max: usize, quote: bool) {
+        if value.len() > max {
+            let shown = if quote {
+                format!("{value:?}")
+            } else {
+                // Secrets: say how long, never what.
+                format!("of {} bytes", value.len())
+            };
+            self.value(key, shown, format!("at most {max} bytes (SMPP 3.4 limit)"));
+        }
+    }
+
+    fn not_empty(&mut self, key: &str, value: &str) -> bool {
+        if value.trim().is_empty() {
+            self.invalid(key, "must not be empty");
+            false
+        } else {
+            true
+        }
+    }
+
+    /// Requires `value` to be non-empty and not already used at an earlier
+    /// index of the same list (`what[first]`).
+    fn unique<'a>(&mut self, seen: &mut HashMap<&'a str, usize>, key: &str, value: &'a str, i: usize, what: &str) {
+        if !self.not_empty(key, value) {
+            return;
+        }
+        if let Some(first) = first_seen(seen, value, i) {
+            self.invalid(key, format!("\"{value}\" is already {what}[{first}]"));
+        }
+    }
+
+    fn sms(&mut self, cfg: &Config) {
+        let s = &cfg.sms;
+        self.nonzero("sms.multipart-expiry", s.multipart_expiry);
+        self.at_least_usize("sms.pending.max-messages", s.pending.max_messages, 1);
+        self.at_least_usize("sms.router-queue.batch-size", s.router_queue.batch_size, 1);
+        self.at_least_usize("sms.routed-work.max-in-flight", s.routed_work.max_in_flight, 1);
+    }
+
+    fn dlr(&mut self, cfg: &Config) {
+        let d = &cfg.dlr;
+        if d.backend == DlrBackend::Memory {
+            self.at_least_usize("dlr.capacity", d.capacity, 1);
+        }
+        self.nonzero("dlr.retention", d.retention);
+        self.nonzero("dlr.callback-timeout", d.callback_timeout);
+        self.nonzero("dlr.orphan-retention", d.orphan_retention);
+        if d.on_receipt_request == OnReceiptRequest::Refuse && d.backend != DlrBackend::Disabled {
+            self.invalid(
+                "dlr.on-receipt-request",
+                format!(
+                    "\"refuse\" applies only with dlr.backend = \"disabled\", but dlr.backend is \"{}\"",
+                    d.backend
+                ),
+            );
+        }
+    }
+
+    fn storage(&mut self, cfg: &Config) {
+        let stages = [
+            ("sms.pending.backend", cfg.sms.pending.backend),
+            ("sms.router-queue.backend", cfg.sms.router_queue.backend),
+            ("sms.routed-work.backend", cfg.sms.routed_work.backend),
+        ];
+        let users = |stage: StageBackend, dlr: DlrBackend| -> Vec<String> {
+            let mut keys: Vec<String> = stages
+                .iter()
+                .filter(|(_, b)| *b == stage)
+                .map(|(k, b)| format!("{k} = \"{b}\""))
+                .collect();
+            if cfg.dlr.backend == dlr {
+                keys.push(format!("dlr.backend = \"{dlr}\""));
+            }
+            keys
+        };
+        let file_users = users(StageBackend::File, DlrBackend::File);
+        let pg_users = users(StageBackend::Postgresql, DlrBackend::Postgresql);
+
+        let dir_missing = cfg.storage.file.dir.as_ref().is_none_or(|d| d.as_os_str().is_empty());
+        if !file_users.is_empty() && dir_missing {
+            self.missing(
+                "storage.file.dir",
+                Some(format!("required because {}", file_users.join(", "))),
+            );
+        }
+        let url_missing = cfg.storage.postgresql.url.as_ref().is_none_or(Secret::is_empty);
+        if !pg_users.is_empty() && url_missing {
+            self.missing(
+                "storage.postgresql.url",
+                Some(format!("required because {}", pg_users.join(", "))),
+            );
+        }
+        if !pg_users.is_empty() {
+            self.at_least(
+                "storage.postgresql.max-connections",
+                cfg.storage.postgresql.max_connections,
+                1,
+            );
+        }
+    }
+
+    fn smpp(&mut self, cfg: &Config) {
+        let Some(s) = &cfg.smpp else { return };
+        self.at_least("smpp.max-connections", s.max_connections, 1);
+        if !(MIN_COMMAND_LENGTH..=MAX_COMMAND_LENGTH).contains(&s.max_command_length) {
+            self.value(
+                "smpp.max-command-length",
+                s.max_command_length.to_string(),
+                format!("a number from {MIN_COMMAND_LENGTH} to {MAX_COMMAND_LENGTH}"),
+            );
+        }
+        self.at_least("smpp.window", s.window, 1);
+        self.nonzero("smpp.bind-timeout", s.bind_timeout);
+        self.nonzero("smpp.idle-timeout", s.idle_timeout);
+        self.nonzero("smpp.deliver-timeout", s.deliver_timeout);
+
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        for (i, a) in s.accounts.iter().enumerate() {
+            let key = format!("smpp.accounts[{i}]");
+            let id_key = format!("{key}.system-id");
+            self.max_len(&id_key, &a.system_id, MAX_SYSTEM_ID, true);
+            self.unique(&mut seen, &id_key, &a.system_id, i, "the system-id of smpp.accounts");
+            let pw_key = format!("{key}.password");
+            if a.password.is_empty() {
+                self.invalid(&pw_key, "must not be empty: anyone could bind as this account");
+            }
+            self.max_len(&pw_key, a.password.expose(), MAX_PASSWORD, false);
+            self.at_least(&format!("{key}.max-binds"), a.max_binds, 1);
+        }
+    }
+
+    fn http(&mut self, cfg: &Config) {
+        let Some(h) = &cfg.http else { return };
+        self.at_least_usize("http.max-body-bytes", h.max_body_bytes, 1);
+        self.nonzero("http.idempotency-retention", h.idempotency_retention);
+        let accounts = account_ids(cfg);
+        let mut seen: Vec<(&Secret, usize)> = Vec::new();
+        for (i, k) in h.api_keys.iter().enumerate() {
+            let key_key = format!("http.api-keys[{i}].key");
+            if k.key.is_empty() {
+                self.invalid(&key_key, "must not be empty");
+            } else if let Some((_, first)) = seen.iter().find(|(s, _)| *s == &k.key) {
+                // Never echo the key itself: it is a credential.
+                self.invalid(
+                    &key_key,
+                    format!("the same key is already used by http.api-keys[{first}]"),
+                );
+            } else {
+                seen.push((&k.key, i));
+            }
+            if !accounts.contains(&k.account.as_str()) {
+                self.value(
+                    format!("http.api-keys[{i}].account"),
+                    format!("{:?}", k.account),
+                    format!(
+                        "the system-id of an [[smpp.accounts]] entry ({})",
+                        list_or_none(&accounts)
+                    ),
+                );
+            }
+        }
+    }
+
+    fn admin(&mut self, cfg: &Config) {
+        let a = &cfg.admin;
+        if !is_loopback(&a.listen) && a.token.is_empty() {
+            self.missing(
+                "admin.token",
+                Some(format!(
+                    "required because admin.listen {} is not a loopback address",
+                    a.listen
+                )),
+            );
+        }
+    }
+
+    fn destinations(&mut self, cfg: &Config) {
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        for (i, d) in cfg.destinations.iter().enumerate() {
+            let key = format!("destinations[{i}]");
+            let name_key = format!("{key}.name");
+            self.unique(&mut seen, &name_key, &d.name, i, "the name of destinations");
+            if d.kind == DestinationKind::Smpp {
+                let when = || Some("required for kind = \"smpp\"".to_owned());
+                match d.host.as_deref() {
+                    None => self.missing(format!("{key}.host"), when()),
+                    Some(h) => {
+                        self.not_empty(&format!("{key}.host"), h);
+                    }
+                }
+                match d.port {
+                    None => self.missing(format!("{key}.port"), when()),
+                    Some(p) => self.at_least(&format!("{key}.port"), p, 1),
+                }
+                match d.system_id.as_deref() {
+                    None => self.missing(format!("{key}.system-id"), when()),
+                    Some(s) => {
+                        let k = format!("{key}.system-id");
+                        if self.not_empty(&k, s) {
+                            self.max_len(&k, s, MAX_SYSTEM_ID, true);
+                        }
+                    }
+                }
+                self.max_len(&format!("{key}.password"), d.password.expose(), MAX_PASSWORD, false);
+                self.max_len(&format!("{key}.system-type"), &d.system_type, MAX_SYSTEM_TYPE, true);
+            }
+            self.at_least(&format!("{key}.window"), d.window, 1);
+            self.nonzero(&format!("{key}.enquire-link-interval"), d.enquire_link_interval);
+            self.nonzero(&format!("{key}.response-timeout"), d.response_timeout);
+            self.nonzero(&format!("{key}.reconnect-min"), d.reconnect_min);
+            if d.reconnect_max < d.reconnect_min {
+                self.value(
+                    format!("{key}.reconnect-max"),
+                    format!("{:?}", crate::duration::format(d.reconnect_max)),
+                    format!(
+                        "at least {key}.reconnect-min ({})",
+                        crate::duration::format(d.reconnect_min)
+                    ),
+                );
+            }
+        }
+    }
+
+    fn routes(&mut self, cfg: &Config) {
+        let destinations: Vec<&str> = cfg.destinations.iter().map(|d| d.name.as_str()).collect();
+        let accounts = account_ids(cfg);
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        for (i, r) in cfg.routes.iter().enumerate() {
+            let key = format!("routes[{i}]");
+            let name_key = format!("{key}.name");
+            self.unique(&mut seen, &name_key, &r.name, i, "the name of routes");
+            if r.account != "*" && !accounts.contains(&r.account.as_str()) {
+                self.value(
+                    format!("{key}.account"),
+                    format!("{:?}", r.account),
+                    format!(
+                        "\"*\" or the system-id of an [[smpp.accounts]] entry ({})",
+                        list_or_none(&accounts)
+                    ),
+                );
+            }
+            let prefix = crate::routing::normalize_address(&r.destination_prefix);
+            let prefix_ok =
+                prefix.bytes().all(|b| b.is_ascii_digit()) && (r.destination_prefix.is_empty() || !prefix.is_empty());
+            if !prefix_ok {
+                self.value(
+                    format!("{key}.destination-prefix"),
+                    format!("{:?}", r.destination_prefix),
+                    "digits, optionally after a leading \"+\" or \"00\" (\"\" matches every number)",
+                );
+            }
+            if r.to.is_empty() {
+                self.invalid(format!("{key}.to"), "must name at least one destination");
+            }
+            self.targets(&key, "to", &r.to, &destinations);
+            self.targets(&key, "copy-to", &r.copy_to, &destinations);
+            for (j, c) in r.copy_to.iter().enumerate() {
+                if let Some(t) = r.to.iter().position(|t| t == c) {
+                    self.invalid(
+                        format!("{key}.copy-to[{j}]"),
+                        format!(
+                            "\"{c}\" is also {key}.to[{t}]; a destination is either a failover target or a copy, not both"
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    fn targets(&mut self, route: &str, field: &str, names: &[String], destinations: &[&str]) {
+        for (j, n) in names.iter().enumerate() {
+            let key = format!("{route}.{field}[{j}]");
+            if !destinations.contains(&n.as_str()) {
+                self.value(
+                    key,
+                    format!("{n:?}"),
+                    format!("the name of a [[destinations]] entry ({})", list_or_none(destinations)),
+                );
+            } else if let Some(first) = names[..j].iter().position(|m| m == n) {
+                self.invalid(key, format!("\"{n}\" is already {route}.{field}[{first}]"));
+            }
+        }
+    }
+}
+
+/// Records `name` at index `i` unless it was seen before; returns the index
+/// of its first occurrence when it is a duplicate.
+fn first_seen<'a>(seen: &mut HashMap<&'a str, usize>, name: &'a str, i: usize) -> Option<usize> {
+    match seen.entry(name) {
+        Entry::Occupied(first) => Some(*first.get()),
+        Entry::Vacant(slot) => {
+            slot.insert(i);
+            None
+        }
+    }
+}
+
+fn account_ids(cfg: &Config) -> Vec<&str> {
+    cfg.smpp
+        .iter()
+        .flat_map(|s| s.accounts.iter().map(|a| a.system_id.as_str()))
+        .collect()
+}
+
+fn list_or_none(names: &[&str]) -> String {
+    if names.is_empty() {
+        "none are configured".to_owned()
+    } else {
+        format!("one of {}", names.join(", "))
+    }
+}
+
+/// Whether an address is reachable only from this host.
+fn is_loopback(addr: &SocketAddr) -> bool {
+    addr.ip().is_loopback()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::load_str;
+
+    const BASE: &str = r#"
+[smpp]
+[[smpp.accounts]]
+system-id = "esme1"
+password = "secret"
+
+[[destinations]]
+name = "a"
+kind = "simulator"
+
+[[destinations]]
+name = "b"
+kind = "smpp"
+host = "127.0.0.1"
+port = 2776
+system-id = "sendium"
+"#;
+
+    /// Loads `BASE` followed by `extra` and returns the messages of every problem.
+    fn problems(extra: &str) -> Vec<String> {
+        match load_str(&format!("{BASE}\n{extra}")) {
+            Ok(_) => vec![],
+            Err(e) => e.problems().iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    fn one(extra: &str) -> String {
+        let p = problems(extra);
+        assert_eq!(p.len(), 1, "{p:#?}");
+        p.into_iter().next().unwrap_or_default()
+    }
+
+    #[test]
+    fn base_is_valid() {
+        assert_eq!(problems(""), Vec::<String>::new());
+    }
+
+    #[test]
+    fn duplicate_destination_names() {
+        assert_eq!(
+            one("[[destinations]]\nname = \"a\"\nkind = \"simulator\""),
+            "invalid destinations[2].name: \"a\" is already the name of destinations[0]"
+        );
+    }
+
+    #[test]
+    fn duplicate_accounts_and_api_keys() {
+        assert_eq!(
+            one("[[smpp.accounts]]\nsystem-id = \"esme1\"\npassword = \"x\""),
+            "invalid smpp.accounts[1].system-id: \"esme1\" is already the system-id of smpp.accounts[0]"
+        );
+        let p = one("[http]\n[[http.api-keys]]\nkey = \"k1\"\naccount = \"esme1\"\n\
+             [[http.api-keys]]\nkey = \"k1\"\naccount = \"esme1\"");
+        assert_eq!(
+            p,
+            "invalid http.api-keys[1].key: the same key is already used by http.api-keys[0]"
+        );
+        assert!(!p.contains("k1"));
+    }
+
+    #[test]
+    fn api_key_account_must_exist() {
+        assert_eq!(
+            one("[http]\n[[http.api-keys]]\nkey = \"k\"\naccount = \"nobody\""),
+            "invalid value \"nobody\" for http.api-keys[0].account: expected the system-id of an \
+             [[smpp.accounts]] entry (one of esme1)"
+        );
+    }
+
+    #[test]
+    fn routes_must_name_destinations() {
+        assert_eq!(
+            one("[[routes]]\nname = \"r\"\nto = []"),
+            "invalid routes[0].to: must name at least one destination"
+        );
+        assert_eq!(
+            one("[[routes]]\nname = \"r\"\nto = [\"a\", \"x\"]"),
+            "invalid value \"x\" for routes[0].to[1]: expected the name of a [[destinations]] \
+             entry (one of a, b)"
+        );
+        assert_eq!(
+            one("[[routes]]\nname = \"r\"\nto = [\"a\"]\ncopy-to = [\"y\"]"),
+            "invalid value \"y\" for routes[0].copy-to[0]: expected the name of a [[destinations]] \
+             entry (one of a, b)"
+        );
+        assert_eq!(
+            one("[[routes]]\nname = \"r\"\nto = [\"a\", \"b\"]\ncopy-to = [\"b\"]"),
+            "invalid routes[0].copy-to[0]: \"b\" is also routes[0].to[1]; a destination is either \
+             a failover target or a copy, not both"
+        );
+        assert_eq!(
+            one("[[routes]]\nname = \"r\"\nto = [\"a\", \"a\"]"),
+            "invalid routes[0].to[1]: \"a\" is already routes[0].to[0]"
+        );
+    }
+
+    #[test]
+    fn route_names_accounts_and_prefixes() {
+        assert_eq!(
+            one("[[routes]]\nname = \"r\"\nto = [\"a\"]\n[[routes]]\nname = \"r\"\nto = [\"b\"]"),
+            "invalid routes[1].name: \"r\" is already the name of routes[0]"
+        );
+        assert_eq!(
+            one("[[routes]]\nname = \"r\"\naccount = \"esme2\"\nto = [\"a\"]"),
+            "invalid value \"esme2\" for routes[0].account: expected \"*\" or the system-id of an \
+             [[smpp.accounts]] entry (one of esme1)"
+        );
+        assert_eq!(
+            one("[[routes]]\nname = \"r\"\ndestination-prefix = \"44 \"\nto = [\"a\"]"),
+            "invalid value \"44 \" for routes[0].destination-prefix: expected digits, optionally \
+             after a leading \"+\" or \"00\" (\"\" matches every number)"
+        );
+        assert_eq!(
+            problems("[[routes]]\nname = \"r\"\ndestination-prefix = \"+\"\nto = [\"a\"]").len(),
+            1
+        );
+        assert!(problems("[[routes]]\nname = \"r\"\ndestination-prefix = \"+0044\"\nto = [\"a\"]").is_empty());
+    }
+
+    #[test]
+    fn smpp_destinations_need_an_endpoint() {
+        let p = problems("[[destinations]]\nname = \"c\"\nkind = \"smpp\"");
+        assert_eq!(
+            p,
+            vec![
+                "missing required key destinations[2].host (required for kind = \"smpp\")",
+                "missing required key destinations[2].port (required for kind = \"smpp\")",
+                "missing required key destinations[2].system-id (required for kind = \"smpp\")",
+            ]
+        );
+    }
+
+    #[test]
+    fn windows_and_command_length() {
+        assert_eq!(
+            one("[[destinations]]\nname = \"c\"\nkind = \"simulator\"\nwindow = 0"),
+            "invalid value 0 for destinations[2].window: expected at least 1"
+        );
+        let base_without_smpp = BASE.replace("[smpp]\n", "[smpp]\nwindow = 0\nmax-command-length = 63\n");
+        let err = load_str(&base_without_smpp).unwrap_err();
+        let msgs: Vec<String> = err.problems().iter().map(ToString::to_string).collect();
+        assert_eq!(
+            msgs,
+            vec![
+                "invalid value 63 for smpp.max-command-length: expected a number from 64 to 1048576",
+                "invalid value 0 for smpp.window: expected at least 1",
+            ]
+        );
+        let ok = BASE.replace("[smpp]\n", "[smpp]\nmax-command-length = 1048576\n");
+        assert!(load_str(&ok).is_ok());
+        let too_big = BASE.replace("[smpp]\n", "[smpp]\nmax-command-length = 1048577\n");
+        assert!(load_str(&too_big).is_err());
+    }
+
+    #[test]
+    fn smpp_field_lengths() {
+        assert_eq!(
+            one("[[smpp.accounts]]\nsystem-id = \"a-very-long-system-id\"\npassword = \"x\""),
+            "invalid value \"a-very-long-system-id\" for smpp.accounts[1].system-id: expected at \
+             most 15 bytes (SMPP 3.4 limit)"
+        );
+        let p = one("[[smpp.accounts]]\nsystem-id = \"e2\"\npassword = \"123456789\"");
+        assert_eq!(
+            p,
+            "invalid value of 9 bytes for smpp.accounts[1].password: expected at most 8 bytes \
+             (SMPP 3.4 limit)"
+        );
+        assert_eq!(
+            one("[[smpp.accounts]]\nsystem-id = \"e2\"\npassword = \"\""),
+            "invalid smpp.accounts[1].password: must not be empty: anyone could bind as this account"
+        );
+    }
+
+    #[test]
+    fn storage_locations_required_only_when_used() {
+        // Present but unused is fine.
+        assert!(problems("[storage.file]\ndir = \"/tmp/x\"\n[storage.postgresql]\nurl = \"postgres://x\"").is_empty());
+        let p = problems("[sms.pending]\nbackend = \"file\"\n[dlr]\nbackend = \"postgresql\"");
+        assert_eq!(p.len(), 3, "{p:#?}");
+        assert_eq!(
+            p[0],
+            "missing required key storage.file.dir (required because sms.pending.backend = \"file\")"
+        );
+        assert_eq!(
+            p[1],
+            "missing required key storage.postgresql.url (required because dlr.backend = \"postgresql\")"
+        );
+        assert!(p[2].starts_with("unsupported storage profile file/memory/memory + dlr postgresql"));
+        let p = problems(
+            "[sms.router-queue]\nbackend = \"file\"\n[sms.routed-work]\nbackend = \"file\"\n[dlr]\nbackend = \"file\"",
+        );
+        assert_eq!(
+            p[0],
+            "missing required key storage.file.dir (required because sms.router-queue.backend = \
+             \"file\", sms.routed-work.backend = \"file\", dlr.backend = \"file\")"
+        );
+        // With locations given, only the profile refusal remains.
+        let p = problems("[sms.pending]\nbackend = \"file\"\n[storage.file]\ndir = \"/var/lib/sendium\"");
+        assert_eq!(p.len(), 1);
+        assert!(p[0].starts_with("unsupported storage profile"));
+    }
+
+    #[test]
+    fn admin_token_required_off_loopback() {
+        assert_eq!(
+            one("[admin]\nlisten = \"0.0.0.0:9090\""),
+            "missing required key admin.token (required because admin.listen 0.0.0.0:9090 is not a \
+             loopback address)"
+        );
+        assert!(problems("[admin]\nlisten = \"0.0.0.0:9090\"\ntoken = \"t\"").is_empty());
+        assert!(problems("[admin]\nlisten = \"[::1]:9090\"").is_empty());
+    }
+
+    #[test]
+    fn receipt_refusal_only_with_disabled_dlr() {
+        assert_eq!(
+            one("[dlr]\non-receipt-request = \"refuse\""),
+            "invalid dlr.on-receipt-request: \"refuse\" applies only with dlr.backend = \
+             \"disabled\", but dlr.backend is \"memory\""
+        );
+        assert!(problems("[dlr]\nbackend = \"disabled\"\non-receipt-request = \"refuse\"").is_empty());
+    }
+
+    #[test]
+    fn zero_sizes_and_durations() {
+        assert_eq!(
+            one("[sms.router-queue]\nbatch-size = 0"),
+            "invalid value 0 for sms.router-queue.batch-size: expected at least 1"
+        );
+        assert_eq!(
+            one("[dlr]\nretention = \"0s\""),
+            "invalid value \"0s\" for dlr.retention: expected a duration greater than zero"
+        );
+        assert_eq!(
+            one(
+                "[[destinations]]\nname = \"c\"\nkind = \"simulator\"\nreconnect-min = \"10s\"\nreconnect-max = \"5s\""
+            ),
+            "invalid value \"5s\" for destinations[2].reconnect-max: expected at least \
+             destinations[2].reconnect-min (10s)"
+        );
+    }
+
+    #[test]
+    fn all_problems_are_reported_together() {
+        let err = load_str(&format!(
+            "{BASE}\n[[routes]]\nname = \"r\"\nto = []\n[[destinations]]\nname = \"a\"\nkind = \"simulator\"\nwindow = 0"
+        ))
+        .unwrap_err();
+        assert!(matches!(err, ConfigError::Multiple(_)));
+        let text = err.to_string();
+        assert!(text.starts_with("3 configuration errors:\n  - "), "{text}");
+    }
+
+    #[test]
+    fn validate_runs_on_programmatic_configs() {
+        let mut cfg = Config::default();
+        assert!(validate(&cfg).is_ok());
+        cfg.sms.pending.backend = StageBackend::Postgresql;
+        let err = validate(&cfg).unwrap_err();
+        assert_eq!(err.problems().len(), 2);
+    }
+}

@@ -1,0 +1,355 @@
+use std::time::Duration;
+
+use super::{Factory, retention};
+use crate::dlr::{
+    DeliveryFinish, DeliveryResult, DlrRetention, DlrState, Handoff, HandoffOutcome, ProviderReceipt, ReceiptMatch,
+    ReceiptOutcome, ReceiptTarget, ReplyPath,
+};
+use crate::ids::{MessageId, Timestamp};
+use crate::record::Address;
+
+const LEASE: Duration = Duration::from_secs(30);
+
+fn target(reply: ReplyPath) -> ReceiptTarget {
+    ReceiptTarget {
+        submit_id: MessageId::generate(),
+        account: "esme1".into(),
+        reply,
+        source: Address::new(5, 0, "Sendium"),
+        destination: Address::new(1, 1, "447700900123"),
+        submitted_at: Timestamp::now(),
+        failure_only: false,
+    }
+}
+
+fn handoff(keys: &[&str], targets: Vec<ReceiptTarget>) -> Handoff {
+    Handoff {
+        unit: MessageId::generate(),
+        branch: 0,
+        destination: "up".into(),
+        outcome: HandoffOutcome::Submitted {
+            provider_keys: keys.iter().map(|k| k.to_string()).collect(),
+        },
+        targets,
+        handed_off_at: Timestamp::now(),
+    }
+}
+
+fn outcome(state: DlrState, err: &str) -> ReceiptOutcome {
+    ReceiptOutcome {
+        state,
+        error: err.into(),
+        done_at: Timestamp::now(),
+    }
+}
+
+fn receipt(key: &str, state: DlrState) -> ProviderReceipt {
+    ProviderReceipt {
+        destination: "up".into(),
+        keys: vec![key.into()],
+        outcome: outcome(state, if state == DlrState::Delivered { "000" } else { "045" }),
+    }
+}
+
+fn later() -> Timestamp {
+    Timestamp::now().saturating_add(Duration::from_secs(1))
+}
+
+pub(crate) async fn resolves_delivered_when_every_part_delivered(f: &dyn Factory) {
+    let s = f.dlr(100, retention()).await;
+    let t1 = target(ReplyPath::Smpp);
+    let t2 = target(ReplyPath::Http {
+        url: "http://127.0.0.1:1/cb".into(),
+    });
+    let h = handoff(&["p1", "p2", "p3"], vec![t1.clone(), t2.clone()]);
+    s.hand_off(vec![h.clone()]).await.unwrap();
+    assert_eq!(s.stats().await.unwrap().correlations, 3);
+    let m = s
+        .record_receipts(vec![
+            receipt("p1", DlrState::Delivered),
+            receipt("p2", DlrState::Delivered),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        m,
+        vec![
+            ReceiptMatch::Matched {
+                unit: h.unit,
+                resolved: false
+            },
+            ReceiptMatch::Matched {
+                unit: h.unit,
+                resolved: false
+            }
+        ]
+    );
+    assert!(
+        s.claim_due(later(), LEASE, 10).await.unwrap().is_empty(),
+        "not resolved yet"
+    );
+    let m = s
+        .record_receipts(vec![receipt("p3", DlrState::Delivered)])
+        .await
+        .unwrap();
+    assert_eq!(
+        m,
+        vec![ReceiptMatch::Matched {
+            unit: h.unit,
+            resolved: true
+        }]
+    );
+    let mut due = s.claim_due(later(), LEASE, 10).await.unwrap();
+    due.sort_by_key(|d| d.id);
+    assert_eq!(due.len(), 2, "one delivery per receipt target");
+    assert_eq!(due[0].target, t1);
+    assert_eq!(due[1].target, t2);
+    assert!(
+        due.iter()
+            .all(|d| d.outcome.state == DlrState::Delivered && d.attempt == 1)
+    );
+    // A repeated receipt never produces another delivery.
+    let m = s
+        .record_receipts(vec![receipt("p3", DlrState::Delivered)])
+        .await
+        .unwrap();
+    assert!(matches!(m[0], ReceiptMatch::Duplicate { .. } | ReceiptMatch::Orphaned));
+    s.finish(
+        due.iter()
+            .map(|d| DeliveryFinish {
+                id: d.id,
+                attempt: d.attempt,
+                result: DeliveryResult::Delivered,
+            })
+            .collect(),
+    )
+    .await
+    .unwrap();
+    let far = Timestamp::now().saturating_add(Duration::from_secs(120));
+    assert!(s.claim_due(far, LEASE, 10).await.unwrap().is_empty());
+    assert_eq!(s.stats().await.unwrap().pending_deliveries, 0);
+}
+
+pub(crate) async fn first_failure_resolves_at_once(f: &dyn Factory) {
+    let s = f.dlr(100, retention()).await;
+    let h = handoff(&["a", "b"], vec![target(ReplyPath::Smpp)]);
+    s.hand_off(vec![h.clone()]).await.unwrap();
+    let m = s
+        .record_receipts(vec![receipt("b", DlrState::Undeliverable)])
+        .await
+        .unwrap();
+    assert_eq!(
+        m,
+        vec![ReceiptMatch::Matched {
+            unit: h.unit,
+            resolved: true
+        }]
+    );
+    let due = s.claim_due(later(), LEASE, 10).await.unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].outcome.state, DlrState::Undeliverable);
+    assert_eq!(due[0].outcome.error, "045");
+    let m = s
+        .record_receipts(vec![receipt("a", DlrState::Delivered)])
+        .await
+        .unwrap();
+    assert!(matches!(m[0], ReceiptMatch::Duplicate { .. } | ReceiptMatch::Orphaned));
+    assert_eq!(s.stats().await.unwrap().pending_deliveries, 1, "no second receipt");
+}
+
+pub(crate) async fn orphan_receipts_match_a_later_handoff(f: &dyn Factory) {
+    let s = f.dlr(100, retention()).await;
+    let m = s
+        .record_receipts(vec![receipt("early", DlrState::Delivered)])
+        .await
+        .unwrap();
+    assert_eq!(m, vec![ReceiptMatch::Orphaned]);
+    assert_eq!(s.stats().await.unwrap().orphans, 1);
+    let h = handoff(&["early"], vec![target(ReplyPath::Smpp)]);
+    s.hand_off(vec![h]).await.unwrap();
+    let due = s.claim_due(later(), LEASE, 10).await.unwrap();
+    assert_eq!(due.len(), 1, "the orphan resolved the message at handoff");
+    assert_eq!(due[0].outcome.state, DlrState::Delivered);
+    assert_eq!(s.stats().await.unwrap().orphans, 0);
+}
+
+pub(crate) async fn repeated_handoff_is_idempotent(f: &dyn Factory) {
+    let s = f.dlr(100, retention()).await;
+    let h = handoff(&["x1"], vec![target(ReplyPath::Smpp)]);
+    s.hand_off(vec![h.clone()]).await.unwrap();
+    s.hand_off(vec![h.clone()]).await.unwrap();
+    assert_eq!(s.stats().await.unwrap().awaiting_receipts, 1);
+    s.record_receipts(vec![receipt("x1", DlrState::Delivered)])
+        .await
+        .unwrap();
+    // A repeat after resolution does not start the branch over.
+    s.hand_off(vec![h]).await.unwrap();
+    let due = s.claim_due(later(), LEASE, 10).await.unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!(s.stats().await.unwrap().awaiting_receipts, 0);
+}
+
+pub(crate) async fn resubmission_replaces_provider_ids(f: &dyn Factory) {
+    let s = f.dlr(100, retention()).await;
+    let h = handoff(&["old"], vec![target(ReplyPath::Smpp)]);
+    s.hand_off(vec![h.clone()]).await.unwrap();
+    let mut again = h.clone();
+    again.outcome = HandoffOutcome::Submitted {
+        provider_keys: vec!["new".into()],
+    };
+    s.hand_off(vec![again]).await.unwrap();
+    let m = s
+        .record_receipts(vec![receipt("new", DlrState::Delivered)])
+        .await
+        .unwrap();
+    assert_eq!(
+        m,
+        vec![ReceiptMatch::Matched {
+            unit: h.unit,
+            resolved: true
+        }]
+    );
+    assert_eq!(s.claim_due(later(), LEASE, 10).await.unwrap().len(), 1);
+}
+
+pub(crate) async fn failure_only_targets(f: &dyn Factory) {
+    let s = f.dlr(100, retention()).await;
+    let mut t = target(ReplyPath::Smpp);
+    t.failure_only = true;
+    let ok = handoff(&["ok"], vec![t.clone()]);
+    let bad = handoff(&["bad"], vec![t]);
+    s.hand_off(vec![ok, bad.clone()]).await.unwrap();
+    s.record_receipts(vec![
+        receipt("ok", DlrState::Delivered),
+        receipt("bad", DlrState::Rejected),
+    ])
+    .await
+    .unwrap();
+    let due = s.claim_due(later(), LEASE, 10).await.unwrap();
+    assert_eq!(due.len(), 1, "failure-only receipts skip successes");
+    assert_eq!(due[0].outcome.state, DlrState::Rejected);
+    if let Some(gate) = s.reservations() {
+        assert_eq!(gate.held(), 0, "the skipped receipt's reservation is released");
+    }
+}
+
+pub(crate) async fn failed_handoff_delivers_failure_receipt(f: &dyn Factory) {
+    let s = f.dlr(100, retention()).await;
+    let t = target(ReplyPath::Http {
+        url: "http://127.0.0.1:1/cb".into(),
+    });
+    let mut h = handoff(&[], vec![t.clone()]);
+    h.outcome = HandoffOutcome::Failed(outcome(DlrState::Undeliverable, "001"));
+    s.hand_off(vec![h.clone()]).await.unwrap();
+    s.hand_off(vec![h]).await.unwrap();
+    let due = s.claim_due(later(), LEASE, 10).await.unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].target, t);
+    assert_eq!(due[0].outcome.error, "001");
+}
+
+pub(crate) async fn claims_are_leased_and_fenced(f: &dyn Factory) {
+    let s = f.dlr(100, retention()).await;
+    s.hand_off(vec![handoff(&["k"], vec![target(ReplyPath::Smpp)])])
+        .await
+        .unwrap();
+    s.record_receipts(vec![receipt("k", DlrState::Delivered)])
+        .await
+        .unwrap();
+    let now = later();
+    let first = s.claim_due(now, LEASE, 10).await.unwrap();
+    assert_eq!(first.len(), 1);
+    assert!(
+        s.claim_due(now, LEASE, 10).await.unwrap().is_empty(),
+        "a claim hides the delivery"
+    );
+    let after_lease = now.saturating_add(LEASE).saturating_add(Duration::from_secs(1));
+    let second = s.claim_due(after_lease, LEASE, 10).await.unwrap();
+    assert_eq!(second.len(), 1, "an expired lease makes it due again");
+    assert_eq!(second[0].attempt, first[0].attempt + 1);
+    // The stale attempt's result is ignored.
+    s.finish(vec![DeliveryFinish {
+        id: first[0].id,
+        attempt: first[0].attempt,
+        result: DeliveryResult::Delivered,
+    }])
+    .await
+    .unwrap();
+    assert_eq!(s.stats().await.unwrap().pending_deliveries, 1);
+    let retry_at = after_lease.saturating_add(Duration::from_secs(5));
+    s.finish(vec![DeliveryFinish {
+        id: second[0].id,
+        attempt: second[0].attempt,
+        result: DeliveryResult::Retry { at: retry_at },
+    }])
+    .await
+    .unwrap();
+    assert!(s.claim_due(after_lease, LEASE, 10).await.unwrap().is_empty());
+    let third = s.claim_due(retry_at, LEASE, 10).await.unwrap();
+    assert_eq!(third.len(), 1);
+    s.finish(vec![DeliveryFinish {
+        id: third[0].id,
+        attempt: third[0].attempt,
+        result: DeliveryResult::Dead,
+    }])
+    .await
+    .unwrap();
+    assert_eq!(s.stats().await.unwrap().pending_deliveries, 0);
+}
+
+pub(crate) async fn wake_account_makes_parked_smpp_receipts_due(f: &dyn Factory) {
+    let s = f.dlr(100, retention()).await;
+    s.hand_off(vec![handoff(&["w"], vec![target(ReplyPath::Smpp)])])
+        .await
+        .unwrap();
+    s.record_receipts(vec![receipt("w", DlrState::Delivered)])
+        .await
+        .unwrap();
+    let now = later();
+    let d = s.claim_due(now, LEASE, 10).await.unwrap();
+    let parked_until = now.saturating_add(Duration::from_secs(3600));
+    s.finish(vec![DeliveryFinish {
+        id: d[0].id,
+        attempt: d[0].attempt,
+        result: DeliveryResult::Retry { at: parked_until },
+    }])
+    .await
+    .unwrap();
+    assert!(s.claim_due(now, LEASE, 10).await.unwrap().is_empty());
+    assert_eq!(s.wake_account("other", now).await.unwrap(), 0);
+    assert_eq!(s.wake_account("esme1", now).await.unwrap(), 1);
+    assert_eq!(s.claim_due(now, LEASE, 10).await.unwrap().len(), 1);
+}
+
+pub(crate) async fn expires_after_retention(f: &dyn Factory) {
+    let short = DlrRetention {
+        retention: Duration::from_secs(60),
+        orphan_retention: Duration::from_secs(10),
+    };
+    let s = f.dlr(100, short).await;
+    s.hand_off(vec![handoff(&["never"], vec![target(ReplyPath::Smpp)])])
+        .await
+        .unwrap();
+    s.hand_off(vec![handoff(&["done"], vec![target(ReplyPath::Smpp)])])
+        .await
+        .unwrap();
+    s.record_receipts(vec![
+        receipt("done", DlrState::Delivered),
+        receipt("stray", DlrState::Delivered),
+    ])
+    .await
+    .unwrap();
+    let before = Timestamp::now().saturating_add(Duration::from_secs(5));
+    let r = s.expire(before, 100).await.unwrap();
+    assert_eq!((r.unresolved, r.dead_deliveries, r.orphans), (0, 0, 0));
+    let past = Timestamp::now().saturating_add(Duration::from_secs(120));
+    let r = s.expire(past, 100).await.unwrap();
+    assert_eq!(r.unresolved, 1);
+    assert_eq!(r.dead_deliveries, 1);
+    assert_eq!(r.orphans, 1);
+    let st = s.stats().await.unwrap();
+    assert_eq!(
+        (st.awaiting_receipts, st.pending_deliveries, st.orphans, st.correlations),
+        (0, 0, 0, 0)
+    );
+}

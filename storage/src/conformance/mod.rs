@@ -1,0 +1,148 @@
+//! The storage conformance suite: one set of contract tests, run against every backend.
+//!
+//! A backend joins by implementing [`Factory`] and invoking [`conformance_suite!`], which
+//! expands into one `#[tokio::test]` per contract case.
+
+pub(crate) mod dlr;
+pub(crate) mod pending;
+pub(crate) mod routed_work;
+pub(crate) mod router_queue;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::dlr::{DlrRetention, DlrStore};
+use crate::ids::{MessageId, Timestamp};
+use crate::memory::PendingLimits;
+use crate::pending::PendingStore;
+use crate::record::{Address, Channel, PartInfo, PendingRecord};
+use crate::routed_work::RoutedWorkStore;
+use crate::router_queue::RouterQueueStore;
+
+/// Creates fresh, empty stores of one backend.
+#[async_trait]
+pub(crate) trait Factory: Send + Sync {
+    async fn pending(&self, limits: PendingLimits) -> Arc<dyn PendingStore>;
+    async fn router_queue(&self) -> Arc<dyn RouterQueueStore>;
+    async fn routed_work(&self) -> Arc<dyn RoutedWorkStore>;
+    async fn dlr(&self, capacity: u64, retention: DlrRetention) -> Arc<dyn DlrStore>;
+}
+
+pub(crate) fn record(account: &str, to: &str, text: &str) -> PendingRecord {
+    PendingRecord {
+        id: MessageId::generate(),
+        account: account.to_string(),
+        channel: Channel::Smpp,
+        source: Address::new(5, 0, "Sendium"),
+        destination: Address::new(1, 1, to),
+        service_type: String::new(),
+        esm_class: 0,
+        protocol_id: 0,
+        priority: 0,
+        data_coding: 0,
+        payload: text.as_bytes().to_vec(),
+        part: None,
+        registered_delivery: 1,
+        callback_url: None,
+        idempotency_key: None,
+        accepted_at: Timestamp::now(),
+    }
+}
+
+pub(crate) fn part(account: &str, to: &str, reference: u16, total: u8, seq: u8, expires_in: Duration) -> PendingRecord {
+    let mut r = record(account, to, &format!("part {seq} of {total}"));
+    r.part = Some(PartInfo {
+        reference,
+        total,
+        seq,
+        expires_at: Timestamp::now().saturating_add(expires_in),
+    });
+    r
+}
+
+pub(crate) fn retention() -> DlrRetention {
+    DlrRetention {
+        retention: Duration::from_secs(3600),
+        orphan_retention: Duration::from_secs(600),
+    }
+}
+
+/// Expand the whole suite for one backend: `conformance_suite!(memory, MemoryFactory)`.
+macro_rules! conformance_suite {
+    ($name:ident, $factory:expr) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::conformance::conformance_cases!($factory;
+                pending::admits_and_lists_ready_units,
+                pending::deduplicates_idempotency_keys_per_account,
+                pending::refuses_when_full,
+                pending::reassembles_multipart_groups,
+                pending::keeps_repeated_parts,
+                pending::expires_incomplete_groups_at_saved_deadline,
+                pending::completes_units_idempotently,
+                pending::pages_ready_units_with_a_cursor,
+                pending::reports_stats,
+                router_queue::stages_batches_with_cursor,
+                router_queue::releases_idempotently,
+                routed_work::records_once_and_completes_first_outcome,
+                routed_work::pages_and_removes,
+                dlr::resolves_delivered_when_every_part_delivered,
+                dlr::first_failure_resolves_at_once,
+                dlr::orphan_receipts_match_a_later_handoff,
+                dlr::repeated_handoff_is_idempotent,
+                dlr::resubmission_replaces_provider_ids,
+                dlr::failure_only_targets,
+                dlr::failed_handoff_delivers_failure_receipt,
+                dlr::claims_are_leased_and_fenced,
+                dlr::wake_account_makes_parked_smpp_receipts_due,
+                dlr::expires_after_retention,
+            );
+        }
+    };
+}
+
+macro_rules! conformance_cases {
+    ($factory:expr; $($module:ident :: $case:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $case() {
+                let factory = $factory;
+                $crate::conformance::$module::$case(&factory).await;
+            }
+        )*
+    };
+}
+
+pub(crate) use conformance_cases;
+
+/// The memory backends.
+struct MemoryFactory;
+
+#[async_trait]
+impl Factory for MemoryFactory {
+    async fn pending(&self, limits: PendingLimits) -> Arc<dyn PendingStore> {
+        Arc::new(crate::memory::MemoryPendingStore::new(limits))
+    }
+    async fn router_queue(&self) -> Arc<dyn RouterQueueStore> {
+        Arc::new(crate::memory::MemoryRouterQueueStore::new())
+    }
+    async fn routed_work(&self) -> Arc<dyn RoutedWorkStore> {
+        Arc::new(crate::memory::MemoryRoutedWorkStore::new())
+    }
+    async fn dlr(&self, capacity: u64, retention: DlrRetention) -> Arc<dyn DlrStore> {
+        Arc::new(crate::memory::MemoryDlrStore::new(capacity, retention))
+    }
+}
+
+conformance_suite!(memory, MemoryFactory);
+
+#[tokio::test]
+async fn memory_dlr_refuses_reservations_beyond_capacity() {
+    let store = MemoryFactory.dlr(2, retention()).await;
+    let gate = store.reservations().expect("memory DLR is bounded");
+    assert!(gate.try_reserve(2));
+    assert!(!gate.try_reserve(1), "a third receipt does not fit");
+}

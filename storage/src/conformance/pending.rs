@@ -1,0 +1,191 @@
+use std::time::Duration;
+
+use super::{Factory, part, record};
+use crate::ids::{ReadySeq, Timestamp};
+use crate::memory::PendingLimits;
+use crate::pending::{AdmitOutcome, Disposition};
+
+fn limits() -> PendingLimits {
+    PendingLimits::default()
+}
+
+const LONG: Duration = Duration::from_secs(3600);
+
+pub(crate) async fn admits_and_lists_ready_units(f: &dyn Factory) {
+    let s = f.pending(limits()).await;
+    let a = record("esme1", "447700900001", "hello");
+    let b = record("esme1", "447700900002", "world");
+    let out = s.admit(vec![a.clone(), b.clone()]).await.unwrap();
+    assert_eq!(out, vec![AdmitOutcome::Admitted, AdmitOutcome::Admitted]);
+    let ready = s.ready_after(ReadySeq(0), 10).await.unwrap();
+    assert_eq!(ready.len(), 2);
+    assert_eq!(ready[0].unit.id, a.id);
+    assert_eq!(ready[0].unit.parts, vec![a.clone()]);
+    assert_eq!(ready[0].unit.disposition, Disposition::Deliver);
+    assert_eq!(ready[1].unit.parts, vec![b]);
+    assert!(ready[0].seq < ready[1].seq);
+}
+
+pub(crate) async fn deduplicates_idempotency_keys_per_account(f: &dyn Factory) {
+    let s = f.pending(limits()).await;
+    let mut a = record("esme1", "1", "x");
+    a.idempotency_key = Some("k1".into());
+    let mut again = record("esme1", "1", "x");
+    again.idempotency_key = Some("k1".into());
+    let mut other_account = record("esme2", "1", "x");
+    other_account.idempotency_key = Some("k1".into());
+    let out = s.admit(vec![a.clone()]).await.unwrap();
+    assert_eq!(out, vec![AdmitOutcome::Admitted]);
+    let out = s.admit(vec![again.clone(), other_account]).await.unwrap();
+    assert_eq!(
+        out,
+        vec![AdmitOutcome::Duplicate { existing: a.id }, AdmitOutcome::Admitted]
+    );
+    // Within one batch too.
+    let mut c1 = record("esme3", "1", "x");
+    c1.idempotency_key = Some("same".into());
+    let mut c2 = record("esme3", "1", "x");
+    c2.idempotency_key = Some("same".into());
+    let out = s.admit(vec![c1.clone(), c2]).await.unwrap();
+    assert_eq!(
+        out,
+        vec![AdmitOutcome::Admitted, AdmitOutcome::Duplicate { existing: c1.id }]
+    );
+    // The key outlives completion of the message (retention, not lifetime).
+    s.complete(&[a.id]).await.unwrap();
+    let out = s.admit(vec![again]).await.unwrap();
+    assert_eq!(out, vec![AdmitOutcome::Duplicate { existing: a.id }]);
+    assert_eq!(s.stats().await.unwrap().records, 2);
+}
+
+pub(crate) async fn refuses_when_full(f: &dyn Factory) {
+    let s = f
+        .pending(PendingLimits {
+            max_records: 2,
+            ..limits()
+        })
+        .await;
+    let batch = vec![record("a", "1", "1"), record("a", "2", "2"), record("a", "3", "3")];
+    let out = s.admit(batch).await.unwrap();
+    assert_eq!(
+        out,
+        vec![AdmitOutcome::Admitted, AdmitOutcome::Admitted, AdmitOutcome::Full]
+    );
+    let ready = s.ready_after(ReadySeq(0), 10).await.unwrap();
+    assert_eq!(ready.len(), 2, "a refused record is not stored");
+}
+
+pub(crate) async fn reassembles_multipart_groups(f: &dyn Factory) {
+    let s = f.pending(limits()).await;
+    let p2 = part("esme1", "447700900123", 7, 3, 2, LONG);
+    let p1 = part("esme1", "447700900123", 7, 3, 1, LONG);
+    let p3 = part("esme1", "447700900123", 7, 3, 3, LONG);
+    // Same reference, other destination: another group.
+    let other = part("esme1", "447700900999", 7, 3, 1, LONG);
+    for p in [&p2, &p1, &other] {
+        assert_eq!(s.admit(vec![p.clone()]).await.unwrap(), vec![AdmitOutcome::Admitted]);
+    }
+    assert!(
+        s.ready_after(ReadySeq(0), 10).await.unwrap().is_empty(),
+        "incomplete groups are not ready"
+    );
+    assert_eq!(s.stats().await.unwrap().incomplete_groups, 2);
+    s.admit(vec![p3.clone()]).await.unwrap();
+    let ready = s.ready_after(ReadySeq(0), 10).await.unwrap();
+    assert_eq!(ready.len(), 1);
+    let unit = &ready[0].unit;
+    assert_eq!(unit.id, p1.id, "a group's unit id is its part 1");
+    assert_eq!(unit.parts, vec![p1.clone(), p2.clone(), p3.clone()]);
+    assert_eq!(unit.member_ids(), vec![p1.id, p2.id, p3.id]);
+    let mut expected = p1.payload.clone();
+    expected.extend(&p2.payload);
+    expected.extend(&p3.payload);
+    assert_eq!(unit.payload(), expected);
+    assert_eq!(s.stats().await.unwrap().incomplete_groups, 1);
+}
+
+pub(crate) async fn keeps_repeated_parts(f: &dyn Factory) {
+    let s = f.pending(limits()).await;
+    let p1 = part("esme1", "4477", 9, 2, 1, LONG);
+    let p1_again = part("esme1", "4477", 9, 2, 1, LONG);
+    let p2 = part("esme1", "4477", 9, 2, 2, LONG);
+    s.admit(vec![p1.clone(), p1_again.clone()]).await.unwrap();
+    assert!(s.ready_after(ReadySeq(0), 10).await.unwrap().is_empty());
+    s.admit(vec![p2.clone()]).await.unwrap();
+    let ready = s.ready_after(ReadySeq(0), 10).await.unwrap();
+    assert_eq!(ready.len(), 1);
+    let unit = &ready[0].unit;
+    assert_eq!(unit.member_ids(), vec![p1.id, p1_again.id, p2.id]);
+    let distinct: Vec<_> = unit.distinct_parts().map(|p| p.id).collect();
+    assert_eq!(distinct, vec![p1.id, p2.id]);
+}
+
+pub(crate) async fn expires_incomplete_groups_at_saved_deadline(f: &dyn Factory) {
+    let s = f.pending(limits()).await;
+    let soon = part("esme1", "1", 1, 2, 1, Duration::from_millis(1));
+    let late = part("esme1", "2", 1, 2, 1, LONG);
+    s.admit(vec![soon.clone(), late.clone()]).await.unwrap();
+    let now = Timestamp::now().saturating_add(Duration::from_secs(1));
+    assert_eq!(s.expire_groups(now, 10).await.unwrap(), 1);
+    assert_eq!(s.expire_groups(now, 10).await.unwrap(), 0, "expiry happens once");
+    let ready = s.ready_after(ReadySeq(0), 10).await.unwrap();
+    assert_eq!(ready.len(), 1);
+    assert_eq!(ready[0].unit.disposition, Disposition::Expired);
+    assert_eq!(ready[0].unit.member_ids(), vec![soon.id]);
+    // A part arriving after its group expired starts a new group (that also waits).
+    let stats = s.stats().await.unwrap();
+    assert_eq!(stats.incomplete_groups, 1);
+    assert_eq!(stats.records, 2);
+}
+
+pub(crate) async fn completes_units_idempotently(f: &dyn Factory) {
+    let s = f.pending(limits()).await;
+    let a = record("a", "1", "1");
+    let p1 = part("a", "2", 3, 2, 1, LONG);
+    let p2 = part("a", "2", 3, 2, 2, LONG);
+    s.admit(vec![a.clone(), p1.clone(), p2.clone()]).await.unwrap();
+    assert_eq!(s.units(&[a.id, p1.id]).await.unwrap().len(), 2);
+    s.complete(&[p1.id]).await.unwrap();
+    s.complete(&[p1.id]).await.unwrap();
+    let left = s.units(&[a.id, p1.id]).await.unwrap();
+    assert_eq!(left.len(), 1, "completed units are skipped");
+    assert_eq!(left[0].unit.id, a.id);
+    let stats = s.stats().await.unwrap();
+    assert_eq!(stats.records, 1, "completion removes every part");
+    assert_eq!(stats.ready_units, 1);
+    s.complete(&[a.id]).await.unwrap();
+    assert!(s.ready_after(ReadySeq(0), 10).await.unwrap().is_empty());
+}
+
+pub(crate) async fn pages_ready_units_with_a_cursor(f: &dyn Factory) {
+    let s = f.pending(limits()).await;
+    let recs: Vec<_> = (0..10).map(|i| record("a", &i.to_string(), "x")).collect();
+    s.admit(recs.clone()).await.unwrap();
+    let mut cursor = ReadySeq(0);
+    let mut seen = Vec::new();
+    loop {
+        let page = s.ready_after(cursor, 3).await.unwrap();
+        if page.is_empty() {
+            break;
+        }
+        assert!(page.len() <= 3);
+        cursor = page.last().unwrap().seq;
+        seen.extend(page.into_iter().map(|u| u.unit.id));
+    }
+    assert_eq!(seen, recs.iter().map(|r| r.id).collect::<Vec<_>>());
+}
+
+pub(crate) async fn reports_stats(f: &dyn Factory) {
+    let s = f.pending(limits()).await;
+    assert_eq!(s.stats().await.unwrap().oldest_accepted_at, None);
+    let a = record("a", "1", "1");
+    let mut b = record("a", "2", "2");
+    b.registered_delivery = 0;
+    s.admit(vec![a.clone(), b]).await.unwrap();
+    let st = s.stats().await.unwrap();
+    assert_eq!(st.records, 2);
+    assert_eq!(st.receipt_requests, 1);
+    assert_eq!(st.oldest_accepted_at, Some(a.accepted_at));
+    s.complete(&[a.id]).await.unwrap();
+    assert_eq!(s.stats().await.unwrap().receipt_requests, 0);
+}

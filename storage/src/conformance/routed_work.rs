@@ -1,0 +1,104 @@
+use super::Factory;
+use crate::ids::{MessageId, Timestamp};
+use crate::routed_work::{Branch, BranchDone, BranchFailure, BranchKind, BranchOutcome, RoutedUnit};
+
+fn unit(branches: u16) -> RoutedUnit {
+    let id = MessageId::generate();
+    RoutedUnit {
+        id,
+        members: vec![id],
+        route: "default".into(),
+        routed_at: Timestamp::now(),
+        branches: (0..branches)
+            .map(|no| Branch {
+                no,
+                kind: if no == 0 { BranchKind::Primary } else { BranchKind::Copy },
+                targets: vec!["a".into(), "b".into()],
+                outcome: None,
+            })
+            .collect(),
+    }
+}
+
+fn submitted(id: &str) -> BranchOutcome {
+    BranchOutcome::Submitted {
+        destination: "a".into(),
+        provider_ids: vec![id.into()],
+    }
+}
+
+pub(crate) async fn records_once_and_completes_first_outcome(f: &dyn Factory) {
+    let s = f.routed_work().await;
+    let u = unit(2);
+    s.record(vec![u.clone()]).await.unwrap();
+    let mut changed = u.clone();
+    changed.branches[0].targets = vec!["z".into()];
+    s.record(vec![changed]).await.unwrap();
+    let all = s.load_after(None, 10).await.unwrap();
+    assert_eq!(all, vec![u.clone()], "re-recording keeps the first routing decision");
+    assert_eq!(s.stats().await.unwrap().open_branches, 2);
+
+    s.complete(vec![BranchDone {
+        unit: u.id,
+        branch: 1,
+        outcome: submitted("p1"),
+    }])
+    .await
+    .unwrap();
+    s.complete(vec![
+        BranchDone {
+            unit: u.id,
+            branch: 1,
+            outcome: submitted("p2"),
+        },
+        BranchDone {
+            unit: MessageId::generate(),
+            branch: 0,
+            outcome: submitted("x"),
+        },
+    ])
+    .await
+    .unwrap();
+    let got = s.load_after(None, 10).await.unwrap();
+    assert_eq!(got[0].branches[1].outcome, Some(submitted("p1")), "first outcome wins");
+    assert!(!got[0].is_complete());
+    assert_eq!(s.stats().await.unwrap().open_branches, 1);
+    s.complete(vec![BranchDone {
+        unit: u.id,
+        branch: 0,
+        outcome: BranchOutcome::Failed {
+            destination: Some("a".into()),
+            failure: BranchFailure::Rejected { status: 0x45 },
+        },
+    }])
+    .await
+    .unwrap();
+    let got = s.load_after(None, 10).await.unwrap();
+    assert!(got[0].is_complete());
+    assert_eq!(s.stats().await.unwrap().open_branches, 0);
+}
+
+pub(crate) async fn pages_and_removes(f: &dyn Factory) {
+    let s = f.routed_work().await;
+    let units: Vec<_> = (0..5).map(|_| unit(1)).collect();
+    s.record(units.clone()).await.unwrap();
+    let first = s.load_after(None, 2).await.unwrap();
+    assert_eq!(
+        first.iter().map(|u| u.id).collect::<Vec<_>>(),
+        vec![units[0].id, units[1].id]
+    );
+    let rest = s.load_after(Some(units[1].id), 10).await.unwrap();
+    assert_eq!(rest.len(), 3);
+    s.remove(&[units[0].id, units[0].id, units[3].id]).await.unwrap();
+    let st = s.stats().await.unwrap();
+    assert_eq!(st.units, 3);
+    assert_eq!(st.open_branches, 3);
+    let left: Vec<_> = s
+        .load_after(None, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|u| u.id)
+        .collect();
+    assert_eq!(left, vec![units[1].id, units[2].id, units[4].id]);
+}

@@ -1,0 +1,292 @@
+//! The DLR store: provider correlations and pending downstream receipt deliveries.
+//!
+//! Owned by the DlrCorrelator actor and independent of the outbound stages. Once a
+//! source completes, this store alone owns its receipt.
+//!
+//! * [`DlrStore::hand_off`] records, at a branch's provider outcome, one correlation per
+//!   provider part (keyed by destination + canonical provider id) and the receipt
+//!   targets — one per submission that asked for a receipt. A failed outcome resolves at
+//!   once. Repeating a handoff is harmless (a restart between provider submit and source
+//!   completion resubmits and hands off again).
+//! * [`DlrStore::record_receipts`] matches provider receipts. A part's final state is
+//!   accepted once; when every part is final the message resolves: DELIVRD only when
+//!   every provider part is delivered, otherwise the first final failure. Resolution
+//!   creates one pending delivery per receipt target. A receipt whose id is not (yet)
+//!   correlated is kept as an orphan for a while and matched by a later handoff.
+//! * Deliveries are claimed with a lease and an attempt number; a result reported with a
+//!   stale attempt is ignored (fencing).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::backend::DlrBackend;
+use crate::error::DlrError;
+use crate::ids::{MessageId, Timestamp, UnitId};
+use crate::record::Address;
+
+/// Final delivery states a receipt can report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DlrState {
+    Delivered,
+    Expired,
+    Deleted,
+    Undeliverable,
+    Accepted,
+    Unknown,
+    Rejected,
+}
+
+impl DlrState {
+    pub fn is_success(self) -> bool {
+        matches!(self, DlrState::Delivered)
+    }
+}
+
+/// Where a receipt goes back to.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ReplyPath {
+    /// A `deliver_sm` to a bound receiver/transceiver session of the account.
+    Smpp,
+    /// An HTTP POST to this URL.
+    Http { url: String },
+}
+
+/// One submission that is owed a receipt.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ReceiptTarget {
+    /// The id this submission was acknowledged with; the receipt carries it.
+    pub submit_id: MessageId,
+    pub account: String,
+    pub reply: ReplyPath,
+    /// Addresses of the original submission (a deliver_sm receipt swaps them).
+    pub source: Address,
+    pub destination: Address,
+    pub submitted_at: Timestamp,
+    /// registered_delivery asked for a receipt on failure only.
+    pub failure_only: bool,
+}
+
+/// A final state with its error code and time.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ReceiptOutcome {
+    pub state: DlrState,
+    /// Receipt `err:` field, usually 3 digits.
+    pub error: String,
+    pub done_at: Timestamp,
+}
+
+/// The provider outcome of a branch, as handed to the DLR store.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum HandoffOutcome {
+    /// Canonical provider ids, one per provider part.
+    Submitted { provider_keys: Vec<String> },
+    /// The branch failed without reaching the provider's receipt flow.
+    Failed(ReceiptOutcome),
+}
+
+/// Correlation state for one branch at its provider outcome.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Handoff {
+    pub unit: UnitId,
+    pub branch: u16,
+    /// Destination name the ids belong to ("" when the branch never reached one).
+    pub destination: String,
+    pub outcome: HandoffOutcome,
+    pub targets: Vec<ReceiptTarget>,
+    pub handed_off_at: Timestamp,
+}
+
+/// A final receipt from a provider.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProviderReceipt {
+    pub destination: String,
+    /// Candidate canonical ids, best first (see protocols' id formats).
+    pub keys: Vec<String>,
+    pub outcome: ReceiptOutcome,
+}
+
+/// What happened to one provider receipt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReceiptMatch {
+    /// Correlated; `resolved` when it completed the message's state.
+    Matched { unit: UnitId, resolved: bool },
+    /// Correlated, but that part's final state was already recorded.
+    Duplicate { unit: UnitId },
+    /// Not correlated (yet): kept for the orphan retention, matched by a later handoff.
+    Orphaned,
+}
+
+/// Identity of a pending downstream delivery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct DeliveryId(pub u64);
+
+/// A receipt to deliver downstream, as claimed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delivery {
+    pub id: DeliveryId,
+    /// Incremented by every claim; a result must quote it.
+    pub attempt: u32,
+    pub target: ReceiptTarget,
+    pub outcome: ReceiptOutcome,
+    pub created_at: Timestamp,
+    /// After this the delivery is given up (dead).
+    pub expires_at: Timestamp,
+}
+
+/// The result of one delivery attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeliveryResult {
+    Delivered,
+    /// Try again at this time (also used to park an SMPP receipt until its account binds).
+    Retry {
+        at: Timestamp,
+    },
+    /// Give up.
+    Dead,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeliveryFinish {
+    pub id: DeliveryId,
+    pub attempt: u32,
+    pub result: DeliveryResult,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DlrStats {
+    /// Messages (branches) waiting for provider receipts.
+    pub awaiting_receipts: u64,
+    /// Provider-id correlations held.
+    pub correlations: u64,
+    pub pending_deliveries: u64,
+    pub oldest_pending_delivery: Option<Timestamp>,
+    pub orphans: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExpiryReport {
+    /// Branches whose receipts never all arrived within retention.
+    pub unresolved: u64,
+    /// Deliveries given up after retention.
+    pub dead_deliveries: u64,
+    pub orphans: u64,
+}
+
+/// Retention settings every backend honours.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DlrRetention {
+    /// How long a correlation and an undelivered receipt are kept.
+    pub retention: Duration,
+    /// How long an uncorrelated receipt waits for its handoff.
+    pub orphan_retention: Duration,
+}
+
+/// The DLR store contract. Implementations: memory (bounded), file (redb), postgresql.
+#[async_trait]
+pub trait DlrStore: Send + Sync + 'static {
+    fn backend(&self) -> DlrBackend;
+
+    /// The reservation gate of a bounded store (memory); `None` when unbounded.
+    fn reservations(&self) -> Option<Arc<ReceiptReservations>> {
+        None
+    }
+
+    /// Record provider outcomes. Idempotent per (unit, branch): a repeat with the same
+    /// provider ids changes nothing; a repeat with new ids (the branch was resubmitted)
+    /// replaces the expected parts while earlier ids keep matching.
+    async fn hand_off(&self, batch: Vec<Handoff>) -> Result<(), DlrError>;
+
+    /// Match final provider receipts; one result per receipt, in order.
+    async fn record_receipts(&self, batch: Vec<ProviderReceipt>) -> Result<Vec<ReceiptMatch>, DlrError>;
+
+    /// Claim up to `limit` deliveries due at `now`; each claim increments its attempt and
+    /// hides it for `lease` (a crashed deliverer's claim lapses by itself).
+    async fn claim_due(&self, now: Timestamp, lease: Duration, limit: usize) -> Result<Vec<Delivery>, DlrError>;
+
+    /// Report attempts. Results quoting a stale attempt are ignored.
+    async fn finish(&self, results: Vec<DeliveryFinish>) -> Result<(), DlrError>;
+
+    /// Make every SMPP delivery of `account` due now (it just bound). Returns how many.
+    async fn wake_account(&self, account: &str, now: Timestamp) -> Result<u64, DlrError>;
+
+    /// Drop correlations, orphans and deliveries past retention, at most `limit` of each.
+    async fn expire(&self, now: Timestamp, limit: usize) -> Result<ExpiryReport, DlrError>;
+
+    async fn stats(&self) -> Result<DlrStats, DlrError>;
+}
+
+/// Capacity reservations of a bounded DLR store.
+///
+/// The memory DLR store holds at most `capacity` outstanding receipts. A receipt is
+/// reserved when its submission is admitted (by Ingress, before acknowledging), so a
+/// DLR-requesting submission that cannot be given a receipt is refused instead of
+/// accepted silently unreceipted. The DLR store releases a reservation when that receipt
+/// is delivered, skipped (failure-only and delivered) or given up.
+#[derive(Debug)]
+pub struct ReceiptReservations {
+    capacity: u64,
+    held: AtomicU64,
+}
+
+impl ReceiptReservations {
+    pub fn new(capacity: u64) -> Self {
+        Self {
+            capacity,
+            held: AtomicU64::new(0),
+        }
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Reserve `n` receipts, all or nothing.
+    pub fn try_reserve(&self, n: u64) -> bool {
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                let next = held.checked_add(n)?;
+                (next <= self.capacity).then_some(next)
+            })
+            .is_ok()
+    }
+
+    /// Reserve regardless of capacity: receipts already owed (recovered from a durable
+    /// pending stage at startup) must be tracked even if that overfills the store; new
+    /// admissions are then refused until it drains.
+    pub fn force_reserve(&self, n: u64) {
+        self.held.fetch_add(n, Ordering::AcqRel);
+    }
+
+    pub fn release(&self, n: u64) {
+        let _ = self
+            .held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| Some(held.saturating_sub(n)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_are_all_or_nothing() {
+        let r = ReceiptReservations::new(3);
+        assert!(r.try_reserve(2));
+        assert!(!r.try_reserve(2));
+        assert!(r.try_reserve(1));
+        assert_eq!(r.held(), 3);
+        r.release(5);
+        assert_eq!(r.held(), 0);
+        r.force_reserve(4);
+        assert!(!r.try_reserve(1));
+    }
+}

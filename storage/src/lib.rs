@@ -1,0 +1,44 @@
+//! Sendium's storage stages.
+//!
+//! Four stages, each one trait with backends side by side and one conformance suite run
+//! against all of them:
+//!
+//! | stage | owner actor | trait |
+//! |---|---|---|
+//! | pending | Ingress | [`PendingStore`] |
+//! | router-queue | Selector | [`RouterQueueStore`] |
+//! | routed-work | Router | [`RoutedWorkStore`] |
+//! | dlr | DlrCorrelator | [`DlrStore`] |
+//!
+//! No cross-stage transaction is assumed: every record carries stable ids
+//! ([`MessageId`], [`UnitId`], branch numbers) and the actors reconcile by them.
+#![forbid(unsafe_code)]
+
+pub mod backend;
+pub mod dlr;
+pub mod error;
+pub mod failpoint;
+pub mod ids;
+pub mod memory;
+pub mod pending;
+pub mod record;
+pub mod routed_work;
+pub mod router_queue;
+
+#[cfg(test)]
+mod conformance;
+
+pub use backend::{DlrBackend, StageBackend};
+pub use dlr::{
+    Delivery, DeliveryFinish, DeliveryId, DeliveryResult, DlrRetention, DlrState, DlrStats, DlrStore, ExpiryReport,
+    Handoff, HandoffOutcome, ProviderReceipt, ReceiptMatch, ReceiptOutcome, ReceiptReservations, ReceiptTarget,
+    ReplyPath,
+};
+pub use error::{BackendFailure, DlrError, FailureKind, PendingError, RoutedWorkError, RouterQueueError, StorageError};
+pub use ids::{MessageId, ReadySeq, Timestamp, UnitId};
+pub use pending::{AdmitOutcome, Disposition, PendingStats, PendingStore, ReadyUnit, Unit};
+pub use record::{Address, Channel, GroupKey, PartInfo, PendingRecord};
+pub use routed_work::{
+    Branch, BranchDone, BranchFailure, BranchKind, BranchOutcome, RoutedUnit, RoutedWorkStats, RoutedWorkStore,
+};
+pub use router_queue::{RouterQueueStats, RouterQueueStore, StagedUnit};

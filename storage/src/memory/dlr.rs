@@ -1,0 +1,502 @@
+//! Bounded in-memory DLR store.
+//!
+//! Correlates and delivers receipts while the process runs; correlations, retries and
+//! undelivered receipts disappear on restart (the memory DLR profile says so). Bounded:
+//! at most `capacity` outstanding receipts (reserved at admission through
+//! [`ReceiptReservations`]), and uncorrelated receipts are capped too, oldest evicted.
+//! A resolved message's correlations are dropped at once to stay within the bound; a late
+//! duplicate receipt is then absorbed as an orphan, so it still never produces a second
+//! downstream receipt.
+
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+
+use crate::backend::DlrBackend;
+use crate::dlr::{
+    Delivery, DeliveryFinish, DeliveryId, DeliveryResult, DlrRetention, DlrState, DlrStats, DlrStore, ExpiryReport,
+    Handoff, HandoffOutcome, ProviderReceipt, ReceiptMatch, ReceiptOutcome, ReceiptReservations, ReceiptTarget,
+    ReplyPath,
+};
+use crate::error::DlrError;
+use crate::ids::{Timestamp, UnitId};
+
+type TrackKey = (UnitId, u16);
+type CorrKey = (String, String);
+
+#[derive(Debug)]
+struct Track {
+    destination: String,
+    /// Canonical provider id and its final outcome, per provider part.
+    parts: Vec<(String, Option<ReceiptOutcome>)>,
+    targets: Vec<ReceiptTarget>,
+    first_failure: Option<ReceiptOutcome>,
+    expires_at: Timestamp,
+}
+
+impl Track {
+    /// The whole message's state once known: the first final failure, or DELIVRD when
+    /// every provider part is delivered.
+    fn resolution(&self) -> Option<ReceiptOutcome> {
+        if let Some(f) = &self.first_failure {
+            return Some(f.clone());
+        }
+        let mut done_at = Timestamp(0);
+        for (_, outcome) in &self.parts {
+            let o = outcome.as_ref()?;
+            done_at = done_at.max(o.done_at);
+        }
+        Some(ReceiptOutcome {
+            state: DlrState::Delivered,
+            error: "000".to_string(),
+            done_at,
+        })
+    }
+}
+
+#[derive(Debug)]
+struct DeliveryRec {
+    target: ReceiptTarget,
+    outcome: ReceiptOutcome,
+    attempt: u32,
+    due_at: Timestamp,
+    leased_until: Option<Timestamp>,
+    created_at: Timestamp,
+    expires_at: Timestamp,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    tracks: HashMap<TrackKey, Track>,
+    track_expiry: BTreeSet<(Timestamp, TrackKey)>,
+    /// Recently resolved branches, so a repeated handoff does not start over.
+    resolved: HashSet<TrackKey>,
+    resolved_order: VecDeque<TrackKey>,
+    corr: HashMap<CorrKey, TrackKey>,
+    orphans: HashMap<CorrKey, (ReceiptOutcome, Timestamp)>,
+    orphan_order: BTreeSet<(Timestamp, CorrKey)>,
+    deliveries: BTreeMap<DeliveryId, DeliveryRec>,
+    due: BTreeSet<(Timestamp, DeliveryId)>,
+    smpp_by_account: HashMap<String, BTreeSet<DeliveryId>>,
+    next_delivery: u64,
+}
+
+/// The bounded memory DLR store.
+#[derive(Debug)]
+pub struct MemoryDlrStore {
+    retention: DlrRetention,
+    reservations: Arc<ReceiptReservations>,
+    max_orphans: usize,
+    inner: Mutex<Inner>,
+}
+
+impl MemoryDlrStore {
+    /// `capacity`: outstanding receipts the store may owe at once.
+    pub fn new(capacity: u64, retention: DlrRetention) -> Self {
+        let max_orphans = usize::try_from(capacity / 4).unwrap_or(usize::MAX).max(1_000);
+        Self {
+            retention,
+            reservations: Arc::new(ReceiptReservations::new(capacity)),
+            max_orphans,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+}
+
+impl Inner {
+    fn remove_delivery(&mut self, id: DeliveryId) -> Option<DeliveryRec> {
+        let rec = self.deliveries.remove(&id)?;
+        self.due.remove(&(rec.due_at, id));
+        if rec.target.reply == ReplyPath::Smpp
+            && let Some(set) = self.smpp_by_account.get_mut(&rec.target.account)
+        {
+            set.remove(&id);
+            if set.is_empty() {
+                self.smpp_by_account.remove(&rec.target.account);
+            }
+        }
+        Some(rec)
+    }
+
+    fn set_due(&mut self, id: DeliveryId, at: Timestamp) {
+        if let Some(rec) = self.deliveries.get_mut(&id) {
+            self.due.remove(&(rec.due_at, id));
+            rec.due_at = at;
+            self.due.insert((at, id));
+        }
+    }
+
+    fn remove_track(&mut self, key: TrackKey) -> Option<Track> {
+        let track = self.tracks.remove(&key)?;
+        self.track_expiry.remove(&(track.expires_at, key));
+        for (k, _) in &track.parts {
+            let ck = (track.destination.clone(), k.clone());
+            if self.corr.get(&ck) == Some(&key) {
+                self.corr.remove(&ck);
+            }
+        }
+        Some(track)
+    }
+
+    fn remember_resolved(&mut self, key: TrackKey, cap: usize) {
+        if self.resolved.insert(key) {
+            self.resolved_order.push_back(key);
+            while self.resolved_order.len() > cap {
+                if let Some(old) = self.resolved_order.pop_front() {
+                    self.resolved.remove(&old);
+                }
+            }
+        }
+    }
+
+    fn add_orphan(&mut self, key: CorrKey, outcome: ReceiptOutcome, expires_at: Timestamp, cap: usize) {
+        if let Some((_, old_exp)) = self.orphans.insert(key.clone(), (outcome, expires_at)) {
+            self.orphan_order.remove(&(old_exp, key.clone()));
+        }
+        self.orphan_order.insert((expires_at, key));
+        while self.orphans.len() > cap {
+            let Some((exp, k)) = self.orphan_order.pop_first() else {
+                break;
+            };
+            if self.orphans.get(&k).is_some_and(|(_, e)| *e == exp) {
+                self.orphans.remove(&k);
+            }
+        }
+    }
+
+    fn take_orphan(&mut self, key: &CorrKey) -> Option<ReceiptOutcome> {
+        let (outcome, exp) = self.orphans.remove(key)?;
+        self.orphan_order.remove(&(exp, key.clone()));
+        Some(outcome)
+    }
+}
+
+impl MemoryDlrStore {
+    /// Apply a final outcome to one part of a track. Returns (accepted, resolved).
+    fn apply(inner: &mut Inner, key: TrackKey, part_key: &str, outcome: ReceiptOutcome) -> (bool, bool) {
+        let Some(track) = inner.tracks.get_mut(&key) else {
+            return (false, false);
+        };
+        let Some(slot) = track.parts.iter_mut().find(|(k, _)| k == part_key) else {
+            return (false, false);
+        };
+        if slot.1.is_some() {
+            return (false, false);
+        }
+        if !outcome.state.is_success() && track.first_failure.is_none() {
+            track.first_failure = Some(outcome.clone());
+        }
+        slot.1 = Some(outcome);
+        (true, track.resolution().is_some())
+    }
+
+    /// Turn a resolved track into pending deliveries and forget its correlations.
+    fn resolve(&self, inner: &mut Inner, key: TrackKey, now: Timestamp) {
+        let Some(track) = inner.remove_track(key) else {
+            return;
+        };
+        let Some(outcome) = track.resolution() else {
+            return;
+        };
+        let cap = usize::try_from(self.reservations.capacity())
+            .unwrap_or(usize::MAX)
+            .max(1_000);
+        inner.remember_resolved(key, cap);
+        self.create_deliveries(inner, track.targets, outcome, now);
+    }
+
+    fn create_deliveries(
+        &self,
+        inner: &mut Inner,
+        targets: Vec<ReceiptTarget>,
+        outcome: ReceiptOutcome,
+        now: Timestamp,
+    ) {
+        for target in targets {
+            if target.failure_only && outcome.state.is_success() {
+                self.reservations.release(1);
+                continue;
+            }
+            inner.next_delivery += 1;
+            let id = DeliveryId(inner.next_delivery);
+            if target.reply == ReplyPath::Smpp {
+                inner
+                    .smpp_by_account
+                    .entry(target.account.clone())
+                    .or_default()
+                    .insert(id);
+            }
+            inner.due.insert((now, id));
+            inner.deliveries.insert(
+                id,
+                DeliveryRec {
+                    target,
+                    outcome: outcome.clone(),
+                    attempt: 0,
+                    due_at: now,
+                    leased_until: None,
+                    created_at: now,
+                    expires_at: now.saturating_add(self.retention.retention),
+                },
+            );
+        }
+    }
+}
+
+#[async_trait]
+impl DlrStore for MemoryDlrStore {
+    fn backend(&self) -> DlrBackend {
+        DlrBackend::Memory
+    }
+
+    fn reservations(&self) -> Option<Arc<ReceiptReservations>> {
+        Some(self.reservations.clone())
+    }
+
+    async fn hand_off(&self, batch: Vec<Handoff>) -> Result<(), DlrError> {
+        let now = Timestamp::now();
+        let mut inner = self.inner.lock();
+        for h in batch {
+            let key = (h.unit, h.branch);
+            if inner.resolved.contains(&key) {
+                continue;
+            }
+            match h.outcome {
+                HandoffOutcome::Failed(outcome) => {
+                    match inner.tracks.entry(key) {
+                        // An earlier attempt of this branch is awaiting receipts; the
+                        // failure now decides the message.
+                        Entry::Occupied(mut t) => {
+                            t.get_mut().first_failure.get_or_insert(outcome);
+                        }
+                        Entry::Vacant(v) => {
+                            v.insert(Track {
+                                destination: h.destination,
+                                parts: Vec::new(),
+                                targets: h.targets,
+                                first_failure: Some(outcome),
+                                expires_at: h.handed_off_at.saturating_add(self.retention.retention),
+                            });
+                        }
+                    }
+                    self.resolve(&mut inner, key, now);
+                }
+                HandoffOutcome::Submitted { provider_keys } => {
+                    if let Some(existing) = inner.tracks.get(&key) {
+                        let same = existing.parts.len() == provider_keys.len()
+                            && existing.parts.iter().zip(&provider_keys).all(|((a, _), b)| a == b);
+                        if same {
+                            continue;
+                        }
+                        // Resubmitted: the new provider ids are the ones that count.
+                        let mut old = inner.remove_track(key);
+                        if let Some(t) = old.as_mut() {
+                            t.parts = provider_keys.iter().map(|k| (k.clone(), None)).collect();
+                            t.first_failure = None;
+                        }
+                        if let Some(t) = old {
+                            inner.track_expiry.insert((t.expires_at, key));
+                            inner.tracks.insert(key, t);
+                        }
+                    } else {
+                        let expires_at = h.handed_off_at.saturating_add(self.retention.retention);
+                        inner.track_expiry.insert((expires_at, key));
+                        inner.tracks.insert(
+                            key,
+                            Track {
+                                destination: h.destination.clone(),
+                                parts: provider_keys.iter().map(|k| (k.clone(), None)).collect(),
+                                targets: h.targets,
+                                first_failure: None,
+                                expires_at,
+                            },
+                        );
+                    }
+                    let mut resolved = false;
+                    for k in &provider_keys {
+                        let ck = (h.destination.clone(), k.clone());
+                        inner.corr.insert(ck.clone(), key);
+                        if let Some(outcome) = inner.take_orphan(&ck) {
+                            let (_, r) = Self::apply(&mut inner, key, k, outcome);
+                            resolved |= r;
+                        }
+                    }
+                    if provider_keys.is_empty() || resolved {
+                        self.resolve(&mut inner, key, now);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn record_receipts(&self, batch: Vec<ProviderReceipt>) -> Result<Vec<ReceiptMatch>, DlrError> {
+        let now = Timestamp::now();
+        let mut inner = self.inner.lock();
+        let mut out = Vec::with_capacity(batch.len());
+        for r in batch {
+            let found = r.keys.iter().find_map(|k| {
+                let ck = (r.destination.clone(), k.clone());
+                inner.corr.get(&ck).map(|t| (*t, k.clone()))
+            });
+            match found {
+                Some((track, part_key)) => {
+                    let (accepted, resolved) = Self::apply(&mut inner, track, &part_key, r.outcome);
+                    if !accepted {
+                        out.push(ReceiptMatch::Duplicate { unit: track.0 });
+                        continue;
+                    }
+                    if resolved {
+                        self.resolve(&mut inner, track, now);
+                    }
+                    out.push(ReceiptMatch::Matched {
+                        unit: track.0,
+                        resolved,
+                    });
+                }
+                None => {
+                    if let Some(k) = r.keys.first() {
+                        let exp = now.saturating_add(self.retention.orphan_retention);
+                        inner.add_orphan((r.destination.clone(), k.clone()), r.outcome, exp, self.max_orphans);
+                    }
+                    out.push(ReceiptMatch::Orphaned);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn claim_due(&self, now: Timestamp, lease: Duration, limit: usize) -> Result<Vec<Delivery>, DlrError> {
+        let mut inner = self.inner.lock();
+        let due: Vec<DeliveryId> = inner
+            .due
+            .iter()
+            .take_while(|(at, _)| *at <= now)
+            .take(limit)
+            .map(|(_, id)| *id)
+            .collect();
+        let lease_end = now.saturating_add(lease);
+        let mut out = Vec::with_capacity(due.len());
+        for id in due {
+            inner.set_due(id, lease_end);
+            if let Some(rec) = inner.deliveries.get_mut(&id) {
+                rec.attempt += 1;
+                rec.leased_until = Some(lease_end);
+                out.push(Delivery {
+                    id,
+                    attempt: rec.attempt,
+                    target: rec.target.clone(),
+                    outcome: rec.outcome.clone(),
+                    created_at: rec.created_at,
+                    expires_at: rec.expires_at,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    async fn finish(&self, results: Vec<DeliveryFinish>) -> Result<(), DlrError> {
+        let mut inner = self.inner.lock();
+        for f in results {
+            let Some(rec) = inner.deliveries.get(&f.id) else {
+                continue;
+            };
+            if rec.attempt != f.attempt {
+                continue;
+            }
+            match f.result {
+                DeliveryResult::Delivered | DeliveryResult::Dead => {
+                    if inner.remove_delivery(f.id).is_some() {
+                        self.reservations.release(1);
+                    }
+                }
+                DeliveryResult::Retry { at } => {
+                    if let Some(rec) = inner.deliveries.get_mut(&f.id) {
+                        rec.leased_until = None;
+                    }
+                    inner.set_due(f.id, at);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn wake_account(&self, account: &str, now: Timestamp) -> Result<u64, DlrError> {
+        let mut inner = self.inner.lock();
+        let ids: Vec<DeliveryId> = inner
+            .smpp_by_account
+            .get(account)
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default();
+        let mut woken = 0;
+        for id in ids {
+            let idle = inner
+                .deliveries
+                .get(&id)
+                .is_some_and(|r| r.leased_until.is_none_or(|l| l <= now) && r.due_at > now);
+            if idle {
+                inner.set_due(id, now);
+                woken += 1;
+            }
+        }
+        Ok(woken)
+    }
+
+    async fn expire(&self, now: Timestamp, limit: usize) -> Result<ExpiryReport, DlrError> {
+        let mut inner = self.inner.lock();
+        let mut report = ExpiryReport::default();
+        let expired_tracks: Vec<TrackKey> = inner
+            .track_expiry
+            .iter()
+            .take_while(|(at, _)| *at <= now)
+            .take(limit)
+            .map(|(_, k)| *k)
+            .collect();
+        for key in expired_tracks {
+            if let Some(track) = inner.remove_track(key) {
+                self.reservations.release(track.targets.len() as u64);
+                report.unresolved += 1;
+            }
+        }
+        let dead: Vec<DeliveryId> = inner
+            .deliveries
+            .iter()
+            // Ids grow with creation time and retention is fixed, so expiry order is id order.
+            .take_while(|(_, r)| r.expires_at <= now)
+            .take(limit)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in dead {
+            if inner.remove_delivery(id).is_some() {
+                self.reservations.release(1);
+                report.dead_deliveries += 1;
+            }
+        }
+        while let Some((exp, key)) = inner.orphan_order.first().cloned() {
+            if exp > now || report.orphans >= limit as u64 {
+                break;
+            }
+            inner.orphan_order.pop_first();
+            if inner.orphans.get(&key).is_some_and(|(_, e)| *e == exp) {
+                inner.orphans.remove(&key);
+                report.orphans += 1;
+            }
+        }
+        Ok(report)
+    }
+
+    async fn stats(&self) -> Result<DlrStats, DlrError> {
+        let inner = self.inner.lock();
+        Ok(DlrStats {
+            awaiting_receipts: inner.tracks.len() as u64,
+            correlations: inner.corr.len() as u64,
+            pending_deliveries: inner.deliveries.len() as u64,
+            oldest_pending_delivery: inner.deliveries.first_key_value().map(|(_, r)| r.created_at),
+            orphans: inner.orphans.len() as u64,
+        })
+    }
+}

@@ -1,0 +1,267 @@
+//! In-memory pending stage: explicitly non-durable, bounded by `max_records`.
+//!
+//! It outlives the Ingress actor (the supervisor holds it), so an actor restart loses
+//! nothing; a process restart loses everything, as the memory profile documents.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+
+use crate::backend::StageBackend;
+use crate::error::PendingError;
+use crate::ids::{MessageId, ReadySeq, Timestamp, UnitId};
+use crate::pending::{AdmitOutcome, Disposition, PendingStats, PendingStore, ReadyUnit, Unit};
+use crate::record::{GroupKey, PendingRecord};
+
+/// Limits of the pending stage that every backend applies at admission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PendingLimits {
+    /// Admission answers `Full` beyond this many source records.
+    pub max_records: u64,
+    /// How long an idempotency key keeps deduplicating after its first admission.
+    pub idempotency_retention: Duration,
+}
+
+impl Default for PendingLimits {
+    fn default() -> Self {
+        Self {
+            max_records: 500_000,
+            idempotency_retention: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct UnitEntry {
+    seq: ReadySeq,
+    disposition: Disposition,
+    members: Vec<MessageId>,
+}
+
+#[derive(Debug, Default)]
+struct Group {
+    /// seq → ids admitted for it (first is the one whose payload is used).
+    parts: BTreeMap<u8, Vec<MessageId>>,
+    deadline: Timestamp,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    records: BTreeMap<MessageId, PendingRecord>,
+    units: HashMap<UnitId, UnitEntry>,
+    ready: BTreeMap<ReadySeq, UnitId>,
+    groups: HashMap<GroupKey, Group>,
+    deadlines: BTreeMap<(Timestamp, GroupKey), ()>,
+    idempotency: HashMap<(String, String), (MessageId, Timestamp)>,
+    idempotency_expiry: BTreeMap<(Timestamp, String, String), ()>,
+    receipt_requests: u64,
+    next_seq: u64,
+}
+
+impl Inner {
+    fn make_ready(&mut self, id: UnitId, disposition: Disposition, members: Vec<MessageId>) {
+        self.next_seq += 1;
+        let seq = ReadySeq(self.next_seq);
+        self.ready.insert(seq, id);
+        self.units.insert(
+            id,
+            UnitEntry {
+                seq,
+                disposition,
+                members,
+            },
+        );
+    }
+
+    fn unit(&self, id: UnitId) -> Option<ReadyUnit> {
+        let entry = self.units.get(&id)?;
+        let parts = entry
+            .members
+            .iter()
+            .filter_map(|m| self.records.get(m).cloned())
+            .collect();
+        Some(ReadyUnit {
+            seq: entry.seq,
+            unit: Unit {
+                id,
+                disposition: entry.disposition,
+                parts,
+            },
+        })
+    }
+
+    fn forget_idempotency(&mut self, now: Timestamp) {
+        while let Some(((at, account, key), ())) = self.idempotency_expiry.first_key_value() {
+            if *at > now {
+                break;
+            }
+            let k = (account.clone(), key.clone());
+            let at = *at;
+            self.idempotency_expiry.remove(&(at, k.0.clone(), k.1.clone()));
+            if self.idempotency.get(&k).is_some_and(|(_, exp)| *exp == at) {
+                self.idempotency.remove(&k);
+            }
+        }
+    }
+}
+
+/// The memory pending store.
+#[derive(Debug)]
+pub struct MemoryPendingStore {
+    limits: PendingLimits,
+    inner: Mutex<Inner>,
+}
+
+impl MemoryPendingStore {
+    pub fn new(limits: PendingLimits) -> Self {
+        Self {
+            limits,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+}
+
+/// Admit one record into the structures (shared by every admission path).
+fn admit_one(inner: &mut Inner, record: PendingRecord, idem_expiry: Timestamp) {
+    let id = record.id;
+    if record.wants_receipt() {
+        inner.receipt_requests += 1;
+    }
+    if let Some(key) = &record.idempotency_key {
+        let k = (record.account.clone(), key.clone());
+        inner
+            .idempotency_expiry
+            .insert((idem_expiry, k.0.clone(), k.1.clone()), ());
+        inner.idempotency.insert(k, (id, idem_expiry));
+    }
+    match (record.group_key(), record.part) {
+        (Some(gk), Some(part)) => {
+            let group = inner.groups.entry(gk.clone()).or_insert_with(|| Group {
+                parts: BTreeMap::new(),
+                deadline: part.expires_at,
+            });
+            group.parts.entry(part.seq).or_default().push(id);
+            let complete = group.parts.len() == usize::from(part.total);
+            let old_deadline = group.deadline;
+            if part.expires_at < group.deadline {
+                group.deadline = part.expires_at;
+            }
+            let new_deadline = group.deadline;
+            inner.records.insert(id, record);
+            inner.deadlines.remove(&(old_deadline, gk.clone()));
+            if complete {
+                if let Some(group) = inner.groups.remove(&gk) {
+                    let members: Vec<MessageId> = group.parts.values().flatten().copied().collect();
+                    if let Some(first) = members.first().copied() {
+                        inner.make_ready(first, Disposition::Deliver, members);
+                    }
+                }
+            } else {
+                inner.deadlines.insert((new_deadline, gk), ());
+            }
+        }
+        _ => {
+            inner.records.insert(id, record);
+            inner.make_ready(id, Disposition::Deliver, vec![id]);
+        }
+    }
+}
+
+#[async_trait]
+impl PendingStore for MemoryPendingStore {
+    fn backend(&self) -> StageBackend {
+        StageBackend::Memory
+    }
+
+    async fn admit(&self, batch: Vec<PendingRecord>) -> Result<Vec<AdmitOutcome>, PendingError> {
+        let now = Timestamp::now();
+        let idem_expiry = now.saturating_add(self.limits.idempotency_retention);
+        let mut inner = self.inner.lock();
+        inner.forget_idempotency(now);
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for record in batch {
+            if let Some(key) = &record.idempotency_key
+                && let Some((existing, _)) = inner.idempotency.get(&(record.account.clone(), key.clone()))
+            {
+                outcomes.push(AdmitOutcome::Duplicate { existing: *existing });
+                continue;
+            }
+            if inner.records.len() as u64 >= self.limits.max_records {
+                outcomes.push(AdmitOutcome::Full);
+                continue;
+            }
+            admit_one(&mut inner, record, idem_expiry);
+            outcomes.push(AdmitOutcome::Admitted);
+        }
+        Ok(outcomes)
+    }
+
+    async fn ready_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<ReadyUnit>, PendingError> {
+        let inner = self.inner.lock();
+        let ids: Vec<UnitId> = inner
+            .ready
+            .range(ReadySeq(after.0.saturating_add(1))..)
+            .take(limit)
+            .map(|(_, id)| *id)
+            .collect();
+        Ok(ids.into_iter().filter_map(|id| inner.unit(id)).collect())
+    }
+
+    async fn units(&self, ids: &[UnitId]) -> Result<Vec<ReadyUnit>, PendingError> {
+        let inner = self.inner.lock();
+        Ok(ids.iter().filter_map(|id| inner.unit(*id)).collect())
+    }
+
+    async fn expire_groups(&self, now: Timestamp, limit: usize) -> Result<usize, PendingError> {
+        let mut inner = self.inner.lock();
+        let mut expired = 0;
+        while expired < limit {
+            let Some(((deadline, gk), ())) = inner.deadlines.first_key_value() else {
+                break;
+            };
+            if *deadline > now {
+                break;
+            }
+            let key = (*deadline, gk.clone());
+            inner.deadlines.remove(&key);
+            if let Some(group) = inner.groups.remove(&key.1) {
+                let members: Vec<MessageId> = group.parts.values().flatten().copied().collect();
+                if let Some(first) = members.first().copied() {
+                    inner.make_ready(first, Disposition::Expired, members);
+                }
+                expired += 1;
+            }
+        }
+        Ok(expired)
+    }
+
+    async fn complete(&self, ids: &[UnitId]) -> Result<(), PendingError> {
+        let mut inner = self.inner.lock();
+        for id in ids {
+            if let Some(entry) = inner.units.remove(id) {
+                inner.ready.remove(&entry.seq);
+                for m in entry.members {
+                    if let Some(rec) = inner.records.remove(&m)
+                        && rec.wants_receipt()
+                    {
+                        inner.receipt_requests = inner.receipt_requests.saturating_sub(1);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn stats(&self) -> Result<PendingStats, PendingError> {
+        let inner = self.inner.lock();
+        Ok(PendingStats {
+            records: inner.records.len() as u64,
+            ready_units: inner.units.len() as u64,
+            incomplete_groups: inner.groups.len() as u64,
+            receipt_requests: inner.receipt_requests,
+            oldest_accepted_at: inner.records.first_key_value().map(|(_, r)| r.accepted_at),
+        })
+    }
+}

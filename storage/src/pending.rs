@@ -1,0 +1,137 @@
+//! The pending stage: accepted sources, kept until every branch and any DLR handoff
+//! is terminal.
+//!
+//! Owned by the Ingress actor. Admission is a batch: one call, one durable commit (for
+//! durable backends), many acknowledgements — that is how a durable profile reaches
+//! tens of thousands of messages per second on a disk that does a few thousand fsyncs.
+//!
+//! Multipart parts are admitted one by one. The store tracks each group; when its last
+//! part arrives the group becomes one *ready unit*. Single messages are ready at once.
+//! Ready units get a [`ReadySeq`] so selection can walk them incrementally with a
+//! cursor; an incomplete group whose saved deadline passes becomes a ready unit with
+//! [`Disposition::Expired`], so it flows through the same pipeline to its failure
+//! receipt and source completion.
+
+use async_trait::async_trait;
+
+use crate::backend::StageBackend;
+use crate::error::PendingError;
+use crate::ids::{MessageId, ReadySeq, Timestamp, UnitId};
+use crate::record::PendingRecord;
+
+/// The result of admitting one record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AdmitOutcome {
+    /// Stored as promised; acknowledge with the record's id.
+    Admitted,
+    /// The account already submitted this idempotency key (and it is still retained):
+    /// nothing new was stored; answer with the earlier id.
+    Duplicate { existing: MessageId },
+    /// Not stored: the stage is at its configured capacity. Answer ESME_RMSGQFUL / 503.
+    Full,
+}
+
+/// What should happen to a ready unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Disposition {
+    /// Route and deliver it.
+    Deliver,
+    /// A multipart group that did not complete before its deadline: fail it (with a
+    /// failure receipt to each part that asked for one) and complete its sources.
+    Expired,
+}
+
+/// A routable unit: one message, or a multipart group's parts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unit {
+    pub id: UnitId,
+    pub disposition: Disposition,
+    /// Parts in sequence order (a single message has one). If a client sent the same
+    /// part twice, the repeat follows the part it repeats: it is acknowledged and owed a
+    /// receipt, but its payload is not sent twice.
+    pub parts: Vec<PendingRecord>,
+}
+
+impl Unit {
+    /// Ids of every source record in the unit (what completion removes).
+    pub fn member_ids(&self) -> Vec<MessageId> {
+        self.parts.iter().map(|p| p.id).collect()
+    }
+
+    /// Does any submission in the unit expect a receipt?
+    pub fn wants_receipt(&self) -> bool {
+        self.parts.iter().any(|p| p.wants_receipt())
+    }
+
+    /// The parts whose payload makes up the message text: the first record of each
+    /// sequence number (repeats excluded).
+    pub fn distinct_parts(&self) -> impl Iterator<Item = &PendingRecord> {
+        let mut last_seq = None;
+        self.parts.iter().filter(move |p| {
+            let seq = p.part.map(|i| i.seq);
+            if seq.is_some() && seq == last_seq {
+                return false;
+            }
+            last_seq = seq;
+            true
+        })
+    }
+
+    /// The whole message's user data, parts concatenated in order.
+    pub fn payload(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for p in self.distinct_parts() {
+            out.extend_from_slice(&p.payload);
+        }
+        out
+    }
+}
+
+/// A unit and its place in the ready order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadyUnit {
+    pub seq: ReadySeq,
+    pub unit: Unit,
+}
+
+/// Counts for `/metrics`, `/admin/actors` and `sendium inspect`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PendingStats {
+    /// Source records (messages and parts) held.
+    pub records: u64,
+    /// Units ready for selection or in processing.
+    pub ready_units: u64,
+    /// Multipart groups still waiting for parts.
+    pub incomplete_groups: u64,
+    /// Records whose submission asked for a receipt.
+    pub receipt_requests: u64,
+    /// Acceptance time of the oldest record.
+    pub oldest_accepted_at: Option<Timestamp>,
+}
+
+/// The pending stage contract. Implementations: memory, file (redb), postgresql.
+#[async_trait]
+pub trait PendingStore: Send + Sync + 'static {
+    fn backend(&self) -> StageBackend;
+
+    /// Admit a batch. On `Ok`, each outcome says what happened to the record at the same
+    /// index, and every `Admitted` record is stored as durably as the backend promises.
+    /// On `Err`, nothing in the batch may be acknowledged.
+    async fn admit(&self, batch: Vec<PendingRecord>) -> Result<Vec<AdmitOutcome>, PendingError>;
+
+    /// Up to `limit` ready units with `seq > after`, in ready order.
+    async fn ready_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<ReadyUnit>, PendingError>;
+
+    /// The units with these ids that are still pending (missing ids are skipped: their
+    /// sources completed). Used to restore staged and routed work after a restart.
+    async fn units(&self, ids: &[UnitId]) -> Result<Vec<ReadyUnit>, PendingError>;
+
+    /// Turn up to `limit` incomplete groups whose deadline is at or before `now` into
+    /// ready units with [`Disposition::Expired`]. Returns how many groups expired.
+    async fn expire_groups(&self, now: Timestamp, limit: usize) -> Result<usize, PendingError>;
+
+    /// Remove completed units and their source records. Idempotent: unknown ids are ignored.
+    async fn complete(&self, ids: &[UnitId]) -> Result<(), PendingError>;
+
+    async fn stats(&self) -> Result<PendingStats, PendingError>;
+}

@@ -1,0 +1,122 @@
+//! The accepted message as the pending stage keeps it.
+//!
+//! A [`PendingRecord`] holds everything needed to deliver the message and to return
+//! its receipt after a restart: payload and encoding, multipart state with the
+//! group's absolute deadline, routing inputs, DLR return metadata, the idempotency
+//! key and timestamps. It is plain data: protocols and actors convert into it.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{MessageId, Timestamp};
+
+/// An SMPP address: type of number, numbering plan, digits.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub struct Address {
+    pub ton: u8,
+    pub npi: u8,
+    pub addr: String,
+}
+
+impl Address {
+    pub fn new(ton: u8, npi: u8, addr: impl Into<String>) -> Self {
+        Self {
+            ton,
+            npi,
+            addr: addr.into(),
+        }
+    }
+}
+
+/// How the message entered Sendium; decides how its receipt goes back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Channel {
+    /// `submit_sm` on a bound session: the receipt is a `deliver_sm` to a bound
+    /// receiver/transceiver session of the same account.
+    Smpp,
+    /// `POST /v1/messages`: the receipt is POSTed to the record's `callback_url`.
+    Http,
+}
+
+/// Multipart (concatenated SMS) state of one part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PartInfo {
+    /// Concatenation reference (8-bit UDH references are widened).
+    pub reference: u16,
+    pub total: u8,
+    /// 1-based position in the group.
+    pub seq: u8,
+    /// Absolute deadline: if the group is still incomplete then, it expires (and a
+    /// failure receipt goes to every part that asked for one). Saved with the part so
+    /// a restart does not extend it.
+    pub expires_at: Timestamp,
+}
+
+/// One admitted message or multipart part.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingRecord {
+    /// The id returned to the client for this submission.
+    pub id: MessageId,
+    /// The originating account (SMPP system_id; HTTP API keys map to an account).
+    pub account: String,
+    pub channel: Channel,
+    pub source: Address,
+    pub destination: Address,
+    #[serde(default)]
+    pub service_type: String,
+    /// esm_class as received, with the UDHI bit cleared: `payload` never contains a UDH.
+    #[serde(default)]
+    pub esm_class: u8,
+    #[serde(default)]
+    pub protocol_id: u8,
+    #[serde(default)]
+    pub priority: u8,
+    pub data_coding: u8,
+    /// The user data of this message or part, exactly as received, without UDH.
+    #[serde(with = "serde_bytes")]
+    pub payload: Vec<u8>,
+    #[serde(default)]
+    pub part: Option<PartInfo>,
+    /// SMPP registered_delivery as received (HTTP: 0x01 when a callback_url is given).
+    #[serde(default)]
+    pub registered_delivery: u8,
+    #[serde(default)]
+    pub callback_url: Option<String>,
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+    pub accepted_at: Timestamp,
+}
+
+impl PendingRecord {
+    /// Does this submission expect a receipt (on final outcome, or on failure only)?
+    pub fn wants_receipt(&self) -> bool {
+        self.registered_delivery & 0x03 != 0
+    }
+
+    /// registered_delivery 0b10: a receipt only if delivery fails.
+    pub fn receipt_on_failure_only(&self) -> bool {
+        self.registered_delivery & 0x03 == 0x02
+    }
+
+    /// The key parts of one multipart group share. A group is identified by who sent
+    /// it, between which numbers, and its reference and size — as handsets and SMSCs
+    /// reassemble.
+    pub fn group_key(&self) -> Option<GroupKey> {
+        self.part.map(|p| GroupKey {
+            account: self.account.clone(),
+            source: self.source.addr.clone(),
+            destination: self.destination.addr.clone(),
+            reference: p.reference,
+            total: p.total,
+        })
+    }
+}
+
+/// Identity of a multipart group while its parts arrive.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct GroupKey {
+    pub account: String,
+    pub source: String,
+    pub destination: String,
+    pub reference: u16,
+    pub total: u8,
+}

@@ -1,0 +1,127 @@
+//! The routed-work stage: the destinations routing chose for each unit and which
+//! branches are done.
+//!
+//! Owned by the Router actor. One `record` transition stores every branch of a unit —
+//! the primary route with its failover targets and every copied route — so a restart
+//! restores recorded destinations to their workers, and a completed branch (recorded
+//! by `complete`) is never sent again.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::backend::StageBackend;
+use crate::error::RoutedWorkError;
+use crate::ids::{MessageId, Timestamp, UnitId};
+
+/// Primary branches carry the message's receipt; copies are delivered and tracked on
+/// their own but owe the client nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum BranchKind {
+    Primary,
+    Copy,
+}
+
+/// Why a branch failed, in receipt terms.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum BranchFailure {
+    /// No route matched the message.
+    NoRoute,
+    /// A multipart group expired before all its parts arrived.
+    Expired,
+    /// The provider refused the message permanently (SMPP command_status).
+    Rejected { status: u32 },
+    /// The message could not be encoded or split for the destination.
+    Unencodable,
+}
+
+impl BranchFailure {
+    /// Receipt `err:` code (3 digits) that the client sees.
+    pub fn error_code(&self) -> String {
+        match self {
+            BranchFailure::NoRoute => "001".to_string(),
+            BranchFailure::Expired => "002".to_string(),
+            BranchFailure::Unencodable => "003".to_string(),
+            // SMPP statuses above 999 are shown modulo 1000 so the field keeps 3 digits.
+            BranchFailure::Rejected { status } => format!("{:03}", status % 1000),
+        }
+    }
+}
+
+/// How a branch ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BranchOutcome {
+    /// The provider accepted every part; its ids, one per provider part, in part order.
+    Submitted {
+        destination: String,
+        provider_ids: Vec<String>,
+    },
+    Failed {
+        destination: Option<String>,
+        failure: BranchFailure,
+    },
+}
+
+/// One branch of a routed unit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Branch {
+    pub no: u16,
+    pub kind: BranchKind,
+    /// Destinations in failover order (first reachable wins). Empty when no route matched.
+    pub targets: Vec<String>,
+    pub outcome: Option<BranchOutcome>,
+}
+
+/// Everything routing decided for one unit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoutedUnit {
+    pub id: UnitId,
+    /// Source record ids (parts) of the unit.
+    pub members: Vec<MessageId>,
+    /// Name of the route that matched (empty when none did).
+    pub route: String,
+    pub routed_at: Timestamp,
+    pub branches: Vec<Branch>,
+}
+
+impl RoutedUnit {
+    pub fn is_complete(&self) -> bool {
+        self.branches.iter().all(|b| b.outcome.is_some())
+    }
+}
+
+/// A branch completion to record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BranchDone {
+    pub unit: UnitId,
+    pub branch: u16,
+    pub outcome: BranchOutcome,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RoutedWorkStats {
+    pub units: u64,
+    pub open_branches: u64,
+}
+
+/// The routed-work stage contract.
+#[async_trait]
+pub trait RoutedWorkStore: Send + Sync + 'static {
+    fn backend(&self) -> StageBackend;
+
+    /// Record routed units, each in one transition (a batch may share one commit).
+    /// Re-recording a unit that is already recorded keeps the existing record: routing
+    /// decisions are not redone.
+    async fn record(&self, units: Vec<RoutedUnit>) -> Result<(), RoutedWorkError>;
+
+    /// Record branch completions. A branch already completed keeps its first outcome;
+    /// completions for unknown units are ignored.
+    async fn complete(&self, done: Vec<BranchDone>) -> Result<(), RoutedWorkError>;
+
+    /// Forget units whose sources completed. Idempotent.
+    async fn remove(&self, ids: &[UnitId]) -> Result<(), RoutedWorkError>;
+
+    /// Recorded units with `id > after` in id order, at most `limit`.
+    async fn load_after(&self, after: Option<UnitId>, limit: usize) -> Result<Vec<RoutedUnit>, RoutedWorkError>;
+
+    async fn stats(&self) -> Result<RoutedWorkStats, RoutedWorkError>;
+}
