@@ -21,14 +21,11 @@
 #![forbid(unsafe_code)]
 
 pub mod error;
+pub mod http;
 pub mod multipart;
 pub mod receipt;
 pub mod text;
 
-/// SMPP 3.4 (with the rusmpp PDU model).
-pub mod smpp {
-    pub mod build;
-    pub mod frame;
-}
+pub mod smpp;
 
 pub use error::Error;

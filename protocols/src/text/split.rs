@@ -125,7 +125,8 @@ mod tests {
     fn fits_in_one_segment() {
         let text = encode(Alphabet::Gsm7, &"a".repeat(160)).unwrap();
         assert_eq!(split(Alphabet::Gsm7, &text), vec![&text[..]]);
-        assert_eq!(split(Alphabet::Gsm7, &[]), vec![&[][..]]);
+        let empty: &[u8] = &[];
+        assert_eq!(split(Alphabet::Gsm7, empty), vec![empty]);
         let ucs2 = encode(Alphabet::Ucs2, &"é".repeat(70)).unwrap();
         assert_eq!(split(Alphabet::Ucs2, &ucs2).len(), 1);
     }

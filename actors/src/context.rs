@@ -1,0 +1,57 @@
+//! What every actor shares: the directory of actors, health, the SMPP session registry
+//! (for receipts to ESMEs), and restart counters.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sendium_protocols::smpp::server::SessionRegistry;
+
+use crate::directory::Directory;
+use crate::dlr::{DlrMsg, ReceiptBatch};
+use crate::health::Health;
+
+/// Restart counts per actor name, for `/admin/actors` and `/metrics`.
+#[derive(Default)]
+pub struct Restarts {
+    counts: parking_lot::Mutex<HashMap<String, u64>>,
+    total: AtomicU64,
+}
+
+impl Restarts {
+    pub fn record(&self, name: &str) {
+        *self.counts.lock().entry(name.to_string()).or_default() += 1;
+        self.total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn of(&self, name: &str) -> u64 {
+        self.counts.lock().get(name).copied().unwrap_or(0)
+    }
+
+    pub fn total(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+}
+
+pub struct Shared {
+    pub dir: Directory,
+    pub health: Health,
+    pub sessions: SessionRegistry,
+    pub restarts: Restarts,
+    /// A DLR store is active (`dlr.backend` is not `disabled`).
+    pub dlr_enabled: bool,
+}
+
+impl Shared {
+    /// Hand provider receipts to the DlrCorrelator. With DLR handling disabled they are
+    /// acknowledged and dropped. If the correlator is not running the batch is dropped
+    /// *unacknowledged*, so the provider sends the receipts again.
+    pub fn send_receipts(&self, batch: ReceiptBatch) -> bool {
+        if !self.dlr_enabled {
+            if let Some(acks) = batch.acks {
+                acks.ok();
+            }
+            return true;
+        }
+        self.dir.dlr.send(DlrMsg::ProviderReceipts(batch))
+    }
+}

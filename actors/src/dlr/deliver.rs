@@ -1,0 +1,211 @@
+//! Downstream receipt delivery: a deliver_sm to a bound receiver/transceiver session of
+//! the originating account, or an HTTP POST to the submission's callback URL.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use sendium_protocols::receipt::{ReceiptText, format_date};
+use sendium_protocols::smpp::SmppAddress;
+use sendium_protocols::smpp::server::{DeliverOutcome, OutboundDeliver, SessionRegistry};
+use sendium_storage::{Delivery, DeliveryFinish, DeliveryResult, DlrState, Timestamp};
+
+use crate::worker::receipts::receipt_state;
+
+/// esm_class of an SMSC delivery receipt.
+const ESM_CLASS_RECEIPT: u8 = 0x04;
+
+fn address(a: &sendium_storage::Address) -> SmppAddress {
+    SmppAddress::new(a.ton, a.npi, a.addr.clone())
+}
+
+/// The Appendix B text of a receipt, carrying the id the client was given.
+pub fn receipt_text(d: &Delivery) -> String {
+    let delivered = d.outcome.state == DlrState::Delivered;
+    ReceiptText {
+        id: d.target.submit_id.to_string(),
+        sub: 1,
+        dlvrd: u32::from(delivered),
+        submit_date: Some(format_date(d.target.submitted_at.as_unix_seconds())),
+        done_date: Some(format_date(d.outcome.done_at.as_unix_seconds())),
+        stat: receipt_state(d.outcome.state),
+        err: d.outcome.error.clone(),
+        text: String::new(),
+    }
+    .format()
+}
+
+/// The deliver_sm for a receipt: from the handset back to the original sender.
+pub fn deliver_sm(d: &Delivery) -> OutboundDeliver {
+    OutboundDeliver {
+        source: address(&d.target.destination),
+        destination: address(&d.target.source),
+        esm_class: ESM_CLASS_RECEIPT,
+        data_coding: 0,
+        short_message: receipt_text(d).into_bytes(),
+        receipted_message_id: Some(d.target.submit_id.to_string()),
+        message_state: Some(receipt_state(d.outcome.state).message_state()),
+    }
+}
+
+/// When to try again after `attempt` failed attempts: exponential, capped.
+pub fn retry_at(now: Timestamp, attempt: u32, min: Duration, max: Duration) -> Timestamp {
+    let factor = 1u32 << attempt.saturating_sub(1).min(16);
+    now.saturating_add((min * factor).min(max))
+}
+
+fn give_up_or(d: &Delivery, at: Timestamp) -> DeliveryResult {
+    if at > d.expires_at {
+        DeliveryResult::Dead
+    } else {
+        DeliveryResult::Retry { at }
+    }
+}
+
+/// Deliver SMPP receipts of one account; one result per delivery.
+pub async fn smpp(registry: &SessionRegistry, account: &str, deliveries: &[Delivery]) -> Vec<DeliveryFinish> {
+    let pdus = deliveries.iter().map(deliver_sm).collect();
+    let outcomes = registry.deliver(account, pdus).await;
+    let now = Timestamp::now();
+    deliveries
+        .iter()
+        .zip(outcomes)
+        .map(|(d, o)| {
+            let result = match o {
+                DeliverOutcome::Acked => DeliveryResult::Delivered,
+                // Held until the account binds again (the bind wakes it), within retention.
+                DeliverOutcome::NoSession => DeliveryResult::Retry { at: d.expires_at },
+                DeliverOutcome::Refused(_) | DeliverOutcome::Timeout | DeliverOutcome::Disconnected => give_up_or(
+                    d,
+                    retry_at(now, d.attempt, Duration::from_secs(1), Duration::from_secs(300)),
+                ),
+            };
+            DeliveryFinish {
+                id: d.id,
+                attempt: d.attempt,
+                result,
+            }
+        })
+        .collect()
+}
+
+/// RFC 3339 UTC time of a timestamp.
+pub fn rfc3339(t: Timestamp) -> String {
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(t.as_millis())).to_string()
+}
+
+/// The JSON body of an HTTP receipt callback.
+pub fn callback_body(d: &Delivery) -> serde_json::Value {
+    serde_json::json!({
+        "id": d.target.submit_id.to_string(),
+        "status": receipt_state(d.outcome.state).stat_text(),
+        "error_code": d.outcome.error,
+        "done_at": rfc3339(d.outcome.done_at),
+    })
+}
+
+/// POST one receipt; 2xx is delivered, anything else (or no answer) is retried.
+pub async fn http(client: &reqwest::Client, url: &str, d: &Delivery) -> DeliveryFinish {
+    let ok = match client.post(url).json(&callback_body(d)).send().await {
+        Ok(resp) => resp.status().is_success(),
+        Err(_) => false,
+    };
+    let result = if ok {
+        DeliveryResult::Delivered
+    } else {
+        metrics::counter!("sendium_receipt_callback_failures_total").increment(1);
+        give_up_or(
+            d,
+            retry_at(
+                Timestamp::now(),
+                d.attempt,
+                Duration::from_secs(1),
+                Duration::from_secs(600),
+            ),
+        )
+    };
+    DeliveryFinish {
+        id: d.id,
+        attempt: d.attempt,
+        result,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sendium_protocols::receipt::ReceiptState;
+    use sendium_storage::{Address, DeliveryId, MessageId, ReceiptOutcome, ReceiptTarget, ReplyPath};
+
+    fn delivery(state: DlrState) -> Delivery {
+        Delivery {
+            id: DeliveryId(1),
+            attempt: 1,
+            target: ReceiptTarget {
+                submit_id: MessageId::generate(),
+                account: "esme1".into(),
+                reply: ReplyPath::Smpp,
+                source: Address::new(5, 0, "Shop"),
+                destination: Address::new(1, 1, "447700900123"),
+                submitted_at: Timestamp(1_764_590_400_000),
+                failure_only: false,
+            },
+            outcome: ReceiptOutcome {
+                state,
+                error: "000".into(),
+                done_at: Timestamp(1_764_590_460_000),
+            },
+            created_at: Timestamp::now(),
+            expires_at: Timestamp::now().saturating_add(Duration::from_secs(60)),
+        }
+    }
+
+    #[test]
+    fn receipt_deliver_sm_swaps_addresses_and_carries_the_submit_id() {
+        let d = delivery(DlrState::Delivered);
+        let pdu = deliver_sm(&d);
+        assert_eq!(pdu.esm_class, 0x04);
+        assert_eq!(pdu.source.addr, "447700900123");
+        assert_eq!(pdu.destination.addr, "Shop");
+        assert_eq!(
+            pdu.receipted_message_id.as_deref(),
+            Some(d.target.submit_id.to_string().as_str())
+        );
+        assert_eq!(pdu.message_state, Some(2));
+        let text = String::from_utf8(pdu.short_message).unwrap();
+        let parsed = ReceiptText::parse(&text).unwrap();
+        assert_eq!(parsed.id, d.target.submit_id.to_string());
+        assert_eq!(parsed.stat, ReceiptState::Delivered);
+        assert_eq!(parsed.dlvrd, 1);
+        assert_eq!(parsed.done_date.as_deref(), Some("2512011201"));
+    }
+
+    #[test]
+    fn callback_json_names_status_and_time() {
+        let d = delivery(DlrState::Undeliverable);
+        let v = callback_body(&d);
+        assert_eq!(v["status"], "UNDELIV");
+        assert_eq!(v["done_at"], "2025-12-01T12:01:00Z");
+        assert_eq!(v["id"], d.target.submit_id.to_string());
+    }
+
+    #[test]
+    fn retries_back_off_and_give_up_after_retention() {
+        let now = Timestamp(1_000_000);
+        assert_eq!(
+            retry_at(now, 1, Duration::from_secs(1), Duration::from_secs(60)),
+            Timestamp(1_001_000)
+        );
+        assert_eq!(
+            retry_at(now, 3, Duration::from_secs(1), Duration::from_secs(60)),
+            Timestamp(1_004_000)
+        );
+        assert_eq!(
+            retry_at(now, 30, Duration::from_secs(1), Duration::from_secs(60)),
+            Timestamp(1_060_000)
+        );
+        let d = delivery(DlrState::Delivered);
+        assert_eq!(
+            give_up_or(&d, d.expires_at.saturating_add(Duration::from_secs(1))),
+            DeliveryResult::Dead
+        );
+    }
+}

@@ -1,0 +1,300 @@
+//! The running gateway: stores opened, the actor tree started, listeners bound.
+//!
+//! `ops` builds one [`Gateway`] from a validated configuration and serves the admin
+//! endpoints from the views it offers.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorRef};
+use sendium_profiles::{Config, DlrBackend, Guarantee, StorageProfile};
+use sendium_protocols::http::{ApiKey, HttpIngressConfig};
+use sendium_protocols::smpp::server::{self, Account, ServerConfig, SessionRegistry};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::context::{Restarts, Shared};
+use crate::directory::Directory;
+use crate::dlr::{DlrMsg, DlrStatus};
+use crate::health::Health;
+use crate::http_ingress::HttpIngress;
+use crate::ingress::{IngressMsg, IngressStatus};
+use crate::router::{RouterMsg, RouterStatus};
+use crate::selector::{SelectorMsg, SelectorStatus};
+use crate::smpp_ingress::SmppIngress;
+use crate::spec::GatewaySpec;
+use crate::stores::{OpenError, Stores};
+use crate::supervisor::{ActorEntry, Supervisor, SupervisorArgs, SupervisorMsg};
+use crate::worker::{WorkerMsg, WorkerStatus};
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("cannot open storage: {0}")]
+    Storage(#[from] OpenError),
+    #[error("{0}")]
+    Profile(#[from] sendium_profiles::ConfigError),
+    #[error("cannot start the actor system: {0}")]
+    Actors(String),
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Listen {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// Everything an operator's dashboards read, gathered from the actors.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub ingress: Option<IngressStatus>,
+    pub selector: Option<SelectorStatus>,
+    pub router: Option<RouterStatus>,
+    pub dlr: Option<DlrStatus>,
+    pub workers: Vec<(String, Option<WorkerStatus>)>,
+    pub restarts: u64,
+    pub smpp_sessions: usize,
+}
+
+pub struct Gateway {
+    shared: Arc<Shared>,
+    spec: Arc<GatewaySpec>,
+    supervisor: ActorRef<SupervisorMsg>,
+    supervisor_task: parking_lot::Mutex<Option<JoinHandle<()>>>,
+    shutdown: CancellationToken,
+    listeners: parking_lot::Mutex<Vec<JoinHandle<()>>>,
+    profile: StorageProfile,
+    guarantee: Guarantee,
+    smpp_addr: Option<SocketAddr>,
+    http_addr: Option<SocketAddr>,
+}
+
+impl Gateway {
+    /// Open the selected stores, start the actors, and bind the SMPP listener.
+    pub async fn start(cfg: &Config) -> Result<Gateway, GatewayError> {
+        let profile = cfg.storage_profile();
+        let guarantee = sendium_profiles::check_supported(&profile)?;
+        let stores = Stores::open(cfg)?;
+        let spec = Arc::new(GatewaySpec::new(cfg, stores));
+        let shared = Arc::new(Shared {
+            dir: Directory::new(cfg.destinations.iter().map(|d| d.name.clone())),
+            health: Health::default(),
+            sessions: SessionRegistry::new(),
+            restarts: Restarts::default(),
+            dlr_enabled: cfg.dlr.backend != DlrBackend::Disabled,
+        });
+        reserve_recovered_receipts(&spec).await;
+        let (supervisor, supervisor_task) = Actor::spawn(
+            Some("supervisor".to_string()),
+            Supervisor,
+            SupervisorArgs {
+                shared: shared.clone(),
+                spec: spec.clone(),
+            },
+        )
+        .await
+        .map_err(|e| GatewayError::Actors(e.to_string()))?;
+        let shutdown = CancellationToken::new();
+        let mut listeners = Vec::new();
+        let mut smpp_addr = None;
+        if let Some(smpp) = &cfg.smpp {
+            let listener = TcpListener::bind(smpp.listen)
+                .await
+                .map_err(|source| GatewayError::Listen {
+                    what: "smpp.listen",
+                    addr: smpp.listen,
+                    source,
+                })?;
+            smpp_addr = listener.local_addr().ok();
+            let config = Arc::new(ServerConfig {
+                system_id: "sendium".into(),
+                max_connections: usize::try_from(smpp.max_connections).unwrap_or(1024),
+                max_command_length: smpp.max_command_length,
+                window: usize::try_from(smpp.window).unwrap_or(100),
+                bind_timeout: smpp.bind_timeout,
+                idle_timeout: smpp.idle_timeout,
+                deliver_timeout: smpp.deliver_timeout,
+                accounts: smpp
+                    .accounts
+                    .iter()
+                    .map(|a| Account {
+                        system_id: a.system_id.clone(),
+                        password: a.password.expose().to_string(),
+                        max_binds: a.max_binds,
+                        max_tps: a.max_tps,
+                    })
+                    .collect(),
+            });
+            let handler = Arc::new(SmppIngress::new(shared.clone(), spec.multipart_expiry));
+            let registry = shared.sessions.clone();
+            let token = shutdown.clone();
+            listeners.push(tokio::spawn(async move {
+                if let Err(e) = server::serve(listener, config, handler, registry, token).await {
+                    tracing::error!(error = %e, "SMPP listener stopped");
+                }
+            }));
+        }
+        let mut http_addr = None;
+        if let Some(http) = &cfg.http {
+            let listener = TcpListener::bind(http.listen)
+                .await
+                .map_err(|source| GatewayError::Listen {
+                    what: "http.listen",
+                    addr: http.listen,
+                    source,
+                })?;
+            http_addr = listener.local_addr().ok();
+            let max_tps = cfg
+                .smpp
+                .as_ref()
+                .map(|s| s.accounts.iter().map(|a| (a.system_id.clone(), a.max_tps)).collect())
+                .unwrap_or_default();
+            let app = sendium_protocols::http::router(
+                HttpIngressConfig {
+                    api_keys: http
+                        .api_keys
+                        .iter()
+                        .map(|k| ApiKey {
+                            key: k.key.expose().to_string(),
+                            account: k.account.clone(),
+                        })
+                        .collect(),
+                    max_body_bytes: http.max_body_bytes,
+                    max_tps,
+                },
+                Arc::new(HttpIngress::new(shared.clone())),
+            );
+            let token = shutdown.clone();
+            listeners.push(tokio::spawn(async move {
+                let serve = axum::serve(listener, app).with_graceful_shutdown(async move { token.cancelled().await });
+                if let Err(e) = serve.await {
+                    tracing::error!(error = %e, "HTTP ingress listener stopped");
+                }
+            }));
+        }
+        Ok(Gateway {
+            http_addr,
+            shared,
+            spec,
+            supervisor,
+            supervisor_task: parking_lot::Mutex::new(Some(supervisor_task)),
+            shutdown,
+            listeners: parking_lot::Mutex::new(listeners),
+            profile,
+            guarantee,
+            smpp_addr,
+        })
+    }
+
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    pub fn profile(&self) -> &StorageProfile {
+        &self.profile
+    }
+
+    pub fn guarantee(&self) -> &Guarantee {
+        &self.guarantee
+    }
+
+    pub fn smpp_addr(&self) -> Option<SocketAddr> {
+        self.smpp_addr
+    }
+
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
+    }
+
+    pub fn multipart_expiry(&self) -> Duration {
+        self.spec.multipart_expiry
+    }
+
+    /// Ready: stores healthy and startup reconciliation done. Otherwise the reasons.
+    pub fn readiness(&self) -> Result<(), Vec<String>> {
+        let reasons = self.shared.health.not_ready_reasons();
+        if reasons.is_empty() { Ok(()) } else { Err(reasons) }
+    }
+
+    pub async fn actors(&self) -> Vec<ActorEntry> {
+        self.supervisor
+            .call(SupervisorMsg::Actors, Some(Duration::from_secs(5)))
+            .await
+            .ok()
+            .and_then(|r| match r {
+                ractor::rpc::CallResult::Success(v) => Some(v),
+                _ => None,
+            })
+            .unwrap_or_default()
+    }
+
+    pub async fn snapshot(&self) -> Snapshot {
+        let t = Duration::from_millis(500);
+        let dir = &self.shared.dir;
+        let mut workers = Vec::new();
+        for d in &self.spec.destinations {
+            let status = match dir.worker(&d.name) {
+                Some(mb) => mb.call(WorkerMsg::Status, t).await.ok(),
+                None => None,
+            };
+            workers.push((d.name.clone(), status));
+        }
+        Snapshot {
+            ingress: dir.ingress.call(IngressMsg::Status, t).await.ok(),
+            selector: dir.selector.call(SelectorMsg::Status, t).await.ok(),
+            router: dir.router.call(RouterMsg::Status, t).await.ok(),
+            dlr: if self.shared.dlr_enabled {
+                dir.dlr.call(DlrMsg::Status, t).await.ok()
+            } else {
+                None
+            },
+            workers,
+            restarts: self.shared.restarts.total(),
+            smpp_sessions: self.shared.sessions.sessions().len(),
+        }
+    }
+
+    /// A token cancelled when the gateway shuts down (for listeners started outside).
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Run a listener task that shutdown waits for.
+    pub fn add_listener(&self, task: JoinHandle<()>) {
+        self.listeners.lock().push(task);
+    }
+
+    /// Stop accepting, unbind sessions, stop the actors.
+    pub async fn shutdown(&self) {
+        self.shutdown.cancel();
+        let listeners: Vec<JoinHandle<()>> = std::mem::take(&mut *self.listeners.lock());
+        for l in listeners {
+            let _ = tokio::time::timeout(Duration::from_secs(5), l).await;
+        }
+        let _ = self
+            .supervisor
+            .call(SupervisorMsg::Shutdown, Some(Duration::from_secs(5)))
+            .await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        self.supervisor.stop(Some("shutdown".into()));
+        let task = self.supervisor_task.lock().take();
+        if let Some(task) = task {
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
+    }
+}
+
+/// A bounded memory DLR store starts empty, but a durable pending stage may hold
+/// recovered messages that still owe receipts: reserve their capacity so new
+/// admissions cannot crowd them out.
+async fn reserve_recovered_receipts(spec: &GatewaySpec) {
+    let Some(gate) = &spec.reservations else {
+        return;
+    };
+    if let Ok(stats) = spec.stores.pending.stats().await
+        && stats.receipt_requests > 0
+    {
+        gate.force_reserve(stats.receipt_requests);
+    }
+}

@@ -1,0 +1,33 @@
+//! Sendium's actor system.
+//!
+//! Five pipeline actors, each owning one storage stage behind its mailbox, and a
+//! supervisor that restarts them and reconciles by stable id:
+//!
+//! ```text
+//! ESME/app ─▶ Ingress ─▶ Selector ─▶ Router ─▶ DestinationWorker(s) ─▶ provider
+//!            pending    router-queue  routed-work        │ receipts
+//!                                         ▲               ▼
+//!                                         └── DlrCorrelator (dlr) ─▶ ESME/app
+//! ```
+//!
+//! Actors exchange batches keyed by stable ids; every in-memory queue between them is
+//! bounded by credit (the Selector selects only what the Router has room for, the Router
+//! gives a worker only its capacity), and Ingress acknowledges nothing it did not store.
+#![forbid(unsafe_code)]
+
+pub mod context;
+pub mod directory;
+pub mod dlr;
+pub mod gateway;
+pub mod health;
+pub mod http_ingress;
+pub mod ingress;
+pub mod router;
+pub mod selector;
+pub mod smpp_ingress;
+pub mod spec;
+pub mod stores;
+pub mod supervisor;
+pub mod worker;
+
+pub use gateway::{Gateway, GatewayError, Snapshot};

@@ -1,0 +1,825 @@
+//! Router: owns the routed-work stage.
+//!
+//! For each selected unit the Router resolves the route (first match on account and
+//! destination prefix), records every branch — the primary route with its failover
+//! targets and each copied route — in one routed-work transition, then dispatches the
+//! branches to destination workers within their credit. It records each branch's
+//! completion; once every branch and the DLR handoff are terminal it asks Ingress to
+//! complete the source, and after that forgets the unit.
+//!
+//! The Router's in-memory map is a bounded projection (`max-in-flight` units) of the
+//! routed-work store, rebuilt from it at startup and after any restart; every message it
+//! exchanges is keyed by stable ids so a lost message is repaired by re-sending.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use sendium_profiles::RouteTable;
+use sendium_storage::failpoint;
+use sendium_storage::{
+    Branch, BranchDone, BranchFailure, BranchKind, BranchOutcome, Channel, Disposition, DlrState, Handoff,
+    HandoffOutcome, ReadyUnit, ReceiptOutcome, ReceiptTarget, ReplyPath, RoutedUnit, RoutedWorkStore, Timestamp, Unit,
+    UnitId,
+};
+
+use crate::context::Shared;
+use crate::dlr::DlrMsg;
+use crate::ingress::IngressMsg;
+use crate::selector::SelectorMsg;
+use crate::worker::{BranchJob, WorkerMsg};
+
+/// One branch of one unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BranchKey {
+    pub unit: UnitId,
+    pub branch: u16,
+}
+
+/// What a worker reports for a branch it was given.
+#[derive(Clone, Debug)]
+pub struct WorkerOutcome {
+    pub key: BranchKey,
+    pub destination: String,
+    pub result: WorkerResult,
+}
+
+#[derive(Clone, Debug)]
+pub enum WorkerResult {
+    /// Every provider part accepted: raw ids (for the record) and canonical keys (for
+    /// receipt correlation), one per part.
+    Submitted {
+        provider_ids: Vec<String>,
+        keys: Vec<String>,
+    },
+    /// Ended for good.
+    Failed(BranchFailure),
+    /// Handed back unsent: the destination went down and the branch may fail over.
+    Bounced,
+}
+
+/// A peer actor that restarted, for reconciliation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Peer {
+    Ingress,
+    Selector,
+    DlrCorrelator,
+    Worker(String),
+}
+
+pub enum RouterMsg {
+    Route(Vec<ReadyUnit>),
+    Outcomes(Vec<WorkerOutcome>),
+    /// The DLR store accepted these handoffs.
+    HandedOff(Vec<BranchKey>),
+    /// The DLR store could not take them now (retryable): try again later.
+    HandoffFailed(Vec<BranchKey>),
+    SourcesCompleted(Vec<UnitId>),
+    DestinationState {
+        name: String,
+        up: bool,
+    },
+    Reconcile(Peer),
+    Tick,
+    Status(RpcReplyPort<RouterStatus>),
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct RouterStatus {
+    pub units: u64,
+    pub open_branches: u64,
+    pub awaiting_handoff: u64,
+    pub queued_for_workers: u64,
+    pub free: u64,
+    pub destinations: Vec<(String, bool, u64)>,
+}
+
+pub struct RouterArgs {
+    pub shared: Arc<Shared>,
+    pub store: Arc<dyn RoutedWorkStore>,
+    pub routes: Arc<RouteTable>,
+    pub max_in_flight: usize,
+    /// Branches a destination worker holds at once.
+    pub worker_capacity: HashMap<String, usize>,
+    pub dlr_enabled: bool,
+}
+
+struct Tracked {
+    unit: Arc<Unit>,
+    routed: RoutedUnit,
+    /// Open branches given to a worker, and to which.
+    dispatched: HashMap<u16, String>,
+    /// Outcome known, DLR store has not accepted the handoff yet.
+    awaiting_handoff: HashMap<u16, (BranchOutcome, Handoff, Instant)>,
+    completion_sent: bool,
+}
+
+impl Tracked {
+    fn branch(&self, no: u16) -> Option<&Branch> {
+        self.routed.branches.iter().find(|b| b.no == no)
+    }
+
+    fn is_done(&self, no: u16) -> bool {
+        self.branch(no).is_some_and(|b| b.outcome.is_some())
+    }
+}
+
+struct Destination {
+    up: bool,
+    assigned: usize,
+    capacity: usize,
+    queue: VecDeque<BranchKey>,
+}
+
+pub struct RouterState {
+    shared: Arc<Shared>,
+    store: Arc<dyn RoutedWorkStore>,
+    routes: Arc<RouteTable>,
+    max_in_flight: usize,
+    dlr_enabled: bool,
+    units: HashMap<UnitId, Tracked>,
+    dests: HashMap<String, Destination>,
+    /// Work that failed to reach the store, retried on the tick.
+    retry_record: Vec<(Arc<Unit>, RoutedUnit)>,
+    retry_done: Vec<BranchDone>,
+    retry_remove: Vec<UnitId>,
+    retry_handoff: Vec<BranchKey>,
+    // Per-turn outputs, flushed at the end of every handled message.
+    done: Vec<BranchDone>,
+    handoffs: Vec<Handoff>,
+    jobs: HashMap<String, Vec<BranchJob>>,
+}
+
+pub struct Router;
+
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// A handoff the DLR correlator has not confirmed in this long is sent again.
+const HANDOFF_RESEND: Duration = Duration::from_secs(30);
+
+fn failure_state(f: &BranchFailure) -> DlrState {
+    match f {
+        BranchFailure::NoRoute | BranchFailure::Unencodable => DlrState::Undeliverable,
+        BranchFailure::Expired => DlrState::Expired,
+        BranchFailure::Rejected { .. } => DlrState::Rejected,
+    }
+}
+
+/// Receipt targets of a unit: one per submission that asked for a receipt.
+pub fn receipt_targets(unit: &Unit) -> Vec<ReceiptTarget> {
+    unit.parts
+        .iter()
+        .filter(|p| p.wants_receipt())
+        .filter_map(|p| {
+            let reply = match p.channel {
+                Channel::Smpp => ReplyPath::Smpp,
+                Channel::Http => ReplyPath::Http {
+                    url: p.callback_url.clone()?,
+                },
+            };
+            Some(ReceiptTarget {
+                submit_id: p.id,
+                account: p.account.clone(),
+                reply,
+                source: p.source.clone(),
+                destination: p.destination.clone(),
+                submitted_at: p.accepted_at,
+                failure_only: p.receipt_on_failure_only(),
+            })
+        })
+        .collect()
+}
+
+impl RouterState {
+    fn free(&self) -> usize {
+        self.max_in_flight.saturating_sub(self.units.len())
+    }
+
+    fn plan(&self, unit: &Unit) -> RoutedUnit {
+        let first = unit.parts.first();
+        let (route, branches) = match (unit.disposition, first) {
+            (Disposition::Deliver, Some(p)) => match self.routes.resolve(&p.account, &p.destination.addr) {
+                Some(r) => {
+                    let mut branches = vec![Branch {
+                        no: 0,
+                        kind: BranchKind::Primary,
+                        targets: r.to.clone(),
+                        outcome: None,
+                    }];
+                    for (i, copy) in r.copy_to.iter().enumerate() {
+                        branches.push(Branch {
+                            no: u16::try_from(i + 1).unwrap_or(u16::MAX),
+                            kind: BranchKind::Copy,
+                            targets: vec![copy.clone()],
+                            outcome: None,
+                        });
+                    }
+                    (r.name.clone(), branches)
+                }
+                None => (String::new(), Vec::new()),
+            },
+            _ => (String::new(), Vec::new()),
+        };
+        let branches = if branches.is_empty() {
+            // No route (or an expired group): one primary branch with nowhere to go; it
+            // fails at dispatch and carries the failure receipt.
+            vec![Branch {
+                no: 0,
+                kind: BranchKind::Primary,
+                targets: Vec::new(),
+                outcome: None,
+            }]
+        } else {
+            branches
+        };
+        RoutedUnit {
+            id: unit.id,
+            members: unit.member_ids(),
+            route,
+            routed_at: Timestamp::now(),
+            branches,
+        }
+    }
+
+    async fn route(&mut self, units: Vec<ReadyUnit>) {
+        let mut known = 0;
+        let mut fresh = Vec::with_capacity(units.len());
+        for ru in units {
+            if self.units.contains_key(&ru.unit.id) || self.retry_record.iter().any(|(u, _)| u.id == ru.unit.id) {
+                known += 1;
+                continue;
+            }
+            let routed = self.plan(&ru.unit);
+            fresh.push((Arc::new(ru.unit), routed));
+        }
+        if known > 0 {
+            self.shared.dir.selector.send(SelectorMsg::Credit(known));
+        }
+        self.record(fresh).await;
+    }
+
+    async fn record(&mut self, fresh: Vec<(Arc<Unit>, RoutedUnit)>) {
+        if fresh.is_empty() {
+            return;
+        }
+        let records: Vec<RoutedUnit> = fresh.iter().map(|(_, r)| r.clone()).collect();
+        if let Err(e) = self.store.record(records).await {
+            self.shared.health.routed_work.failed("routed-work", &e);
+            self.retry_record.extend(fresh);
+            return;
+        }
+        self.shared.health.routed_work.ok();
+        failpoint::hit("after-routing");
+        metrics::counter!("sendium_routed_total").increment(fresh.len() as u64);
+        let ids: Vec<UnitId> = fresh.iter().map(|(u, _)| u.id).collect();
+        if self.store.backend().is_durable() {
+            self.shared.dir.selector.send(SelectorMsg::Routed(ids));
+        }
+        for (unit, routed) in fresh {
+            self.track(unit, routed);
+        }
+    }
+
+    /// Take a recorded unit into the projection and dispatch its open branches.
+    fn track(&mut self, unit: Arc<Unit>, routed: RoutedUnit) {
+        let id = unit.id;
+        let open: Vec<u16> = routed
+            .branches
+            .iter()
+            .filter(|b| b.outcome.is_none())
+            .map(|b| b.no)
+            .collect();
+        self.units.insert(
+            id,
+            Tracked {
+                unit,
+                routed,
+                dispatched: HashMap::new(),
+                awaiting_handoff: HashMap::new(),
+                completion_sent: false,
+            },
+        );
+        for no in open {
+            self.dispatch(BranchKey { unit: id, branch: no }, None);
+        }
+        self.check_complete(id);
+    }
+
+    /// Queue a branch on its first reachable target (skipping `avoid`).
+    fn dispatch(&mut self, key: BranchKey, avoid: Option<&str>) {
+        let Some(t) = self.units.get(&key.unit) else {
+            return;
+        };
+        let Some(branch) = t.branch(key.branch) else {
+            return;
+        };
+        if branch.targets.is_empty() {
+            let failure = if t.unit.disposition == Disposition::Expired {
+                BranchFailure::Expired
+            } else {
+                BranchFailure::NoRoute
+            };
+            self.outcome(
+                key,
+                None,
+                BranchOutcome::Failed {
+                    destination: None,
+                    failure,
+                },
+                Vec::new(),
+            );
+            return;
+        }
+        let up = |d: &String| self.dests.get(d).is_some_and(|s| s.up) && Some(d.as_str()) != avoid;
+        let target = branch
+            .targets
+            .iter()
+            .find(|d| up(d))
+            .or_else(|| branch.targets.iter().find(|d| Some(d.as_str()) != avoid))
+            .or_else(|| branch.targets.first())
+            .cloned();
+        let Some(target) = target else {
+            return;
+        };
+        if let Some(dest) = self.dests.get_mut(&target) {
+            dest.queue.push_back(key);
+            if let Some(t) = self.units.get_mut(&key.unit) {
+                t.dispatched.insert(key.branch, target.clone());
+            }
+            self.pump(&target);
+        }
+    }
+
+    /// Move queued branches to a worker within its credit.
+    fn pump(&mut self, name: &str) {
+        let Some(dest) = self.dests.get_mut(name) else {
+            return;
+        };
+        while dest.assigned < dest.capacity {
+            let Some(key) = dest.queue.pop_front() else {
+                break;
+            };
+            let Some(t) = self.units.get(&key.unit) else {
+                continue;
+            };
+            if t.is_done(key.branch) || t.awaiting_handoff.contains_key(&key.branch) {
+                continue;
+            }
+            if t.dispatched.get(&key.branch).map(String::as_str) != Some(name) {
+                continue;
+            }
+            let primary = t.branch(key.branch).is_some_and(|b| b.kind == BranchKind::Primary);
+            dest.assigned += 1;
+            self.jobs.entry(name.to_string()).or_default().push(BranchJob {
+                key,
+                unit: t.unit.clone(),
+                request_receipt: primary && self.dlr_enabled && t.unit.wants_receipt(),
+            });
+        }
+    }
+
+    fn needs_handoff(&self, t: &Tracked, branch: u16) -> bool {
+        self.dlr_enabled
+            && t.branch(branch).is_some_and(|b| b.kind == BranchKind::Primary)
+            && !receipt_targets(&t.unit).is_empty()
+    }
+
+    /// A branch ended: hand it to the DLR store if it owes a receipt, else record it.
+    fn outcome(&mut self, key: BranchKey, _from: Option<&str>, outcome: BranchOutcome, keys: Vec<String>) {
+        let Some(t) = self.units.get(&key.unit) else {
+            return;
+        };
+        if t.is_done(key.branch) || t.awaiting_handoff.contains_key(&key.branch) {
+            return;
+        }
+        if self.needs_handoff(t, key.branch) {
+            let handoff = Handoff {
+                unit: key.unit,
+                branch: key.branch,
+                destination: match &outcome {
+                    BranchOutcome::Submitted { destination, .. } => destination.clone(),
+                    BranchOutcome::Failed { destination, .. } => destination.clone().unwrap_or_default(),
+                },
+                outcome: match &outcome {
+                    BranchOutcome::Submitted { .. } => HandoffOutcome::Submitted { provider_keys: keys },
+                    BranchOutcome::Failed { failure, .. } => HandoffOutcome::Failed(ReceiptOutcome {
+                        state: failure_state(failure),
+                        error: failure.error_code(),
+                        done_at: Timestamp::now(),
+                    }),
+                },
+                targets: receipt_targets(&t.unit),
+                handed_off_at: Timestamp::now(),
+            };
+            self.handoffs.push(handoff.clone());
+            if let Some(t) = self.units.get_mut(&key.unit) {
+                t.dispatched.remove(&key.branch);
+                t.awaiting_handoff
+                    .insert(key.branch, (outcome, handoff, Instant::now()));
+            }
+        } else {
+            if let Some(t) = self.units.get_mut(&key.unit) {
+                t.dispatched.remove(&key.branch);
+            }
+            self.done.push(BranchDone {
+                unit: key.unit,
+                branch: key.branch,
+                outcome,
+            });
+        }
+    }
+
+    fn worker_outcomes(&mut self, outcomes: Vec<WorkerOutcome>) {
+        for o in outcomes {
+            if let Some(dest) = self.dests.get_mut(&o.destination) {
+                dest.assigned = dest.assigned.saturating_sub(1);
+            }
+            match o.result {
+                WorkerResult::Bounced => {
+                    let still_open = self
+                        .units
+                        .get(&o.key.unit)
+                        .is_some_and(|t| !t.is_done(o.key.branch) && !t.awaiting_handoff.contains_key(&o.key.branch));
+                    if still_open {
+                        self.dispatch(o.key, Some(&o.destination));
+                    }
+                }
+                WorkerResult::Submitted { provider_ids, keys } => {
+                    let outcome = BranchOutcome::Submitted {
+                        destination: o.destination.clone(),
+                        provider_ids,
+                    };
+                    self.outcome(o.key, Some(&o.destination), outcome, keys);
+                }
+                WorkerResult::Failed(failure) => {
+                    metrics::counter!("sendium_branches_failed_total", "destination" => o.destination.clone())
+                        .increment(1);
+                    let outcome = BranchOutcome::Failed {
+                        destination: Some(o.destination.clone()),
+                        failure,
+                    };
+                    self.outcome(o.key, Some(&o.destination), outcome, Vec::new());
+                }
+            }
+            self.pump(&o.destination);
+        }
+    }
+
+    fn handed_off(&mut self, keys: Vec<BranchKey>) {
+        for key in keys {
+            if let Some(t) = self.units.get_mut(&key.unit)
+                && let Some((outcome, _, _)) = t.awaiting_handoff.remove(&key.branch)
+            {
+                self.done.push(BranchDone {
+                    unit: key.unit,
+                    branch: key.branch,
+                    outcome,
+                });
+            }
+        }
+    }
+
+    fn check_complete(&mut self, id: UnitId) {
+        let Some(t) = self.units.get_mut(&id) else {
+            return;
+        };
+        if t.completion_sent || !t.routed.is_complete() || !t.awaiting_handoff.is_empty() {
+            return;
+        }
+        t.completion_sent = true;
+        self.shared.dir.ingress.send(IngressMsg::Complete(vec![id]));
+    }
+
+    /// Flush what this turn produced: handoffs, branch completions, worker jobs.
+    async fn flush(&mut self) {
+        if !self.handoffs.is_empty() {
+            let batch = std::mem::take(&mut self.handoffs);
+            if !self.shared.dir.dlr.send(DlrMsg::HandOff(batch)) {
+                // Not running: the reconciliation after its restart re-sends.
+            }
+        }
+        let mut done = std::mem::take(&mut self.done);
+        if !self.retry_done.is_empty() {
+            done.append(&mut self.retry_done);
+        }
+        if !done.is_empty() {
+            failpoint::hit("before-branch-completion");
+            match self.store.complete(done.clone()).await {
+                Ok(()) => {
+                    self.shared.health.routed_work.ok();
+                    let mut finished = Vec::new();
+                    for d in done {
+                        if let Some(t) = self.units.get_mut(&d.unit)
+                            && let Some(b) = t.routed.branches.iter_mut().find(|b| b.no == d.branch)
+                            && b.outcome.is_none()
+                        {
+                            b.outcome = Some(d.outcome);
+                            if t.routed.is_complete() && t.awaiting_handoff.is_empty() && !t.completion_sent {
+                                t.completion_sent = true;
+                                finished.push(d.unit);
+                            }
+                        }
+                    }
+                    if !finished.is_empty() {
+                        self.shared.dir.ingress.send(IngressMsg::Complete(finished));
+                    }
+                }
+                Err(e) => {
+                    self.shared.health.routed_work.failed("routed-work", &e);
+                    self.retry_done = done;
+                }
+            }
+        }
+        for (name, jobs) in std::mem::take(&mut self.jobs) {
+            if let Some(mb) = self.shared.dir.worker(&name)
+                && !mb.send(WorkerMsg::Dispatch(jobs))
+                && let Some(dest) = self.dests.get_mut(&name)
+            {
+                // Worker not running: its reconciliation re-dispatches.
+                dest.assigned = 0;
+            }
+        }
+    }
+
+    async fn sources_completed(&mut self, mut ids: Vec<UnitId>) {
+        if !self.retry_remove.is_empty() {
+            ids.append(&mut self.retry_remove);
+        }
+        if ids.is_empty() {
+            return;
+        }
+        match self.store.remove(&ids).await {
+            Ok(()) => {
+                self.shared.health.routed_work.ok();
+                for id in &ids {
+                    self.units.remove(id);
+                }
+                metrics::counter!("sendium_completed_total").increment(ids.len() as u64);
+                self.shared.dir.selector.send(SelectorMsg::Completed(ids));
+            }
+            Err(e) => {
+                self.shared.health.routed_work.failed("routed-work", &e);
+                self.retry_remove = ids;
+            }
+        }
+    }
+
+    fn destination_state(&mut self, name: &str, up: bool) {
+        let Some(dest) = self.dests.get_mut(name) else {
+            return;
+        };
+        dest.up = up;
+        if up {
+            self.pump(name);
+            return;
+        }
+        // Down: branches still queued here (not given to the worker) fail over to
+        // another reachable target if their route has one.
+        let queued: Vec<BranchKey> = dest.queue.drain(..).collect();
+        for key in queued {
+            let has_other = self
+                .units
+                .get(&key.unit)
+                .and_then(|t| t.branch(key.branch))
+                .is_some_and(|b| {
+                    b.targets
+                        .iter()
+                        .any(|d| d != name && self.dests.get(d).is_some_and(|s| s.up))
+                });
+            if has_other {
+                self.dispatch(key, Some(name));
+            } else if let Some(dest) = self.dests.get_mut(name) {
+                dest.queue.push_back(key);
+            }
+        }
+    }
+
+    fn reconcile(&mut self, peer: Peer) {
+        tracing::info!(?peer, "reconciling after a restart");
+        match peer {
+            Peer::Worker(name) => {
+                if let Some(dest) = self.dests.get_mut(&name) {
+                    dest.assigned = 0;
+                    dest.queue.clear();
+                }
+                let keys: Vec<BranchKey> = self
+                    .units
+                    .iter()
+                    .flat_map(|(id, t)| {
+                        t.dispatched
+                            .iter()
+                            .filter(|(_, d)| **d == name)
+                            .map(|(b, _)| BranchKey { unit: *id, branch: *b })
+                            .collect::<Vec<_>>()
+                    })
+                    .collect();
+                for key in keys {
+                    if let Some(t) = self.units.get_mut(&key.unit) {
+                        t.dispatched.remove(&key.branch);
+                    }
+                    self.dispatch(key, None);
+                }
+            }
+            Peer::DlrCorrelator => {
+                let all: Vec<Handoff> = self
+                    .units
+                    .values()
+                    .flat_map(|t| t.awaiting_handoff.values().map(|(_, h, _)| h.clone()))
+                    .collect();
+                self.handoffs.extend(all);
+            }
+            Peer::Ingress => {
+                let ids: Vec<UnitId> = self
+                    .units
+                    .iter()
+                    .filter(|(_, t)| t.completion_sent)
+                    .map(|(id, _)| *id)
+                    .collect();
+                if !ids.is_empty() {
+                    self.shared.dir.ingress.send(IngressMsg::Complete(ids));
+                }
+            }
+            Peer::Selector => {
+                self.shared.dir.selector.send(SelectorMsg::Reconcile {
+                    free: self.free(),
+                    exclude: Vec::new(),
+                });
+            }
+        }
+    }
+
+    async fn tick(&mut self) {
+        let record = std::mem::take(&mut self.retry_record);
+        self.record(record).await;
+        self.sources_completed(Vec::new()).await;
+        let retry: Vec<BranchKey> = std::mem::take(&mut self.retry_handoff);
+        let now = Instant::now();
+        let mut resend = Vec::new();
+        for t in self.units.values_mut() {
+            for (branch, (_, h, sent)) in t.awaiting_handoff.iter_mut() {
+                let key = BranchKey {
+                    unit: t.unit.id,
+                    branch: *branch,
+                };
+                if retry.contains(&key) || now.duration_since(*sent) > HANDOFF_RESEND {
+                    *sent = now;
+                    resend.push(h.clone());
+                }
+            }
+        }
+        self.handoffs.extend(resend);
+        let names: Vec<String> = self.dests.keys().cloned().collect();
+        for n in names {
+            self.pump(&n);
+        }
+    }
+
+    /// Rebuild the projection from routed-work and the pending stage (startup and
+    /// restart). Units whose sources are gone were completed: forget them.
+    async fn restore(&mut self) -> Result<(), ActorProcessingErr> {
+        let mut after = None;
+        let mut restored = 0u64;
+        loop {
+            let page = self.store.load_after(after, 1_000).await?;
+            let Some(last) = page.last().map(|u| u.id) else {
+                break;
+            };
+            after = Some(last);
+            let ids: Vec<UnitId> = page.iter().map(|u| u.id).collect();
+            let units = self
+                .shared
+                .dir
+                .ingress
+                .call(|reply| IngressMsg::Units { ids, reply }, CALL_TIMEOUT)
+                .await
+                .map_err(|e| format!("restoring routed work: {e}"))??;
+            let mut by_id: HashMap<UnitId, Unit> = units.into_iter().map(|u| (u.unit.id, u.unit)).collect();
+            let mut gone = Vec::new();
+            for routed in page {
+                match by_id.remove(&routed.id) {
+                    Some(unit) => {
+                        restored += 1;
+                        self.track(Arc::new(unit), routed);
+                    }
+                    None => gone.push(routed.id),
+                }
+            }
+            if !gone.is_empty() {
+                self.store.remove(&gone).await?;
+            }
+        }
+        if restored > 0 {
+            tracing::info!(units = restored, "restored routed work");
+            metrics::counter!("sendium_routed_restored_total").increment(restored);
+        }
+        Ok(())
+    }
+}
+
+impl Actor for Router {
+    type Msg = RouterMsg;
+    type State = RouterState;
+    type Arguments = RouterArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: RouterArgs,
+    ) -> Result<RouterState, ActorProcessingErr> {
+        let dests = args
+            .worker_capacity
+            .iter()
+            .map(|(name, cap)| {
+                (
+                    name.clone(),
+                    Destination {
+                        up: false,
+                        assigned: 0,
+                        capacity: (*cap).max(1),
+                        queue: VecDeque::new(),
+                    },
+                )
+            })
+            .collect();
+        let mut state = RouterState {
+            shared: args.shared,
+            store: args.store,
+            routes: args.routes,
+            max_in_flight: args.max_in_flight.max(1),
+            dlr_enabled: args.dlr_enabled,
+            units: HashMap::new(),
+            dests,
+            retry_record: Vec::new(),
+            retry_done: Vec::new(),
+            retry_remove: Vec::new(),
+            retry_handoff: Vec::new(),
+            done: Vec::new(),
+            handoffs: Vec::new(),
+            jobs: HashMap::new(),
+        };
+        state.restore().await?;
+        Ok(state)
+    }
+
+    async fn post_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut RouterState,
+    ) -> Result<(), ActorProcessingErr> {
+        // Workers report their current state again on request, so failover decisions
+        // use fresh reachability.
+        for mb in state.shared.dir.workers.values() {
+            mb.send(WorkerMsg::ReportState);
+        }
+        let exclude: Vec<UnitId> = state.units.keys().copied().collect();
+        state.shared.dir.selector.send(SelectorMsg::Reconcile {
+            free: state.free(),
+            exclude,
+        });
+        state.flush().await;
+        state.shared.health.set_router_reconciled();
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: RouterMsg,
+        state: &mut RouterState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.shared.dir.router.took_one();
+        match msg {
+            RouterMsg::Route(units) => {
+                failpoint::hit("actor-router");
+                state.route(units).await;
+            }
+            RouterMsg::Outcomes(outcomes) => state.worker_outcomes(outcomes),
+            RouterMsg::HandedOff(keys) => state.handed_off(keys),
+            RouterMsg::HandoffFailed(keys) => state.retry_handoff.extend(keys),
+            RouterMsg::SourcesCompleted(ids) => state.sources_completed(ids).await,
+            RouterMsg::DestinationState { name, up } => state.destination_state(&name, up),
+            RouterMsg::Reconcile(peer) => state.reconcile(peer),
+            RouterMsg::Tick => state.tick().await,
+            RouterMsg::Status(reply) => {
+                let _ = reply.send(RouterStatus {
+                    units: state.units.len() as u64,
+                    open_branches: state
+                        .units
+                        .values()
+                        .map(|t| t.routed.branches.iter().filter(|b| b.outcome.is_none()).count() as u64)
+                        .sum(),
+                    awaiting_handoff: state.units.values().map(|t| t.awaiting_handoff.len() as u64).sum(),
+                    queued_for_workers: state.dests.values().map(|d| d.queue.len() as u64).sum(),
+                    free: state.free() as u64,
+                    destinations: state
+                        .dests
+                        .iter()
+                        .map(|(n, d)| (n.clone(), d.up, d.assigned as u64))
+                        .collect(),
+                });
+            }
+        }
+        state.flush().await;
+        Ok(())
+    }
+}

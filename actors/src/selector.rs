@@ -1,0 +1,279 @@
+//! Selector: owns the router-queue stage.
+//!
+//! Select-and-stage picks a bounded batch of ready units after the selection cursor,
+//! records batch and cursor in the router-queue store as one transition, and only then
+//! hands the batch to the Router. Selection runs only while the Router has credit (free
+//! in-flight slots), so a backlog of millions stays in the pending store and memory use
+//! stays flat.
+//!
+//! After a restart, staged units are restored from the store without selecting again
+//! (a durable router-queue), and selection resumes after the stored cursor. A memory
+//! router-queue starts at cursor 0 after a process restart: accepted work is selected
+//! again, skipping what a durable routed-work stage already holds.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use sendium_storage::failpoint;
+use sendium_storage::{ReadySeq, ReadyUnit, RouterQueueStore, StagedUnit, UnitId};
+
+use crate::context::Shared;
+use crate::ingress::IngressMsg;
+use crate::router::RouterMsg;
+
+pub enum SelectorMsg {
+    /// New ready units may exist.
+    Wake,
+    /// Sources completed: these in-flight slots are free again, and their staged
+    /// entries can go.
+    Completed(Vec<UnitId>),
+    /// The Router durably recorded these units: their staged entries can go.
+    Routed(Vec<UnitId>),
+    /// The Router ignored units it already held: their slots are free.
+    Credit(usize),
+    /// Reconciliation (at startup and after the Router or Selector restarted): take the
+    /// Router's free capacity as credit, skip `exclude` (units a durable routed-work stage
+    /// holds), and re-send every staged unit (the Router drops those it already holds).
+    Reconcile {
+        free: usize,
+        exclude: Vec<UnitId>,
+    },
+    Tick,
+    Status(RpcReplyPort<SelectorStatus>),
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct SelectorStatus {
+    pub credit: u64,
+    pub cursor: u64,
+    pub staged: u64,
+    pub selected_total: u64,
+    pub restored_total: u64,
+}
+
+pub struct SelectorArgs {
+    pub shared: Arc<Shared>,
+    pub store: Arc<dyn RouterQueueStore>,
+    pub batch_size: usize,
+    /// With a durable routed-work stage, staged units are released once routed; with a
+    /// memory one they stay staged until their sources complete, so a restart can reroute.
+    pub release_on_routed: bool,
+}
+
+pub struct SelectorState {
+    shared: Arc<Shared>,
+    store: Arc<dyn RouterQueueStore>,
+    batch_size: usize,
+    release_on_routed: bool,
+    cursor: ReadySeq,
+    credit: usize,
+    /// Units a durable routed-work stage already holds at startup: not selected again.
+    exclude: HashSet<UnitId>,
+    selected_total: u64,
+    restored_total: u64,
+    /// Set when the Router has not told us its capacity yet: no selection until it does.
+    waiting_for_router: bool,
+}
+
+pub struct Selector;
+
+/// Selection batches per handled message before yielding the mailbox.
+const MAX_BATCHES_PER_TURN: usize = 8;
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl SelectorState {
+    /// Run select-and-stage while there is credit and ready work.
+    async fn select(&mut self) {
+        if self.waiting_for_router {
+            return;
+        }
+        for _ in 0..MAX_BATCHES_PER_TURN {
+            if self.credit == 0 {
+                return;
+            }
+            let limit = self.credit.min(self.batch_size);
+            let after = self.cursor;
+            let ready = match self
+                .shared
+                .dir
+                .ingress
+                .call(|reply| IngressMsg::ReadyAfter { after, limit, reply }, CALL_TIMEOUT)
+                .await
+            {
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => {
+                    self.shared.health.pending.failed("pending", &e);
+                    return;
+                }
+                // Ingress restarting: the tick retries.
+                Err(_) => return,
+            };
+            let Some(last) = ready.last().map(|u| u.seq) else {
+                return;
+            };
+            let batch: Vec<ReadyUnit> = ready.into_iter().filter(|u| !self.exclude.remove(&u.unit.id)).collect();
+            let staged: Vec<StagedUnit> = batch
+                .iter()
+                .map(|u| StagedUnit {
+                    id: u.unit.id,
+                    seq: u.seq,
+                })
+                .collect();
+            if let Err(e) = self.store.stage(&staged, last).await {
+                self.shared.health.router_queue.failed("router-queue", &e);
+                return;
+            }
+            self.shared.health.router_queue.ok();
+            failpoint::hit("mid-select-and-stage");
+            self.cursor = last;
+            self.credit = self.credit.saturating_sub(batch.len());
+            self.selected_total += batch.len() as u64;
+            metrics::counter!("sendium_selected_total").increment(batch.len() as u64);
+            if !batch.is_empty() {
+                self.shared.dir.router.send(RouterMsg::Route(batch));
+            }
+        }
+        // More may be ready: continue after other messages had their turn.
+        self.shared.dir.selector.send(SelectorMsg::Wake);
+    }
+
+    async fn release(&mut self, ids: &[UnitId]) {
+        if let Err(e) = self.store.release(ids).await {
+            self.shared.health.router_queue.failed("router-queue", &e);
+        }
+    }
+
+    /// Send every staged unit to the Router again (it ignores those it holds).
+    async fn resend_staged(&mut self) {
+        let mut after = ReadySeq(0);
+        loop {
+            let page = match self.store.staged_after(after, 1_000).await {
+                Ok(p) => p,
+                Err(e) => {
+                    self.shared.health.router_queue.failed("router-queue", &e);
+                    return;
+                }
+            };
+            let Some(last) = page.last().map(|s| s.seq) else {
+                return;
+            };
+            after = last;
+            let ids: Vec<UnitId> = page.iter().map(|s| s.id).collect();
+            let units = match self
+                .shared
+                .dir
+                .ingress
+                .call(
+                    |reply| IngressMsg::Units {
+                        ids: ids.clone(),
+                        reply,
+                    },
+                    CALL_TIMEOUT,
+                )
+                .await
+            {
+                Ok(Ok(u)) => u,
+                Ok(Err(e)) => {
+                    self.shared.health.pending.failed("pending", &e);
+                    return;
+                }
+                Err(_) => return,
+            };
+            // Staged entries whose sources are gone were completed before the crash
+            // released them: release now.
+            let present: HashSet<UnitId> = units.iter().map(|u| u.unit.id).collect();
+            let gone: Vec<UnitId> = ids.into_iter().filter(|id| !present.contains(id)).collect();
+            if !gone.is_empty() {
+                self.release(&gone).await;
+            }
+            let restored: Vec<ReadyUnit> = units
+                .into_iter()
+                .filter(|u| !self.exclude.contains(&u.unit.id))
+                .collect();
+            self.credit = self.credit.saturating_sub(restored.len());
+            self.restored_total += restored.len() as u64;
+            metrics::counter!("sendium_staged_restored_total").increment(restored.len() as u64);
+            if !restored.is_empty() {
+                self.shared.dir.router.send(RouterMsg::Route(restored));
+            }
+        }
+    }
+}
+
+impl Actor for Selector {
+    type Msg = SelectorMsg;
+    type State = SelectorState;
+    type Arguments = SelectorArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: SelectorArgs,
+    ) -> Result<SelectorState, ActorProcessingErr> {
+        let cursor = args.store.cursor().await?;
+        Ok(SelectorState {
+            shared: args.shared,
+            store: args.store,
+            batch_size: args.batch_size.max(1),
+            release_on_routed: args.release_on_routed,
+            cursor,
+            credit: 0,
+            exclude: HashSet::new(),
+            selected_total: 0,
+            restored_total: 0,
+            waiting_for_router: true,
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: SelectorMsg,
+        state: &mut SelectorState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.shared.dir.selector.took_one();
+        match msg {
+            SelectorMsg::Wake | SelectorMsg::Tick => {
+                failpoint::hit("actor-selector");
+                state.select().await;
+            }
+            SelectorMsg::Completed(ids) => {
+                state.credit += ids.len();
+                if !state.release_on_routed {
+                    state.release(&ids).await;
+                }
+                state.select().await;
+            }
+            SelectorMsg::Routed(ids) => {
+                if state.release_on_routed {
+                    state.release(&ids).await;
+                }
+            }
+            SelectorMsg::Credit(n) => {
+                state.credit += n;
+                state.select().await;
+            }
+            SelectorMsg::Reconcile { free, exclude } => {
+                state.credit = free;
+                state.exclude = exclude.into_iter().collect();
+                state.waiting_for_router = false;
+                state.resend_staged().await;
+                state.shared.health.set_selector_reconciled();
+                state.select().await;
+            }
+            SelectorMsg::Status(reply) => {
+                let staged = state.store.stats().await.map(|s| s.staged).unwrap_or(0);
+                let _ = reply.send(SelectorStatus {
+                    credit: state.credit as u64,
+                    cursor: state.cursor.0,
+                    staged,
+                    selected_total: state.selected_total,
+                    restored_total: state.restored_total,
+                });
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,98 @@
+//! The SMPP server's view of the pipeline: converts submit_sm into pending records and
+//! answers with the Ingress actor's admission result.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sendium_protocols::smpp::server::{InboundSubmit, SubmitHandler, SubmitReply};
+use sendium_storage::{Address, Channel, MessageId, PartInfo, PendingRecord, Timestamp};
+
+use crate::context::Shared;
+use crate::dlr::DlrMsg;
+use crate::ingress::{self, Admission, Refusal};
+
+/// SMPP command_status answers for refusals.
+pub const ESME_RINVREGDLVFLG: u32 = 0x07;
+pub const ESME_RSYSERR: u32 = 0x08;
+pub const ESME_RMSGQFUL: u32 = 0x14;
+
+pub fn refusal_status(r: Refusal) -> u32 {
+    match r {
+        Refusal::QueueFull | Refusal::ReceiptCapacity => ESME_RMSGQFUL,
+        Refusal::ReceiptsDisabled => ESME_RINVREGDLVFLG,
+        Refusal::Unavailable => ESME_RSYSERR,
+    }
+}
+
+pub struct SmppIngress {
+    shared: Arc<Shared>,
+    multipart_expiry: Duration,
+}
+
+impl SmppIngress {
+    pub fn new(shared: Arc<Shared>, multipart_expiry: Duration) -> Self {
+        Self {
+            shared,
+            multipart_expiry,
+        }
+    }
+}
+
+/// A submit_sm as a pending record. The multipart deadline is absolute and saved with
+/// the part: a restart does not extend it.
+pub fn record(account: &str, s: InboundSubmit, now: Timestamp, multipart_expiry: Duration) -> PendingRecord {
+    let addr = |a: sendium_protocols::smpp::SmppAddress| Address {
+        ton: a.ton,
+        npi: a.npi,
+        addr: a.addr,
+    };
+    PendingRecord {
+        id: MessageId::generate(),
+        account: account.to_string(),
+        channel: Channel::Smpp,
+        source: addr(s.source),
+        destination: addr(s.destination),
+        service_type: s.service_type,
+        esm_class: s.esm_class,
+        protocol_id: s.protocol_id,
+        priority: s.priority_flag,
+        data_coding: s.data_coding,
+        payload: s.user_data,
+        part: s.concat.map(|c| PartInfo {
+            reference: c.reference,
+            total: c.total,
+            seq: c.seq,
+            expires_at: now.saturating_add(multipart_expiry),
+        }),
+        registered_delivery: s.registered_delivery,
+        callback_url: None,
+        idempotency_key: None,
+        accepted_at: now,
+    }
+}
+
+#[async_trait]
+impl SubmitHandler for SmppIngress {
+    async fn submit(&self, account: &str, batch: Vec<InboundSubmit>) -> Vec<SubmitReply> {
+        let now = Timestamp::now();
+        let records: Vec<PendingRecord> = batch
+            .into_iter()
+            .map(|s| record(account, s, now, self.multipart_expiry))
+            .collect();
+        ingress::admit(&self.shared, records)
+            .await
+            .into_iter()
+            .map(|a| match a {
+                Admission::Accepted(id) | Admission::Duplicate(id) => SubmitReply::Accepted(id.to_string()),
+                Admission::Refused(r) => SubmitReply::Refused(refusal_status(r)),
+            })
+            .collect()
+    }
+
+    fn bound(&self, account: &str, can_receive: bool) {
+        if can_receive && self.shared.dlr_enabled {
+            self.shared.dir.dlr.send(DlrMsg::AccountBound(account.to_string()));
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! Everything the supervisor needs to (re)build each actor, derived once from the
+//! validated configuration and the opened stores.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sendium_profiles::{BindMode, Config, DestinationKind, DlrBackend, IdFormat, OnReceiptRequest, RouteTable};
+use sendium_protocols::receipt::IdFormat as WireIdFormat;
+use sendium_protocols::smpp::client::{BindMode as WireBind, ClientConfig};
+use sendium_storage::ReceiptReservations;
+
+use crate::ingress::ReceiptPolicy;
+use crate::stores::Stores;
+use crate::worker::{ProviderSpec, SimulatorConfig};
+
+/// One destination worker's configuration.
+#[derive(Clone, Debug)]
+pub struct DestinationSpec {
+    pub name: String,
+    pub id_format: WireIdFormat,
+    pub window: usize,
+    pub smpp: Option<ClientConfig>,
+    pub simulator: Option<SimulatorConfig>,
+}
+
+impl DestinationSpec {
+    pub fn provider(&self) -> ProviderSpec {
+        match (&self.smpp, self.simulator) {
+            (Some(c), _) => ProviderSpec::Smpp(c.clone()),
+            (None, Some(s)) => ProviderSpec::Simulator(s),
+            (None, None) => ProviderSpec::Simulator(SimulatorConfig {
+                dlr_delay: Duration::from_millis(100),
+            }),
+        }
+    }
+}
+
+pub struct GatewaySpec {
+    pub stores: Stores,
+    pub reservations: Option<Arc<ReceiptReservations>>,
+    pub receipt_policy: ReceiptPolicy,
+    pub routes: Arc<RouteTable>,
+    pub selection_batch: usize,
+    pub max_in_flight: usize,
+    pub callback_timeout: Duration,
+    pub multipart_expiry: Duration,
+    pub destinations: Vec<DestinationSpec>,
+}
+
+fn wire_id_format(f: IdFormat) -> WireIdFormat {
+    match f {
+        IdFormat::Auto => WireIdFormat::Auto,
+        IdFormat::Hex => WireIdFormat::Hex,
+        IdFormat::Dec => WireIdFormat::Dec,
+        IdFormat::Exact => WireIdFormat::Exact,
+    }
+}
+
+impl GatewaySpec {
+    pub fn new(cfg: &Config, stores: Stores) -> Self {
+        let receipt_policy = match (cfg.dlr.backend, cfg.dlr.on_receipt_request) {
+            (DlrBackend::Disabled, OnReceiptRequest::Refuse) => ReceiptPolicy::Refuse,
+            (DlrBackend::Disabled, OnReceiptRequest::Accept) => ReceiptPolicy::AcceptWithoutReceipt,
+            _ => ReceiptPolicy::Track,
+        };
+        let max_command_length = cfg.smpp.as_ref().map(|s| s.max_command_length).unwrap_or(16_384);
+        let destinations = cfg
+            .destinations
+            .iter()
+            .map(|d| {
+                let window = usize::try_from(d.window).unwrap_or(1).max(1);
+                let (smpp, simulator) = match d.kind {
+                    DestinationKind::Smpp => (
+                        Some(ClientConfig {
+                            name: d.name.clone(),
+                            host: d.host.clone().unwrap_or_default(),
+                            port: d.port.unwrap_or(0),
+                            system_id: d.system_id.clone().unwrap_or_default(),
+                            password: d.password.expose().to_string(),
+                            system_type: d.system_type.clone(),
+                            bind: match d.bind {
+                                BindMode::Transceiver => WireBind::Transceiver,
+                                BindMode::TransmitterReceiver => WireBind::TransmitterReceiver,
+                            },
+                            window,
+                            max_tps: d.max_tps,
+                            enquire_link_interval: d.enquire_link_interval,
+                            response_timeout: d.response_timeout,
+                            reconnect_min: d.reconnect_min,
+                            reconnect_max: d.reconnect_max,
+                            max_command_length,
+                        }),
+                        None,
+                    ),
+                    DestinationKind::Simulator => (
+                        None,
+                        Some(SimulatorConfig {
+                            dlr_delay: Duration::from_millis(d.dlr_delay_ms),
+                        }),
+                    ),
+                };
+                DestinationSpec {
+                    name: d.name.clone(),
+                    id_format: wire_id_format(d.id_format),
+                    window,
+                    smpp,
+                    simulator,
+                }
+            })
+            .collect();
+        let reservations = stores.dlr.as_ref().and_then(|d| d.reservations());
+        Self {
+            stores,
+            reservations,
+            receipt_policy,
+            routes: Arc::new(RouteTable::from_config(cfg)),
+            selection_batch: cfg.sms.router_queue.batch_size,
+            max_in_flight: cfg.sms.routed_work.max_in_flight,
+            callback_timeout: cfg.dlr.callback_timeout,
+            multipart_expiry: cfg.sms.multipart_expiry,
+            destinations,
+        }
+    }
+
+    /// Branches each destination worker holds at once: enough to keep its window full
+    /// while outcomes travel back, bounded so a slow destination cannot take every slot.
+    pub fn worker_capacity(&self) -> HashMap<String, usize> {
+        self.destinations
+            .iter()
+            .map(|d| (d.name.clone(), (d.window * 4).max(256)))
+            .collect()
+    }
+}

@@ -1,0 +1,469 @@
+//! Supervisor: starts the actor tree, restarts a failed child, and reconciles by stable
+//! id after each restart.
+//!
+//! ractor does not restart children by itself (its default handler stops the
+//! supervisor when a child exits), so this supervisor respawns the failed child with the
+//! same stores — the stores outlive every actor — and tells the affected peers to
+//! reconcile: whatever the dead actor's mailbox held is repaired from the stage stores,
+//! never assumed delivered.
+//!
+//! It also owns the tickers that drive timers (retries, expiry, selection safety
+//! wake-ups), so a restarted actor never ends up with two.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, ActorStatus, RpcReplyPort, SupervisionEvent};
+use tokio::task::JoinHandle;
+
+use crate::context::Shared;
+use crate::dlr::{DlrArgs, DlrCorrelator, DlrMsg};
+use crate::ingress::{Ingress, IngressArgs, IngressMsg};
+use crate::router::{Peer, Router, RouterArgs, RouterMsg};
+use crate::selector::{Selector, SelectorArgs, SelectorMsg};
+use crate::spec::GatewaySpec;
+use crate::worker::{DestinationWorker, WorkerArgs, WorkerMsg};
+
+/// Which child an actor is.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ChildKind {
+    Ingress,
+    Selector,
+    Router,
+    DlrCorrelator,
+    Worker(String),
+}
+
+impl ChildKind {
+    pub fn name(&self) -> String {
+        match self {
+            ChildKind::Ingress => "ingress".into(),
+            ChildKind::Selector => "selector".into(),
+            ChildKind::Router => "router".into(),
+            ChildKind::DlrCorrelator => "dlr-correlator".into(),
+            ChildKind::Worker(d) => format!("destination-worker:{d}"),
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ChildKind::Ingress => "ingress",
+            ChildKind::Selector => "selector",
+            ChildKind::Router => "router",
+            ChildKind::DlrCorrelator => "dlr-correlator",
+            ChildKind::Worker(_) => "destination-worker",
+        }
+    }
+}
+
+/// One line of `/admin/actors`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ActorEntry {
+    pub name: String,
+    pub kind: &'static str,
+    pub status: String,
+    pub restarts: u64,
+    pub mailbox: u64,
+    pub queued: u64,
+}
+
+pub enum SupervisorMsg {
+    /// Try (again) to start a child that is not running.
+    Respawn(ChildKind),
+    Actors(RpcReplyPort<Vec<ActorEntry>>),
+    /// Orderly stop: children stop, no restarts.
+    Shutdown(RpcReplyPort<()>),
+}
+
+pub struct SupervisorArgs {
+    pub shared: Arc<Shared>,
+    pub spec: Arc<GatewaySpec>,
+}
+
+pub struct SupervisorState {
+    shared: Arc<Shared>,
+    spec: Arc<GatewaySpec>,
+    children: HashMap<ActorId, (ChildKind, ActorCell)>,
+    stopping: bool,
+    tickers: Vec<JoinHandle<()>>,
+}
+
+pub struct Supervisor;
+
+const RESPAWN_DELAY: Duration = Duration::from_millis(500);
+
+fn status_text(s: ActorStatus) -> String {
+    match s {
+        ActorStatus::Unstarted => "unstarted",
+        ActorStatus::Starting => "starting",
+        ActorStatus::Running => "running",
+        ActorStatus::Upgrading => "upgrading",
+        ActorStatus::Draining => "draining",
+        ActorStatus::Stopping => "stopping",
+        ActorStatus::Stopped => "stopped",
+    }
+    .to_string()
+}
+
+impl SupervisorState {
+    async fn spawn(&mut self, myself: &ActorRef<SupervisorMsg>, kind: ChildKind) -> Result<(), ActorProcessingErr> {
+        let cell = myself.get_cell();
+        let shared = self.shared.clone();
+        let spec = &self.spec;
+        let name = Some(kind.name());
+        let child: ActorCell = match &kind {
+            ChildKind::Ingress => {
+                let args = IngressArgs {
+                    shared: shared.clone(),
+                    store: spec.stores.pending.clone(),
+                    reservations: spec.reservations.clone(),
+                    receipts: spec.receipt_policy,
+                };
+                let (r, _) = Actor::spawn_linked(name, Ingress, args, cell).await?;
+                shared.dir.ingress.install(r.clone());
+                r.get_cell()
+            }
+            ChildKind::Selector => {
+                let args = SelectorArgs {
+                    shared: shared.clone(),
+                    store: spec.stores.router_queue.clone(),
+                    batch_size: spec.selection_batch,
+                    release_on_routed: spec.stores.routed_work.backend().is_durable(),
+                };
+                let (r, _) = Actor::spawn_linked(name, Selector, args, cell).await?;
+                shared.dir.selector.install(r.clone());
+                r.get_cell()
+            }
+            ChildKind::Router => {
+                let args = RouterArgs {
+                    shared: shared.clone(),
+                    store: spec.stores.routed_work.clone(),
+                    routes: spec.routes.clone(),
+                    max_in_flight: spec.max_in_flight,
+                    worker_capacity: spec.worker_capacity(),
+                    dlr_enabled: shared.dlr_enabled,
+                };
+                let (r, _) = Actor::spawn_linked(name, Router, args, cell).await?;
+                shared.dir.router.install(r.clone());
+                r.get_cell()
+            }
+            ChildKind::DlrCorrelator => {
+                let Some(store) = spec.stores.dlr.clone() else {
+                    return Ok(());
+                };
+                let args = DlrArgs {
+                    shared: shared.clone(),
+                    store,
+                    callback_timeout: spec.callback_timeout,
+                };
+                let (r, _) = Actor::spawn_linked(name, DlrCorrelator, args, cell).await?;
+                shared.dir.dlr.install(r.clone());
+                r.get_cell()
+            }
+            ChildKind::Worker(dest) => {
+                let Some(d) = spec.destinations.iter().find(|d| &d.name == dest) else {
+                    return Ok(());
+                };
+                let args = WorkerArgs {
+                    shared: shared.clone(),
+                    name: d.name.clone(),
+                    id_format: d.id_format,
+                    provider: d.provider(),
+                };
+                let (r, _) = Actor::spawn_linked(name, DestinationWorker, args, cell).await?;
+                if let Some(mb) = shared.dir.worker(dest) {
+                    mb.install(r.clone());
+                }
+                r.get_cell()
+            }
+        };
+        self.children.insert(child.get_id(), (kind, child));
+        Ok(())
+    }
+
+    fn clear(&self, kind: &ChildKind) {
+        let dir = &self.shared.dir;
+        match kind {
+            ChildKind::Ingress => dir.ingress.clear(),
+            ChildKind::Selector => dir.selector.clear(),
+            ChildKind::Router => dir.router.clear(),
+            ChildKind::DlrCorrelator => dir.dlr.clear(),
+            ChildKind::Worker(d) => {
+                if let Some(mb) = dir.worker(d) {
+                    mb.clear();
+                }
+            }
+        }
+    }
+
+    /// Tell the peers of a restarted actor to repair what its mailbox held.
+    fn reconcile(&self, kind: &ChildKind) {
+        let router = &self.shared.dir.router;
+        match kind {
+            ChildKind::Ingress => {
+                router.send(RouterMsg::Reconcile(Peer::Ingress));
+            }
+            ChildKind::Selector => {
+                router.send(RouterMsg::Reconcile(Peer::Selector));
+            }
+            // The Router restores itself from routed-work and re-syncs the Selector.
+            ChildKind::Router => {}
+            ChildKind::DlrCorrelator => {
+                router.send(RouterMsg::Reconcile(Peer::DlrCorrelator));
+            }
+            ChildKind::Worker(d) => {
+                router.send(RouterMsg::Reconcile(Peer::Worker(d.clone())));
+            }
+        }
+    }
+
+    fn start_tickers(&mut self) {
+        let every = |period: Duration, f: Box<dyn Fn(&Shared) + Send + Sync>| {
+            let shared = self.shared.clone();
+            tokio::spawn(async move {
+                let mut interval = tokio::time::interval(period);
+                interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    interval.tick().await;
+                    f(&shared);
+                }
+            })
+        };
+        self.tickers.push(every(
+            Duration::from_millis(1000),
+            Box::new(|s| {
+                s.dir.ingress.send(IngressMsg::Tick);
+            }),
+        ));
+        self.tickers.push(every(
+            Duration::from_millis(200),
+            Box::new(|s| {
+                s.dir.selector.send(SelectorMsg::Tick);
+            }),
+        ));
+        self.tickers.push(every(
+            Duration::from_millis(500),
+            Box::new(|s| {
+                s.dir.router.send(RouterMsg::Tick);
+            }),
+        ));
+        self.tickers.push(every(
+            Duration::from_millis(1000),
+            Box::new(|s| {
+                s.dir.dlr.send(DlrMsg::Tick);
+            }),
+        ));
+        self.tickers.push(every(
+            Duration::from_millis(100),
+            Box::new(|s| {
+                for mb in s.dir.workers.values() {
+                    mb.send(WorkerMsg::Tick);
+                }
+            }),
+        ));
+    }
+
+    async fn actors(&self, myself: &ActorRef<SupervisorMsg>) -> Vec<ActorEntry> {
+        let mut out = vec![ActorEntry {
+            name: "supervisor".into(),
+            kind: "supervisor",
+            status: status_text(myself.get_status()),
+            restarts: 0,
+            mailbox: 0,
+            queued: self.children.len() as u64,
+        }];
+        let mut kinds: Vec<ChildKind> = vec![ChildKind::Ingress, ChildKind::Selector, ChildKind::Router];
+        if self.spec.stores.dlr.is_some() {
+            kinds.push(ChildKind::DlrCorrelator);
+        }
+        kinds.extend(self.spec.destinations.iter().map(|d| ChildKind::Worker(d.name.clone())));
+        let t = Duration::from_millis(500);
+        let dir = &self.shared.dir;
+        for kind in kinds {
+            let status = self
+                .children
+                .values()
+                .find(|(k, _)| *k == kind)
+                .map(|(_, c)| status_text(c.get_status()))
+                .unwrap_or_else(|| "restarting".into());
+            let (mailbox, queued) = match &kind {
+                ChildKind::Ingress => (
+                    dir.ingress.depth(),
+                    dir.ingress
+                        .call(IngressMsg::Status, t)
+                        .await
+                        .map(|s| s.waiting_requests)
+                        .unwrap_or(0),
+                ),
+                ChildKind::Selector => (
+                    dir.selector.depth(),
+                    dir.selector
+                        .call(SelectorMsg::Status, t)
+                        .await
+                        .map(|s| s.staged)
+                        .unwrap_or(0),
+                ),
+                ChildKind::Router => (
+                    dir.router.depth(),
+                    dir.router
+                        .call(RouterMsg::Status, t)
+                        .await
+                        .map(|s| s.units)
+                        .unwrap_or(0),
+                ),
+                ChildKind::DlrCorrelator => (
+                    dir.dlr.depth(),
+                    dir.dlr
+                        .call(DlrMsg::Status, t)
+                        .await
+                        .map(|s| s.store.map(|st| st.pending_deliveries).unwrap_or(0))
+                        .unwrap_or(0),
+                ),
+                ChildKind::Worker(d) => match dir.worker(d) {
+                    Some(mb) => (
+                        mb.depth(),
+                        mb.call(WorkerMsg::Status, t).await.map(|s| s.branches).unwrap_or(0),
+                    ),
+                    None => (0, 0),
+                },
+            };
+            out.push(ActorEntry {
+                name: kind.name(),
+                kind: kind.kind(),
+                status,
+                restarts: self.shared.restarts.of(&kind.name()),
+                mailbox,
+                queued,
+            });
+        }
+        out
+    }
+}
+
+impl Actor for Supervisor {
+    type Msg = SupervisorMsg;
+    type State = SupervisorState;
+    type Arguments = SupervisorArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: SupervisorArgs,
+    ) -> Result<SupervisorState, ActorProcessingErr> {
+        let mut state = SupervisorState {
+            shared: args.shared,
+            spec: args.spec,
+            children: HashMap::new(),
+            stopping: false,
+            tickers: Vec::new(),
+        };
+        // Order matters at startup: the Router restores routed work through Ingress,
+        // and then hands the Selector its credit; workers and the DLR correlator must
+        // be there to take what the Router dispatches.
+        state.spawn(&myself, ChildKind::Ingress).await?;
+        state.spawn(&myself, ChildKind::DlrCorrelator).await?;
+        let workers: Vec<ChildKind> = state
+            .spec
+            .destinations
+            .iter()
+            .map(|d| ChildKind::Worker(d.name.clone()))
+            .collect();
+        for w in workers {
+            state.spawn(&myself, w).await?;
+        }
+        state.spawn(&myself, ChildKind::Selector).await?;
+        state.spawn(&myself, ChildKind::Router).await?;
+        state.start_tickers();
+        Ok(state)
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        for t in state.tickers.drain(..) {
+            t.abort();
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: SupervisorMsg,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SupervisorMsg::Respawn(kind) => {
+                if state.stopping || state.children.values().any(|(k, _)| *k == kind) {
+                    return Ok(());
+                }
+                match state.spawn(&myself, kind.clone()).await {
+                    Ok(()) => {
+                        tracing::info!(actor = %kind.name(), "actor restarted");
+                        state.reconcile(&kind);
+                    }
+                    Err(e) => {
+                        tracing::error!(actor = %kind.name(), error = %e, "restart failed; retrying");
+                        myself.send_after(RESPAWN_DELAY, move || SupervisorMsg::Respawn(kind));
+                    }
+                }
+            }
+            SupervisorMsg::Actors(reply) => {
+                let _ = reply.send(state.actors(&myself).await);
+            }
+            SupervisorMsg::Shutdown(reply) => {
+                state.stopping = true;
+                for t in state.tickers.drain(..) {
+                    t.abort();
+                }
+                // Stop the pipeline front to back so no new work enters while the rest drains.
+                let order = [
+                    ChildKind::Ingress,
+                    ChildKind::Selector,
+                    ChildKind::Router,
+                    ChildKind::DlrCorrelator,
+                ];
+                for kind in order {
+                    if let Some((_, cell)) = state.children.values().find(|(k, _)| *k == kind) {
+                        cell.stop(Some("shutdown".into()));
+                    }
+                }
+                for (kind, cell) in state.children.values() {
+                    if matches!(kind, ChildKind::Worker(_)) {
+                        cell.stop(Some("shutdown".into()));
+                    }
+                }
+                let _ = reply.send(());
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        let (cell, reason) = match event {
+            SupervisionEvent::ActorFailed(cell, err) => (cell, Some(err.to_string())),
+            SupervisionEvent::ActorTerminated(cell, _, reason) => (cell, reason),
+            _ => return Ok(()),
+        };
+        let Some((kind, _)) = state.children.remove(&cell.get_id()) else {
+            return Ok(());
+        };
+        state.clear(&kind);
+        if state.stopping {
+            return Ok(());
+        }
+        tracing::error!(actor = %kind.name(), reason = reason.as_deref().unwrap_or("stopped"), "actor failed; restarting");
+        state.shared.restarts.record(&kind.name());
+        metrics::counter!("sendium_actor_restarts_total", "actor" => kind.kind()).increment(1);
+        myself.send_message(SupervisorMsg::Respawn(kind))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,481 @@
+//! DestinationWorker: one per configured destination.
+//!
+//! Holds a bounded in-memory window of branches (the Router gives it no more than its
+//! credit), splits each into provider parts, submits them over the destination's
+//! session(s) within window and TPS, retries transient failures (ESME_RTHROTTLED,
+//! ESME_RMSGQFUL, timeouts, dropped connections) with backoff, ends a branch on a
+//! permanent error, and reports every branch outcome to the Router. Receipts arriving
+//! from the provider go to the DlrCorrelator, and are acknowledged to the provider only
+//! after the DLR store took them.
+//!
+//! A worker stores nothing: a crash loses its window, and the Router re-dispatches the
+//! open branches (at least once: a part the provider accepted just before the crash is
+//! sent again).
+
+pub mod outbound;
+pub mod receipts;
+mod simulator;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use sendium_protocols::receipt::{IdFormat, resp_key};
+use sendium_protocols::smpp::client::{ClientEvent, ClientEvents, OutboundSubmit, SmppClient, SubmitFailure};
+use sendium_storage::failpoint;
+use sendium_storage::{BranchFailure, Unit};
+
+use crate::context::Shared;
+use crate::dlr::{ReceiptAcks, ReceiptBatch};
+use crate::router::{BranchKey, RouterMsg, WorkerOutcome, WorkerResult};
+
+pub use simulator::SimulatorConfig;
+
+/// A branch given to a worker.
+#[derive(Clone, Debug)]
+pub struct BranchJob {
+    pub key: BranchKey,
+    pub unit: Arc<Unit>,
+    /// Ask the provider for receipts (the message owes its client one).
+    pub request_receipt: bool,
+}
+
+pub enum WorkerMsg {
+    Dispatch(Vec<BranchJob>),
+    /// Events from the provider session(s).
+    Client(Vec<ClientEvent>),
+    /// Simulated provider: acknowledge the parts of these jobs now.
+    Tick,
+    /// Tell the Router whether this destination is up.
+    ReportState,
+    Status(RpcReplyPort<WorkerStatus>),
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct WorkerStatus {
+    pub up: bool,
+    pub branches: u64,
+    pub parts_in_flight: u64,
+    pub retries_waiting: u64,
+    pub submitted_total: u64,
+}
+
+/// How a destination is reached.
+pub enum Provider {
+    Smpp(SmppClient),
+    Simulator(SimulatorConfig),
+}
+
+pub struct WorkerArgs {
+    pub shared: Arc<Shared>,
+    pub name: String,
+    pub id_format: IdFormat,
+    pub provider: ProviderSpec,
+}
+
+/// How to build the provider connection when the worker (re)starts.
+pub enum ProviderSpec {
+    Smpp(sendium_protocols::smpp::client::ClientConfig),
+    Simulator(SimulatorConfig),
+}
+
+/// Forwards session events into the worker's mailbox, one batch per wake-up.
+struct EventSink {
+    shared: Arc<Shared>,
+    name: String,
+}
+
+impl ClientEvents for EventSink {
+    fn on_events(&self, events: Vec<ClientEvent>) {
+        if let Some(mb) = self.shared.dir.worker(&self.name) {
+            mb.send(WorkerMsg::Client(events));
+        }
+    }
+}
+
+struct Part {
+    pdu: OutboundSubmit,
+    token: Option<u64>,
+    provider_id: Option<String>,
+}
+
+struct Job {
+    key: BranchKey,
+    parts: Vec<Part>,
+    attempts: u32,
+}
+
+pub struct WorkerState {
+    shared: Arc<Shared>,
+    name: String,
+    id_format: IdFormat,
+    provider: Provider,
+    up: bool,
+    jobs: HashMap<BranchKey, Job>,
+    tokens: HashMap<u64, (BranchKey, usize)>,
+    next_reference: u8,
+    /// Parts waiting for their retry time (or for the session to come up).
+    retry: BTreeMap<(Instant, u64), (BranchKey, usize)>,
+    retry_seq: u64,
+    outcomes: Vec<WorkerOutcome>,
+    submitted_total: u64,
+    sim: simulator::SimState,
+}
+
+pub struct DestinationWorker;
+
+/// Submit tokens are unique across worker incarnations, so a late event from a dead
+/// incarnation's session can never be mistaken for one of the new incarnation's parts.
+static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
+
+const RETRY_MIN: Duration = Duration::from_millis(500);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+fn backoff(attempts: u32) -> Duration {
+    let factor = 1u32 << attempts.min(8);
+    (RETRY_MIN * factor).min(RETRY_MAX)
+}
+
+impl WorkerState {
+    fn dispatch(&mut self, jobs: Vec<BranchJob>) {
+        let mut send = Vec::new();
+        for job in jobs {
+            if self.jobs.contains_key(&job.key) {
+                // Already in our window (a Router restart re-dispatched it).
+                continue;
+            }
+            self.next_reference = self.next_reference.wrapping_add(1);
+            let parts = match outbound::build_parts(&job.unit, job.request_receipt, self.next_reference) {
+                Ok(p) => p,
+                Err(failure) => {
+                    self.outcomes.push(WorkerOutcome {
+                        key: job.key,
+                        destination: self.name.clone(),
+                        result: WorkerResult::Failed(failure),
+                    });
+                    continue;
+                }
+            };
+            if let Provider::Simulator(cfg) = &self.provider {
+                let result = self.sim.accept(cfg, &job, &parts, self.id_format);
+                self.submitted_total += 1;
+                self.outcomes.push(WorkerOutcome {
+                    key: job.key,
+                    destination: self.name.clone(),
+                    result,
+                });
+                continue;
+            }
+            let key = job.key;
+            self.jobs.insert(
+                key,
+                Job {
+                    key,
+                    parts: parts
+                        .into_iter()
+                        .map(|pdu| Part {
+                            pdu,
+                            token: None,
+                            provider_id: None,
+                        })
+                        .collect(),
+                    attempts: 0,
+                },
+            );
+            if let Some(job) = self.jobs.get(&key) {
+                for i in 0..job.parts.len() {
+                    send.push((key, i));
+                }
+            }
+        }
+        self.submit(send);
+    }
+
+    /// Submit parts now if the session is up, else park them until it is.
+    fn submit(&mut self, parts: Vec<(BranchKey, usize)>) {
+        if parts.is_empty() {
+            return;
+        }
+        let Provider::Smpp(client) = &self.provider else {
+            return;
+        };
+        if !self.up {
+            let now = Instant::now();
+            for p in parts {
+                self.retry_seq += 1;
+                self.retry.insert((now, self.retry_seq), p);
+            }
+            return;
+        }
+        let mut batch = Vec::with_capacity(parts.len());
+        for (key, idx) in parts {
+            let Some(job) = self.jobs.get_mut(&key) else {
+                continue;
+            };
+            let Some(part) = job.parts.get_mut(idx) else {
+                continue;
+            };
+            if part.provider_id.is_some() || part.token.is_some() {
+                continue;
+            }
+            let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+            part.token = Some(token);
+            self.tokens.insert(token, (key, idx));
+            batch.push((token, part.pdu.clone()));
+        }
+        if !batch.is_empty() {
+            client.submit(batch);
+            failpoint::hit("after-provider-submit");
+        }
+    }
+
+    fn on_events(&mut self, events: Vec<ClientEvent>) {
+        let mut receipts = Vec::new();
+        let mut acks = Vec::new();
+        let mut mo_acks = Vec::new();
+        for ev in events {
+            match ev {
+                ClientEvent::Up => {
+                    tracing::info!(destination = %self.name, "destination bound");
+                    self.up = true;
+                    self.shared.dir.router.send(RouterMsg::DestinationState {
+                        name: self.name.clone(),
+                        up: true,
+                    });
+                    self.retry_due(true);
+                }
+                ClientEvent::Down { reason } => {
+                    if self.up {
+                        tracing::warn!(destination = %self.name, %reason, "destination down");
+                    }
+                    self.up = false;
+                    self.shared.dir.router.send(RouterMsg::DestinationState {
+                        name: self.name.clone(),
+                        up: false,
+                    });
+                }
+                ClientEvent::SubmitResult { token, result } => self.submit_result(token, result),
+                ClientEvent::Deliver { pdu, ack } => match receipts::classify(&self.name, self.id_format, &pdu) {
+                    receipts::Inbound::Final(r) => {
+                        receipts.push(r);
+                        acks.push(ack);
+                    }
+                    receipts::Inbound::Intermediate => mo_acks.push(ack),
+                    receipts::Inbound::MobileOriginated => {
+                        metrics::counter!("sendium_mo_messages_ignored_total", "destination" => self.name.clone())
+                            .increment(1);
+                        mo_acks.push(ack);
+                    }
+                    receipts::Inbound::Unreadable => {
+                        metrics::counter!("sendium_receipts_unreadable_total", "destination" => self.name.clone())
+                            .increment(1);
+                        mo_acks.push(ack);
+                    }
+                },
+            }
+        }
+        if let Provider::Smpp(client) = &self.provider {
+            if !mo_acks.is_empty() {
+                client.ack(mo_acks.into_iter().map(|a| (a, 0)).collect());
+            }
+            if !receipts.is_empty() {
+                metrics::counter!("sendium_provider_receipts_total", "destination" => self.name.clone())
+                    .increment(receipts.len() as u64);
+                let batch = ReceiptBatch {
+                    destination: self.name.clone(),
+                    receipts,
+                    acks: Some(ReceiptAcks::new(client.acker(), acks)),
+                };
+                // If the correlator is not running the batch is dropped unacknowledged
+                // and the provider sends the receipts again.
+                self.shared.send_receipts(batch);
+            }
+        }
+    }
+
+    fn submit_result(&mut self, token: u64, result: Result<String, SubmitFailure>) {
+        let Some((key, idx)) = self.tokens.remove(&token) else {
+            return;
+        };
+        let Some(job) = self.jobs.get_mut(&key) else {
+            return;
+        };
+        let Some(part) = job.parts.get_mut(idx) else {
+            return;
+        };
+        if part.token != Some(token) {
+            return;
+        }
+        part.token = None;
+        match result {
+            Ok(provider_id) => {
+                part.provider_id = Some(provider_id);
+                if job.parts.iter().all(|p| p.provider_id.is_some()) {
+                    self.finish_submitted(key);
+                }
+            }
+            Err(f) if f.is_transient() => {
+                metrics::counter!("sendium_provider_retries_total", "destination" => self.name.clone(), "reason" => f.label())
+                    .increment(1);
+                job.attempts += 1;
+                let at = Instant::now() + backoff(job.attempts);
+                self.retry_seq += 1;
+                self.retry.insert((at, self.retry_seq), (key, idx));
+            }
+            Err(f) => {
+                let status = f.status().unwrap_or(0);
+                metrics::counter!("sendium_provider_rejections_total", "destination" => self.name.clone()).increment(1);
+                self.finish(key, WorkerResult::Failed(BranchFailure::Rejected { status }));
+            }
+        }
+    }
+
+    fn finish_submitted(&mut self, key: BranchKey) {
+        let Some(job) = self.jobs.get(&key) else {
+            return;
+        };
+        let provider_ids: Vec<String> = job.parts.iter().filter_map(|p| p.provider_id.clone()).collect();
+        let keys = provider_ids.iter().map(|id| resp_key(self.id_format, id)).collect();
+        self.submitted_total += 1;
+        self.finish(key, WorkerResult::Submitted { provider_ids, keys });
+    }
+
+    fn finish(&mut self, key: BranchKey, result: WorkerResult) {
+        if let Some(job) = self.jobs.remove(&key) {
+            for p in job.parts {
+                if let Some(t) = p.token {
+                    self.tokens.remove(&t);
+                }
+            }
+            debug_assert_eq!(job.key, key);
+        }
+        self.outcomes.push(WorkerOutcome {
+            key,
+            destination: self.name.clone(),
+            result,
+        });
+    }
+
+    /// Resubmit parts whose retry time has come (all parked ones when `all`).
+    fn retry_due(&mut self, all: bool) {
+        if !self.up {
+            return;
+        }
+        let now = Instant::now();
+        let mut due = Vec::new();
+        while let Some((&(at, seq), _)) = self.retry.first_key_value() {
+            if !all && at > now {
+                break;
+            }
+            if let Some(p) = self.retry.remove(&(at, seq)) {
+                due.push(p);
+            }
+        }
+        self.submit(due);
+    }
+
+    fn flush(&mut self) {
+        if !self.outcomes.is_empty() {
+            let outcomes = std::mem::take(&mut self.outcomes);
+            self.shared.dir.router.send(RouterMsg::Outcomes(outcomes));
+        }
+        if let Provider::Simulator(_) = &self.provider {
+            self.sim.flush(&self.shared, &self.name);
+        }
+    }
+}
+
+impl Actor for DestinationWorker {
+    type Msg = WorkerMsg;
+    type State = WorkerState;
+    type Arguments = WorkerArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: WorkerArgs,
+    ) -> Result<WorkerState, ActorProcessingErr> {
+        let (provider, up) = match args.provider {
+            ProviderSpec::Smpp(cfg) => {
+                let sink = Arc::new(EventSink {
+                    shared: args.shared.clone(),
+                    name: args.name.clone(),
+                });
+                (Provider::Smpp(SmppClient::start(cfg, sink)), false)
+            }
+            ProviderSpec::Simulator(cfg) => (Provider::Simulator(cfg), true),
+        };
+        Ok(WorkerState {
+            shared: args.shared,
+            name: args.name,
+            id_format: args.id_format,
+            provider,
+            up,
+            jobs: HashMap::new(),
+            tokens: HashMap::new(),
+            next_reference: 0,
+            retry: BTreeMap::new(),
+            retry_seq: 0,
+            outcomes: Vec::new(),
+            submitted_total: 0,
+            sim: simulator::SimState::default(),
+        })
+    }
+
+    async fn post_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut WorkerState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.shared.dir.router.send(RouterMsg::DestinationState {
+            name: state.name.clone(),
+            up: state.up,
+        });
+        Ok(())
+    }
+
+    async fn post_stop(&self, _myself: ActorRef<Self::Msg>, state: &mut WorkerState) -> Result<(), ActorProcessingErr> {
+        if let Provider::Smpp(client) = &state.provider {
+            client.stop();
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: WorkerMsg,
+        state: &mut WorkerState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(mb) = state.shared.dir.worker(&state.name) {
+            mb.took_one();
+        }
+        match msg {
+            WorkerMsg::Dispatch(jobs) => {
+                failpoint::hit("actor-worker");
+                state.dispatch(jobs);
+            }
+            WorkerMsg::Client(events) => state.on_events(events),
+            WorkerMsg::Tick => state.retry_due(false),
+            WorkerMsg::ReportState => {
+                state.shared.dir.router.send(RouterMsg::DestinationState {
+                    name: state.name.clone(),
+                    up: state.up,
+                });
+            }
+            WorkerMsg::Status(reply) => {
+                let _ = reply.send(WorkerStatus {
+                    up: state.up,
+                    branches: state.jobs.len() as u64,
+                    parts_in_flight: state.tokens.len() as u64,
+                    retries_waiting: state.retry.len() as u64,
+                    submitted_total: state.submitted_total,
+                });
+            }
+        }
+        state.flush();
+        Ok(())
+    }
+}

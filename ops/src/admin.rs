@@ -1,0 +1,132 @@
+//! The admin HTTP endpoints.
+//!
+//! `/healthz` (process alive), `/readyz` (stores open and healthy, reconciliation done),
+//! `/metrics` (Prometheus text), `/admin/actors`, `/admin/profile`. Served on loopback by
+//! default; when a token is configured (required for a non-loopback listen address),
+//! `/metrics` and `/admin/*` need `Authorization: Bearer <token>`, compared in constant
+//! time.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use metrics_exporter_prometheus::PrometheusHandle;
+use sendium_actors::Gateway;
+use sendium_profiles::Secret;
+use serde_json::json;
+
+pub struct AdminState {
+    pub gateway: Arc<Gateway>,
+    pub prometheus: Option<PrometheusHandle>,
+    pub token: Secret,
+}
+
+pub fn router(state: Arc<AdminState>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/admin/actors", get(actors))
+        .route("/admin/profile", get(profile))
+        .with_state(state)
+}
+
+fn authorized(state: &AdminState, headers: &HeaderMap) -> bool {
+    if state.token.is_empty() {
+        return true;
+    }
+    let Some(value) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    match value.strip_prefix("Bearer ") {
+        Some(t) => state.token.matches(t.trim().as_bytes()),
+        None => false,
+    }
+}
+
+fn unauthorized() -> Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        axum::Json(json!({"error": "a valid admin token is required"})),
+    )
+        .into_response()
+}
+
+fn profile_json(g: &Gateway) -> serde_json::Value {
+    let p = g.profile();
+    json!({
+        "pending": p.pending.as_str(),
+        "router-queue": p.router_queue.as_str(),
+        "routed-work": p.routed_work.as_str(),
+        "dlr": p.dlr.as_str(),
+    })
+}
+
+async fn healthz() -> impl IntoResponse {
+    axum::Json(json!({"status": "ok"}))
+}
+
+async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
+    let profile = profile_json(&state.gateway);
+    match state.gateway.readiness() {
+        Ok(()) => (StatusCode::OK, axum::Json(json!({"ready": true, "profile": profile}))).into_response(),
+        Err(reasons) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"ready": false, "profile": profile, "reasons": reasons})),
+        )
+            .into_response(),
+    }
+}
+
+async fn metrics(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Response {
+    if !authorized(&state, &headers) {
+        return unauthorized();
+    }
+    let snapshot = state.gateway.snapshot().await;
+    let actors = state.gateway.actors().await;
+    crate::metrics::publish(&snapshot, &actors, state.gateway.readiness().is_ok());
+    let body = state.prometheus.as_ref().map(|p| p.render()).unwrap_or_default();
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        body,
+    )
+        .into_response()
+}
+
+async fn actors(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Response {
+    if !authorized(&state, &headers) {
+        return unauthorized();
+    }
+    axum::Json(state.gateway.actors().await).into_response()
+}
+
+async fn profile(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Response {
+    if !authorized(&state, &headers) {
+        return unauthorized();
+    }
+    let g = state.guarantee_view();
+    axum::Json(g).into_response()
+}
+
+impl AdminState {
+    fn guarantee_view(&self) -> serde_json::Value {
+        let g = self.gateway.guarantee();
+        json!({
+            "profile": profile_json(&self.gateway),
+            "restart_guarantee": {
+                "outbound": g.outbound,
+                "dlr": g.dlr,
+            },
+            "durable": g.durable,
+            "dlr_durable": matches!(
+                self.gateway.profile().dlr,
+                sendium_profiles::DlrBackend::File | sendium_profiles::DlrBackend::Postgresql
+            ),
+        })
+    }
+}

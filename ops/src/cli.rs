@@ -1,0 +1,179 @@
+//! The command line.
+//!
+//! ```text
+//! sendium serve [--config FILE]   run the gateway (without --config: the embedded quickstart)
+//! sendium check-config FILE       validate FILE and print its storage profile's guarantees
+//! sendium demo                    run the quickstart and send one SMS over SMPP and HTTP
+//! sendium version
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use sendium_profiles::Config;
+
+const USAGE: &str = "\
+usage:
+  sendium serve [--config FILE]   run the gateway (without --config: the embedded quickstart
+                                  configuration: memory profile, simulated destination)
+  sendium check-config FILE       validate FILE; print its storage profile and restart guarantee
+  sendium demo                    run the quickstart and send one SMS over SMPP and one over
+                                  HTTP, printing their receipts; then keep serving
+  sendium version
+
+Environment: SENDIUM__SECTION__KEY overrides a configuration key (kebab-case keys, e.g.
+SENDIUM__SMS__ROUTER_QUEUE__BACKEND=memory); RUST_LOG overrides the log filter.";
+
+/// Exit codes: 0 ok, 1 runtime failure, 2 bad usage or configuration.
+pub fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Usage(msg)) => {
+            eprintln!("sendium: {msg}\n\n{USAGE}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Config(msg)) => {
+            eprintln!("sendium: configuration error: {msg}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Runtime(msg)) => {
+            eprintln!("sendium: {msg}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+enum Failure {
+    Usage(String),
+    Config(String),
+    Runtime(String),
+}
+
+fn load(path: Option<&Path>) -> Result<Config, Failure> {
+    let cfg = match path {
+        Some(p) => sendium_profiles::load(p),
+        None => sendium_profiles::load_str_with_env(sendium_profiles::QUICKSTART, std::env::vars()),
+    };
+    cfg.map_err(|e| Failure::Config(e.to_string()))
+}
+
+fn config_flag(args: &[String]) -> Result<Option<PathBuf>, Failure> {
+    let mut it = args.iter();
+    let mut path = None;
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--config" | "-c" => match it.next() {
+                Some(p) => path = Some(PathBuf::from(p)),
+                None => return Err(Failure::Usage("--config needs a file".into())),
+            },
+            other => {
+                if let Some(p) = other.strip_prefix("--config=") {
+                    path = Some(PathBuf::from(p));
+                } else {
+                    return Err(Failure::Usage(format!("unexpected argument {other:?}")));
+                }
+            }
+        }
+    }
+    Ok(path)
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("sendium")
+        .build()
+        .map_err(|e| Failure::Runtime(format!("cannot start the runtime: {e}")))
+}
+
+fn init_failpoints() -> Result<(), Failure> {
+    sendium_storage::failpoint::init_from_env().map_err(|e| Failure::Config(format!("SENDIUM_FAILPOINT: {e}")))
+}
+
+fn run(args: &[String]) -> Result<(), Failure> {
+    let Some(cmd) = args.first() else {
+        return Err(Failure::Usage("no command given".into()));
+    };
+    match cmd.as_str() {
+        "serve" => {
+            init_failpoints()?;
+            let path = config_flag(&args[1..])?;
+            let cfg = load(path.as_deref())?;
+            crate::telemetry::init(&cfg.log);
+            runtime()?
+                .block_on(crate::serve::run(cfg))
+                .map_err(|e| Failure::Runtime(e.to_string()))
+        }
+        "check-config" => {
+            let path = match args.get(1) {
+                Some(p) if p != "--config" => PathBuf::from(p),
+                _ => match config_flag(&args[1..])? {
+                    Some(p) => p,
+                    None => return Err(Failure::Usage("check-config needs a file".into())),
+                },
+            };
+            let cfg = load(Some(&path))?;
+            print!("{}", check_config_report(&cfg));
+            Ok(())
+        }
+        "demo" => {
+            let cfg = load(None)?;
+            crate::telemetry::init(&cfg.log);
+            runtime()?
+                .block_on(crate::demo::run(cfg))
+                .map_err(|e| Failure::Runtime(e.to_string()))
+        }
+        "version" | "--version" | "-V" => {
+            println!("sendium {}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+        "help" | "--help" | "-h" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => Err(Failure::Usage(format!("unknown command {other:?}"))),
+    }
+}
+
+/// What `check-config` prints: the chosen profile, its restart guarantee, and the table
+/// of every supported profile.
+pub fn check_config_report(cfg: &Config) -> String {
+    let profile = cfg.storage_profile();
+    let mut out = String::new();
+    out.push_str("configuration OK\n\n");
+    out.push_str(&format!("storage profile: {profile}\n"));
+    if let Ok(g) = sendium_profiles::check_supported(&profile) {
+        out.push_str(&format!("  after a restart (outbound): {}\n", g.outbound));
+        out.push_str(&format!("  after a restart (DLR):      {}\n", g.dlr));
+        out.push_str(&format!(
+            "  acknowledged messages survive a restart: {}\n",
+            if g.durable { "yes" } else { "NO" }
+        ));
+    }
+    out.push_str(&format!(
+        "\nSMPP: {}\nHTTP: {}\nadmin: {}\ndestinations: {}\nroutes: {}\n",
+        cfg.smpp
+            .as_ref()
+            .map(|s| format!("{} ({} accounts)", s.listen, s.accounts.len()))
+            .unwrap_or_else(|| "off".into()),
+        cfg.http
+            .as_ref()
+            .map(|h| format!("{} ({} api keys)", h.listen, h.api_keys.len()))
+            .unwrap_or_else(|| "off".into()),
+        cfg.admin.listen,
+        cfg.destinations
+            .iter()
+            .map(|d| format!("{} ({})", d.name, d.kind.as_str()))
+            .collect::<Vec<_>>()
+            .join(", "),
+        cfg.routes
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+    ));
+    out.push_str("\nsupported storage profiles:\n");
+    out.push_str(&sendium_profiles::guarantee_table());
+    out
+}

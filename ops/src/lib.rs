@@ -1,0 +1,10 @@
+//! The `sendium` binary's pieces: command line, admin HTTP (health, readiness, metrics,
+//! actor and profile views), Prometheus exposition, tracing setup, and the demo.
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod cli;
+pub mod demo;
+pub mod metrics;
+pub mod serve;
+pub mod telemetry;

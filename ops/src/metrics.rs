@@ -1,0 +1,84 @@
+//! Prometheus exposition.
+//!
+//! Counters are recorded where things happen (through the `metrics` facade); gauges of
+//! stage counts, queue depths and ages are read from the actors at scrape time. Labels
+//! are low-cardinality only: stage, actor, destination, status — never message ids.
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use sendium_actors::Snapshot;
+use sendium_actors::supervisor::ActorEntry;
+use sendium_storage::Timestamp;
+
+/// Install the global recorder once. `None` if one is installed already (tests).
+pub fn install() -> Option<PrometheusHandle> {
+    PrometheusBuilder::new().install_recorder().ok()
+}
+
+fn age_seconds(t: Option<Timestamp>) -> f64 {
+    t.map(|t| t.age(Timestamp::now()).as_secs_f64()).unwrap_or(0.0)
+}
+
+/// Set the scrape-time gauges from a snapshot of the actors.
+pub fn publish(s: &Snapshot, actors: &[ActorEntry], ready: bool) {
+    metrics::gauge!("sendium_ready").set(if ready { 1.0 } else { 0.0 });
+    if let Some(i) = &s.ingress {
+        metrics::gauge!("sendium_ingress_waiting_requests").set(i.waiting_requests as f64);
+        if let Some(p) = &i.pending {
+            metrics::gauge!("sendium_stage_records", "stage" => "pending").set(p.records as f64);
+            metrics::gauge!("sendium_pending_ready_units").set(p.ready_units as f64);
+            metrics::gauge!("sendium_pending_incomplete_groups").set(p.incomplete_groups as f64);
+            metrics::gauge!("sendium_pending_receipt_requests").set(p.receipt_requests as f64);
+            metrics::gauge!("sendium_pending_oldest_age_seconds").set(age_seconds(p.oldest_accepted_at));
+        }
+    }
+    if let Some(sel) = &s.selector {
+        metrics::gauge!("sendium_stage_records", "stage" => "router-queue").set(sel.staged as f64);
+        metrics::gauge!("sendium_selector_credit").set(sel.credit as f64);
+    }
+    if let Some(r) = &s.router {
+        metrics::gauge!("sendium_stage_records", "stage" => "routed-work").set(r.units as f64);
+        metrics::gauge!("sendium_routed_open_branches").set(r.open_branches as f64);
+        metrics::gauge!("sendium_routed_awaiting_handoff").set(r.awaiting_handoff as f64);
+        metrics::gauge!("sendium_router_queued_branches").set(r.queued_for_workers as f64);
+        metrics::gauge!("sendium_router_free_slots").set(r.free as f64);
+        for (name, up, assigned) in &r.destinations {
+            metrics::gauge!("sendium_destination_reachable", "destination" => name.clone()).set(if *up {
+                1.0
+            } else {
+                0.0
+            });
+            metrics::gauge!("sendium_destination_assigned_branches", "destination" => name.clone())
+                .set(*assigned as f64);
+        }
+    }
+    if let Some(d) = &s.dlr {
+        if let Some(st) = &d.store {
+            metrics::gauge!("sendium_stage_records", "stage" => "dlr").set(st.awaiting_receipts as f64);
+            metrics::gauge!("sendium_dlr_correlations").set(st.correlations as f64);
+            metrics::gauge!("sendium_dlr_pending_receipts").set(st.pending_deliveries as f64);
+            metrics::gauge!("sendium_dlr_oldest_pending_receipt_age_seconds")
+                .set(age_seconds(st.oldest_pending_delivery));
+            metrics::gauge!("sendium_dlr_unmatched_receipts").set(st.orphans as f64);
+        }
+        metrics::gauge!("sendium_dlr_deliveries_in_flight").set(d.deliveries_in_flight as f64);
+        if let Some((held, cap)) = d.reserved {
+            metrics::gauge!("sendium_dlr_reserved_receipts").set(held as f64);
+            metrics::gauge!("sendium_dlr_capacity").set(cap as f64);
+        }
+    }
+    for (name, w) in &s.workers {
+        if let Some(w) = w {
+            metrics::gauge!("sendium_destination_branches", "destination" => name.clone()).set(w.branches as f64);
+            metrics::gauge!("sendium_destination_parts_in_flight", "destination" => name.clone())
+                .set(w.parts_in_flight as f64);
+            metrics::gauge!("sendium_destination_retries_waiting", "destination" => name.clone())
+                .set(w.retries_waiting as f64);
+        }
+    }
+    for a in actors {
+        metrics::gauge!("sendium_actor_mailbox", "actor" => a.name.clone()).set(a.mailbox as f64);
+        metrics::gauge!("sendium_actor_queued", "actor" => a.name.clone()).set(a.queued as f64);
+        metrics::gauge!("sendium_actor_restarts", "actor" => a.name.clone()).set(a.restarts as f64);
+    }
+    metrics::gauge!("sendium_smpp_bound_sessions").set(s.smpp_sessions as f64);
+}

@@ -1,0 +1,368 @@
+//! HTTP ingress: `POST /v1/messages`.
+//!
+//! ```text
+//! POST /v1/messages
+//! Authorization: Bearer KEY
+//! {"from": "12345", "to": "447700900123", "text": "hello",
+//!  "callback_url": "http://…", "idempotency_key": "…"}
+//! ```
+//!
+//! → `202 {"id": "<uuid>"}` once the message is stored as durably as the profile
+//! promises; `400 {"error", "field"}` naming the bad field; `401` for a missing or
+//! unknown key; `413` for an oversized body; `429` when the account's throughput limit
+//! is exceeded; `503` (with `Retry-After`) when the pipeline cannot take it now. An
+//! API key belongs to an SMPP account: routing, receipts and limits are the account's.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use subtle::ConstantTimeEq;
+
+/// An API key and the account it submits as.
+#[derive(Clone)]
+pub struct ApiKey {
+    pub key: String,
+    pub account: String,
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiKey")
+            .field("account", &self.account)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct HttpIngressConfig {
+    pub api_keys: Vec<ApiKey>,
+    pub max_body_bytes: usize,
+    /// Per-account submissions per second (0 or absent = unlimited).
+    pub max_tps: HashMap<String, u32>,
+}
+
+/// A validated submission.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HttpSubmission {
+    pub account: String,
+    pub from: String,
+    pub to: String,
+    pub text: String,
+    pub callback_url: Option<String>,
+    pub idempotency_key: Option<String>,
+}
+
+/// The pipeline's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HttpOutcome {
+    Accepted(String),
+    /// The idempotency key was seen before: this is the earlier id.
+    Duplicate(String),
+    /// Refused for a reason the client can fix (e.g. a receipt was requested while
+    /// receipts are disabled and configured to refuse).
+    Invalid {
+        field: &'static str,
+        reason: String,
+    },
+    /// The pipeline is full or a store is failing: try again later.
+    Unavailable,
+}
+
+#[async_trait]
+pub trait HttpSubmitHandler: Send + Sync + 'static {
+    async fn submit(&self, submission: HttpSubmission) -> HttpOutcome;
+}
+
+struct Bucket {
+    rate: f64,
+    tokens: f64,
+    last: Instant,
+}
+
+impl Bucket {
+    fn take(&mut self) -> bool {
+        let now = Instant::now();
+        self.tokens = (self.tokens + now.duration_since(self.last).as_secs_f64() * self.rate).min(self.rate);
+        self.last = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+struct Ingress {
+    keys: Vec<ApiKey>,
+    handler: Arc<dyn HttpSubmitHandler>,
+    buckets: Mutex<HashMap<String, Bucket>>,
+    max_tps: HashMap<String, u32>,
+}
+
+pub const MAX_TEXT_CHARS: usize = 1_600;
+pub const MAX_IDEMPOTENCY_KEY: usize = 128;
+pub const MAX_URL: usize = 2_048;
+
+/// The router for the ingress listener.
+pub fn router(config: HttpIngressConfig, handler: Arc<dyn HttpSubmitHandler>) -> Router {
+    let state = Arc::new(Ingress {
+        keys: config.api_keys,
+        handler,
+        buckets: Mutex::new(HashMap::new()),
+        max_tps: config.max_tps,
+    });
+    Router::new()
+        .route("/v1/messages", post(submit))
+        .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .with_state(state)
+}
+
+fn error(status: StatusCode, message: &str, field: Option<&str>) -> Response {
+    let mut body = json!({ "error": message });
+    if let Some(f) = field {
+        body["field"] = json!(f);
+    }
+    (status, axum::Json(body)).into_response()
+}
+
+impl Ingress {
+    /// The account of a bearer key. Every key is compared, in constant time, so the
+    /// answer's timing says nothing about which keys exist.
+    fn account(&self, headers: &HeaderMap) -> Option<String> {
+        let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+        let presented = value.strip_prefix("Bearer ")?.trim().as_bytes();
+        let mut found = None;
+        for k in &self.keys {
+            if bool::from(k.key.as_bytes().ct_eq(presented)) && found.is_none() {
+                found = Some(k.account.clone());
+            }
+        }
+        found
+    }
+
+    fn admit_rate(&self, account: &str) -> bool {
+        let Some(&tps) = self.max_tps.get(account) else {
+            return true;
+        };
+        if tps == 0 {
+            return true;
+        }
+        let mut buckets = self.buckets.lock();
+        let b = buckets.entry(account.to_string()).or_insert_with(|| Bucket {
+            rate: f64::from(tps),
+            tokens: f64::from(tps),
+            last: Instant::now(),
+        });
+        b.take()
+    }
+}
+
+/// Why a body is not a valid submission: the field and what is wrong.
+#[derive(Debug, PartialEq, Eq)]
+pub struct FieldError {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+fn field_err(field: &'static str, reason: impl Into<String>) -> FieldError {
+    FieldError {
+        field,
+        reason: reason.into(),
+    }
+}
+
+fn string_field<'a>(body: &'a Value, field: &'static str, required: bool) -> Result<Option<&'a str>, FieldError> {
+    match body.get(field) {
+        None | Some(Value::Null) if !required => Ok(None),
+        None | Some(Value::Null) => Err(field_err(field, "is required")),
+        Some(Value::String(s)) => Ok(Some(s.as_str())),
+        Some(_) => Err(field_err(field, "must be a string")),
+    }
+}
+
+/// Validate a request body into a submission for `account`.
+pub fn parse_submission(account: &str, raw: &[u8]) -> Result<HttpSubmission, FieldError> {
+    let body: Value = serde_json::from_slice(raw).map_err(|e| field_err("body", format!("is not valid JSON: {e}")))?;
+    let Some(obj) = body.as_object() else {
+        return Err(field_err("body", "must be a JSON object"));
+    };
+    const KNOWN: [&str; 5] = ["from", "to", "text", "callback_url", "idempotency_key"];
+    if let Some(unknown) = obj.keys().find(|k| !KNOWN.contains(&k.as_str())) {
+        return Err(FieldError {
+            field: "body",
+            reason: format!("has an unknown field {unknown:?}; expected {}", KNOWN.join(", ")),
+        });
+    }
+    let from = string_field(&body, "from", true)?
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    if from.is_empty() || from.len() > 20 {
+        return Err(field_err("from", "must be 1 to 20 characters"));
+    }
+    let numeric_from = from.trim_start_matches('+').chars().all(|c| c.is_ascii_digit());
+    if !numeric_from && (from.chars().count() > 11 || !from.chars().all(|c| c.is_ascii_alphanumeric() || c == ' ')) {
+        return Err(field_err(
+            "from",
+            "must be a number, or an alphanumeric sender of at most 11 letters, digits and spaces",
+        ));
+    }
+    let to = string_field(&body, "to", true)?.unwrap_or_default().trim().to_string();
+    let digits = to.strip_prefix('+').unwrap_or(&to);
+    if digits.is_empty() || digits.len() > 20 || !digits.chars().all(|c| c.is_ascii_digit()) {
+        return Err(field_err(
+            "to",
+            "must be a phone number: digits with an optional leading +, at most 20",
+        ));
+    }
+    let text = string_field(&body, "text", true)?.unwrap_or_default().to_string();
+    if text.is_empty() {
+        return Err(field_err("text", "must not be empty"));
+    }
+    if text.chars().count() > MAX_TEXT_CHARS {
+        return Err(field_err(
+            "text",
+            format!("must be at most {MAX_TEXT_CHARS} characters"),
+        ));
+    }
+    let callback_url = match string_field(&body, "callback_url", false)? {
+        Some(u) => {
+            let u = u.trim();
+            if u.len() > MAX_URL
+                || !(u.starts_with("http://") || u.starts_with("https://"))
+                || u.contains(char::is_whitespace)
+            {
+                return Err(field_err("callback_url", "must be an http:// or https:// URL"));
+            }
+            Some(u.to_string())
+        }
+        None => None,
+    };
+    let idempotency_key = match string_field(&body, "idempotency_key", false)? {
+        Some(k) if k.is_empty() || k.len() > MAX_IDEMPOTENCY_KEY => {
+            return Err(field_err(
+                "idempotency_key",
+                format!("must be 1 to {MAX_IDEMPOTENCY_KEY} characters"),
+            ));
+        }
+        Some(k) => Some(k.to_string()),
+        None => None,
+    };
+    Ok(HttpSubmission {
+        account: account.to_string(),
+        from,
+        to: digits.to_string(),
+        text,
+        callback_url,
+        idempotency_key,
+    })
+}
+
+async fn submit(State(state): State<Arc<Ingress>>, headers: HeaderMap, body: Bytes) -> Response {
+    let Some(account) = state.account(&headers) else {
+        metrics::counter!("sendium_http_requests_total", "status" => "401").increment(1);
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "missing or invalid API key (Authorization: Bearer KEY)",
+            None,
+        );
+    };
+    let submission = match parse_submission(&account, &body) {
+        Ok(s) => s,
+        Err(e) => {
+            metrics::counter!("sendium_http_requests_total", "status" => "400").increment(1);
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("{} {}", e.field, e.reason),
+                Some(e.field),
+            );
+        }
+    };
+    if !state.admit_rate(&account) {
+        metrics::counter!("sendium_http_requests_total", "status" => "429").increment(1);
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, "1")],
+            axum::Json(json!({"error": "the account's throughput limit is exceeded"})),
+        )
+            .into_response();
+    }
+    match state.handler.submit(submission).await {
+        HttpOutcome::Accepted(id) => {
+            metrics::counter!("sendium_http_requests_total", "status" => "202").increment(1);
+            (StatusCode::ACCEPTED, axum::Json(json!({ "id": id }))).into_response()
+        }
+        HttpOutcome::Duplicate(id) => {
+            metrics::counter!("sendium_http_requests_total", "status" => "202").increment(1);
+            (StatusCode::ACCEPTED, axum::Json(json!({ "id": id, "duplicate": true }))).into_response()
+        }
+        HttpOutcome::Invalid { field, reason } => {
+            metrics::counter!("sendium_http_requests_total", "status" => "400").increment(1);
+            error(StatusCode::BAD_REQUEST, &format!("{field} {reason}"), Some(field))
+        }
+        HttpOutcome::Unavailable => {
+            metrics::counter!("sendium_http_requests_total", "status" => "503").increment(1);
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(header::RETRY_AFTER, "1")],
+                axum::Json(json!({"error": "the gateway cannot accept messages right now; retry later"})),
+            )
+                .into_response()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(body: &str) -> Result<HttpSubmission, FieldError> {
+        parse_submission("esme1", body.as_bytes())
+    }
+
+    #[test]
+    fn valid_submission() {
+        let s = parse(r#"{"from":"Shop","to":"+447700900123","text":"hi","callback_url":"http://127.0.0.1:9/cb","idempotency_key":"k1"}"#)
+            .unwrap();
+        assert_eq!(s.to, "447700900123");
+        assert_eq!(s.callback_url.as_deref(), Some("http://127.0.0.1:9/cb"));
+        assert_eq!(s.idempotency_key.as_deref(), Some("k1"));
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        let cases = [
+            (r#"[1]"#, "body"),
+            (r#"{"to":"1","text":"x"}"#, "from"),
+            (r#"{"from":"1","text":"x"}"#, "to"),
+            (r#"{"from":"1","to":"12a","text":"x"}"#, "to"),
+            (r#"{"from":"1","to":"12","text":""}"#, "text"),
+            (r#"{"from":"1","to":"12","text":5}"#, "text"),
+            (r#"{"from":"This is far too long","to":"12","text":"x"}"#, "from"),
+            (
+                r#"{"from":"1","to":"12","text":"x","callback_url":"ftp://x"}"#,
+                "callback_url",
+            ),
+            (
+                r#"{"from":"1","to":"12","text":"x","idempotency_key":""}"#,
+                "idempotency_key",
+            ),
+            (r#"{"from":"1","to":"12","text":"x","extra":1}"#, "body"),
+            ("not json", "body"),
+        ];
+        for (body, field) in cases {
+            assert_eq!(parse(body).unwrap_err().field, field, "{body}");
+        }
+    }
+}

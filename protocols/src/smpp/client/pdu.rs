@@ -1,0 +1,232 @@
+//! Converting between the client's plain types and rusmpp PDUs.
+
+use rusmpp::pdus::{DataSm, DataSmResp, DeliverSm};
+use rusmpp::tlvs::{Tlv, TlvValue};
+use rusmpp::types::COctetString;
+use rusmpp::values::{PriorityFlag, ServiceType};
+use rusmpp::{Command, CommandStatus, Pdu};
+
+use super::{InboundDeliver, OutboundSubmit};
+use crate::smpp::SmppAddress;
+use crate::smpp::build::{self, Address, BuildError, ShortMessage};
+
+/// The most octets `short_message` can carry; more go into message_payload.
+pub(crate) const MAX_SHORT_MESSAGE: usize = 255;
+
+/// The `submit_sm` for one outbound part.
+///
+/// [`build::submit_sm`] validates and fills the addresses, esm_class, registered_delivery,
+/// data_coding and the user data (in message_payload when longer than 255 octets); the
+/// three fields it leaves at their NULL value — service_type, protocol_id, priority_flag —
+/// are set here from the part, so every field on the wire is the one the part means.
+pub(crate) fn submit_sm(seq: u32, part: &OutboundSubmit) -> Result<Command, BuildError> {
+    let long = part.short_message.len() > MAX_SHORT_MESSAGE;
+    let sm = ShortMessage {
+        source: address(&part.source),
+        destination: address(&part.destination),
+        esm_class: part.esm_class,
+        registered_delivery: part.registered_delivery,
+        data_coding: part.data_coding,
+        short_message: if long { &[] } else { &part.short_message },
+        message_payload: long.then_some(part.short_message.as_slice()),
+        sar: None,
+    };
+    let command = build::submit_sm(seq, &sm)?;
+    if part.service_type.is_empty() && part.protocol_id == 0 && part.priority_flag == 0 {
+        return Ok(command);
+    }
+    let service_type =
+        ServiceType::new(
+            COctetString::from_string(part.service_type.clone()).map_err(|err| BuildError {
+                field: "service_type",
+                reason: err.to_string(),
+            })?,
+        );
+    let mut parts = command.into_parts();
+    if let Some(Pdu::SubmitSm(pdu)) = parts.pdu.as_mut() {
+        pdu.service_type = service_type;
+        pdu.protocol_id = part.protocol_id;
+        pdu.priority_flag = PriorityFlag::from(part.priority_flag);
+    }
+    Ok(Command::from_parts(parts))
+}
+
+fn address(a: &SmppAddress) -> Address<'_> {
+    Address {
+        ton: a.ton,
+        npi: a.npi,
+        addr: &a.addr,
+    }
+}
+
+/// The command_status an SMSC would have answered a submit that we cannot even encode.
+/// All of them are permanent ([`super::SubmitFailure::is_transient`] is false): the same
+/// part would fail the same way again.
+pub(crate) fn build_error_status(err: &BuildError) -> u32 {
+    let status = match err.field {
+        "source_addr" => CommandStatus::EsmeRinvsrcadr,
+        "destination_addr" => CommandStatus::EsmeRinvdstadr,
+        "short_message" | "message_payload" => CommandStatus::EsmeRinvmsglen,
+        "service_type" => CommandStatus::EsmeRinvsertyp,
+        _ => CommandStatus::EsmeRsubmitfail,
+    };
+    u32::from(status)
+}
+
+/// `data_sm_resp` (§4.7.2) with an empty message_id.
+pub(crate) fn data_sm_resp(seq: u32, status: CommandStatus) -> Command {
+    Command::new(status, seq, DataSmResp::builder().build())
+}
+
+/// The TLVs a receipt is read from.
+#[derive(Default)]
+struct InboundTlvs {
+    message_payload: Option<Vec<u8>>,
+    receipted_message_id: Option<String>,
+    message_state: Option<u8>,
+}
+
+fn inbound_tlvs(tlvs: &[Tlv]) -> InboundTlvs {
+    let mut out = InboundTlvs::default();
+    for tlv in tlvs {
+        match tlv.value() {
+            Some(TlvValue::MessagePayload(payload)) => out.message_payload = Some(payload.value.to_vec()),
+            Some(TlvValue::ReceiptedMessageId(id)) => out.receipted_message_id = Some(id.as_str().to_owned()),
+            Some(TlvValue::MessageState(state)) => out.message_state = Some(u8::from(*state)),
+            _ => {}
+        }
+    }
+    out
+}
+
+fn smpp_address<T: Into<u8>, N: Into<u8>, const MIN: usize, const MAX: usize>(
+    ton: T,
+    npi: N,
+    addr: &COctetString<MIN, MAX>,
+) -> SmppAddress {
+    SmppAddress::new(ton.into(), npi.into(), addr.as_str())
+}
+
+/// What the owner needs from a deliver_sm.
+pub(crate) fn inbound_deliver(pdu: &DeliverSm) -> InboundDeliver {
+    let tlvs = inbound_tlvs(pdu.tlvs());
+    InboundDeliver {
+        source: smpp_address(pdu.source_addr_ton, pdu.source_addr_npi, &pdu.source_addr),
+        destination: smpp_address(pdu.dest_addr_ton, pdu.dest_addr_npi, &pdu.destination_addr),
+        esm_class: u8::from(pdu.esm_class),
+        data_coding: u8::from(pdu.data_coding),
+        short_message: pdu.short_message().to_vec(),
+        message_payload: tlvs.message_payload,
+        receipted_message_id: tlvs.receipted_message_id,
+        message_state: tlvs.message_state,
+    }
+}
+
+/// A data_sm as a deliver: it has no short_message, its user data is message_payload.
+pub(crate) fn inbound_data_sm(pdu: &DataSm) -> InboundDeliver {
+    let tlvs = inbound_tlvs(pdu.tlvs());
+    InboundDeliver {
+        source: smpp_address(pdu.source_addr_ton, pdu.source_addr_npi, &pdu.source_addr),
+        destination: smpp_address(pdu.dest_addr_ton, pdu.dest_addr_npi, &pdu.destination_addr),
+        esm_class: u8::from(pdu.esm_class),
+        data_coding: u8::from(pdu.data_coding),
+        short_message: Vec::new(),
+        message_payload: tlvs.message_payload,
+        receipted_message_id: tlvs.receipted_message_id,
+        message_state: tlvs.message_state,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::smpp::frame::{decode_frame, encode};
+    use bytes::BytesMut;
+
+    fn part(short_message: Vec<u8>) -> OutboundSubmit {
+        OutboundSubmit {
+            service_type: String::new(),
+            source: SmppAddress::new(5, 0, "Sendium"),
+            destination: SmppAddress::new(1, 1, "447700900123"),
+            esm_class: 0x40,
+            protocol_id: 0,
+            priority_flag: 0,
+            registered_delivery: 1,
+            data_coding: 8,
+            short_message,
+        }
+    }
+
+    fn round_trip(command: &Command) -> rusmpp::pdus::SubmitSm {
+        let mut buf = BytesMut::new();
+        encode(command, &mut buf);
+        match decode_frame(buf).unwrap().pdu() {
+            Some(Pdu::SubmitSm(sm)) => sm.clone(),
+            other => panic!("not a submit_sm: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_field_of_the_part_reaches_the_wire() {
+        let mut p = part(b"\x05\x00\x03\x07\x02\x01hi".to_vec());
+        p.service_type = "CMT".into();
+        p.protocol_id = 0x7F;
+        p.priority_flag = 2;
+        let sm = round_trip(&submit_sm(9, &p).unwrap());
+        assert_eq!(sm.service_type.value().as_str(), "CMT");
+        assert_eq!(sm.protocol_id, 0x7F);
+        assert_eq!(u8::from(sm.priority_flag), 2);
+        assert_eq!(u8::from(sm.esm_class), 0x40);
+        assert_eq!(u8::from(sm.registered_delivery), 1);
+        assert_eq!(u8::from(sm.data_coding), 8);
+        assert_eq!(u8::from(sm.source_addr_ton), 5);
+        assert_eq!(sm.source_addr.as_str(), "Sendium");
+        assert_eq!(sm.destination_addr.as_str(), "447700900123");
+        assert_eq!(&sm.short_message()[..], &p.short_message[..]);
+        assert!(sm.tlvs().is_empty());
+    }
+
+    #[test]
+    fn plain_part_keeps_esm_class_zero() {
+        let mut p = part(b"hello".to_vec());
+        p.esm_class = 0;
+        let sm = round_trip(&submit_sm(1, &p).unwrap());
+        assert_eq!(u8::from(sm.esm_class), 0, "never rusmpp's default 0x08");
+        assert_eq!(sm.service_type.value().as_str(), "");
+    }
+
+    #[test]
+    fn more_than_255_octets_go_in_message_payload() {
+        let body = vec![0x41; 300];
+        let sm = round_trip(&submit_sm(2, &part(body.clone())).unwrap());
+        assert!(sm.short_message().is_empty());
+        assert_eq!(sm.sm_length(), 0);
+        let payload = inbound_tlvs(sm.tlvs()).message_payload;
+        assert_eq!(payload.as_deref(), Some(&body[..]));
+        // Exactly 255 still fits in short_message.
+        let sm = round_trip(&submit_sm(3, &part(vec![0x41; 255])).unwrap());
+        assert_eq!(sm.short_message().len(), 255);
+        assert!(sm.tlvs().is_empty());
+    }
+
+    #[test]
+    fn unencodable_parts_map_to_permanent_statuses() {
+        let mut p = part(b"x".to_vec());
+        p.destination.addr = "1".repeat(30);
+        let err = submit_sm(1, &p).unwrap_err();
+        assert_eq!(build_error_status(&err), 0x0B);
+        let mut p = part(b"x".to_vec());
+        p.service_type = "TOOLONG".into();
+        let err = submit_sm(1, &p).unwrap_err();
+        assert_eq!(err.field, "service_type");
+        assert_eq!(build_error_status(&err), 0x15);
+        let mut p = part(b"x".to_vec());
+        p.source.addr = "é".into();
+        assert_eq!(build_error_status(&submit_sm(1, &p).unwrap_err()), 0x0A);
+        let huge = part(vec![0; 70_000]);
+        assert_eq!(build_error_status(&submit_sm(1, &huge).unwrap_err()), 0x01);
+        for status in [0x0A, 0x0B, 0x01, 0x15, 0x45] {
+            assert!(!super::super::SubmitFailure::Status(status).is_transient());
+        }
+    }
+}
