@@ -128,6 +128,63 @@ async fn smpp_round_trip(cfg: &Config, port: u16) -> Result<(), DemoError> {
     Ok(())
 }
 
+/// POST one message to the HTTP ingress with a callback to a listener of our own, and
+/// wait for its receipt.
+async fn http_round_trip(cfg: &Config, http: std::net::SocketAddr) -> Result<(), DemoError> {
+    let key = cfg
+        .http
+        .as_ref()
+        .and_then(|h| h.api_keys.first())
+        .ok_or(DemoError::Missing("[[http.api-keys]]"))?;
+    let (tx, mut rx) = mpsc::unbounded_channel::<serde_json::Value>();
+    let app = axum::Router::new().route(
+        "/receipt",
+        axum::routing::post(move |axum::Json(body): axum::Json<serde_json::Value>| {
+            let tx = tx.clone();
+            async move {
+                let _ = tx.send(body);
+                axum::http::StatusCode::NO_CONTENT
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| DemoError::Step(format!("cannot open the demo callback listener: {e}")))?;
+    let callback = listener
+        .local_addr()
+        .map_err(|e| DemoError::Step(format!("callback listener address: {e}")))?;
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let body = serde_json::json!({
+        "from": "Sendium",
+        "to": "447700900124",
+        "text": "Hello over HTTP from the Sendium demo",
+        "callback_url": format!("http://{callback}/receipt"),
+    });
+    let resp = reqwest::Client::new()
+        .post(format!("http://{http}/v1/messages"))
+        .bearer_auth(key.key.expose())
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| DemoError::Step(format!("POST /v1/messages: {e}")))?;
+    let status = resp.status();
+    let answer: serde_json::Value = resp.json().await.unwrap_or_default();
+    if status != reqwest::StatusCode::ACCEPTED {
+        return Err(DemoError::Step(format!("POST /v1/messages answered {status}: {answer}")));
+    }
+    println!("demo: POST /v1/messages answered {status} with id {}", answer["id"]);
+    let receipt = tokio::time::timeout(STEP_TIMEOUT, rx.recv())
+        .await
+        .ok()
+        .flatten()
+        .ok_or_else(|| DemoError::Step("timed out waiting for the HTTP receipt callback".into()))?;
+    println!("demo: receipt callback received: {receipt}");
+    server.abort();
+    Ok(())
+}
+
 pub async fn run(cfg: Config) -> Result<(), DemoError> {
     let running = crate::serve::start(&cfg).await?;
     let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
@@ -143,6 +200,9 @@ pub async fn run(cfg: Config) -> Result<(), DemoError> {
         .map(|a| a.port())
         .ok_or(DemoError::Missing("[smpp] section"))?;
     smpp_round_trip(&cfg, port).await?;
+    if let Some(http) = running.gateway.http_addr() {
+        http_round_trip(&cfg, http).await?;
+    }
     println!(
         "\nThe gateway keeps running (Ctrl-C stops it). Try:\n  \
          curl -s http://{}/readyz\n  \
