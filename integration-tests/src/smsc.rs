@@ -27,8 +27,8 @@
 //!   `receipted_message_id`/`message_state` TLVs unless `receipt_tlvs` is off) after
 //!   `receipt_delay`, to a bound receiver/transceiver session of the **same system_id**
 //!   (round robin). With none bound, receipts are held until one binds. Receipts a session
-//!   did not acknowledge (closed before `deliver_sm_resp`, or answered with an error
-//!   status) are held and resent on the next bind;
+//!   did not acknowledge before closing are held and resent on the next bind; receipts
+//!   answered with an error status are sent again after 500 ms;
 //! - injects faults at run time through [`TestSmsc::faults`].
 //!
 //! Performance: each session wake-up drains the socket, handles every PDU, appends all
@@ -556,6 +556,9 @@ impl Faults {
 }
 
 /// A receipt waiting to be sent (or re-sent).
+/// How long after a refused deliver_sm_resp a receipt is sent again.
+const RECEIPT_RETRY: Duration = Duration::from_millis(500);
+
 #[derive(Debug, Clone)]
 struct PendingReceipt {
     system_id: Arc<str>,
@@ -1401,8 +1404,10 @@ impl Session {
         if status == CommandStatus::EsmeRok {
             self.shared.counters.receipts_acked.fetch_add(1, Ordering::Relaxed);
         } else {
+            // Like real SMSCs: a receipt the ESME refused is sent again later.
             self.shared.counters.receipts_nacked.fetch_add(1, Ordering::Relaxed);
-            self.shared.receivers.lock().hold([receipt]);
+            let due = Instant::now() + RECEIPT_RETRY;
+            let _ = self.shared.sched_tx.send((due, vec![receipt]));
         }
         self.shared.notify.notify_waiters();
     }
@@ -1492,7 +1497,9 @@ impl Session {
         self.shared.notify.notify_waiters();
     }
 
-    /// Unregisters the session; receipts it had not got acknowledged are held for the next bind.
+    /// Unregisters the session. Receipts it had not got acknowledged go to another bound
+    /// receiver of the same system_id if there is one (as real SMSCs hand receipts to any
+    /// bound session), else they are held for the next bind.
     fn cleanup(&mut self) {
         let mut receivers = self.shared.receivers.lock();
         receivers.bound.remove(&self.id);
@@ -1504,11 +1511,25 @@ impl Session {
         }
         let mut unacked: Vec<(u32, PendingReceipt)> = self.unacked.drain().collect();
         unacked.sort_by_key(|(seq, _)| *seq);
-        receivers.hold(unacked.into_iter().map(|(_, r)| r));
+        let mut orphaned: Vec<PendingReceipt> = unacked.into_iter().map(|(_, r)| r).collect();
         if let Some(mut rx) = self.rx.take() {
             rx.close();
             while let Ok(batch) = rx.try_recv() {
-                receivers.hold(batch);
+                orphaned.extend(batch);
+            }
+        }
+        let mut by_system: HashMap<Arc<str>, Vec<PendingReceipt>> = HashMap::new();
+        for r in orphaned {
+            by_system.entry(r.system_id.clone()).or_default().push(r);
+        }
+        for (system_id, batch) in by_system {
+            match receivers.pick(&system_id) {
+                Some((_, tx)) => {
+                    if let Err(mpsc::error::SendError(batch)) = tx.send(batch) {
+                        receivers.hold(batch);
+                    }
+                }
+                None => receivers.hold(batch),
             }
         }
         drop(receivers);

@@ -172,7 +172,9 @@ async fn http_round_trip(cfg: &Config, http: std::net::SocketAddr) -> Result<(),
     let status = resp.status();
     let answer: serde_json::Value = resp.json().await.unwrap_or_default();
     if status != reqwest::StatusCode::ACCEPTED {
-        return Err(DemoError::Step(format!("POST /v1/messages answered {status}: {answer}")));
+        return Err(DemoError::Step(format!(
+            "POST /v1/messages answered {status}: {answer}"
+        )));
     }
     println!("demo: POST /v1/messages answered {status} with id {}", answer["id"]);
     let receipt = tokio::time::timeout(STEP_TIMEOUT, rx.recv())

@@ -28,6 +28,9 @@ use crate::router::{BranchKey, RouterMsg};
 ///
 /// Holds an [`Acker`], not a client handle: acknowledgements pending for a crashed
 /// worker's sessions must not keep those sessions alive.
+///
+/// Dropped unanswered (the correlator died holding them), they answer with a temporary
+/// error, so the provider keeps the receipts and sends them again.
 pub struct ReceiptAcks {
     client: Acker,
     acks: Vec<DeliverAck>,
@@ -105,10 +108,11 @@ const LEASE: Duration = Duration::from_secs(60);
 const HTTP_CONCURRENCY: usize = 64;
 
 impl DlrState {
+    /// Coalesce delivery rounds: at most one `DeliverDue` waits in the mailbox. (A send
+    /// can fail while this actor is still being installed; then nothing is pending.)
     fn schedule_delivery(&mut self) {
         if !self.deliver_scheduled {
-            self.deliver_scheduled = true;
-            self.shared.dir.dlr.send(DlrMsg::DeliverDue);
+            self.deliver_scheduled = self.shared.dir.dlr.send(DlrMsg::DeliverDue);
         }
     }
 
@@ -270,9 +274,31 @@ impl DlrState {
         }
     }
 
+    async fn wake_bound_accounts(&mut self) {
+        let mut accounts: Vec<String> = self.shared.sessions.sessions().into_iter().map(|s| s.account).collect();
+        accounts.sort();
+        accounts.dedup();
+        for account in accounts {
+            if self.shared.sessions.receivers(&account) == 0 {
+                continue;
+            }
+            match self.store.wake_account(&account, Timestamp::now()).await {
+                Ok(n) if n > 0 => self.schedule_delivery(),
+                Ok(_) => {}
+                Err(e) => self.shared.health.dlr.failed("dlr", &e),
+            }
+        }
+    }
+
     async fn tick(&mut self) {
         self.ticks += 1;
-        self.schedule_delivery();
+        // The tick runs a delivery round itself, so a lost DeliverDue never stalls receipts.
+        self.deliver_due().await;
+        if self.ticks.is_multiple_of(10) {
+            // Receipts parked for accounts that are bound now (a bind notice can be lost
+            // while this actor restarts).
+            self.wake_bound_accounts().await;
+        }
         if self.ticks.is_multiple_of(30) {
             match self.store.expire(Timestamp::now(), 10_000).await {
                 Ok(r) => {
@@ -317,7 +343,9 @@ impl Actor for DlrCorrelator {
     }
 
     async fn post_start(&self, _myself: ActorRef<Self::Msg>, state: &mut DlrState) -> Result<(), ActorProcessingErr> {
-        // Claims of a previous incarnation lapse by their lease; anything due goes now.
+        // Claims of a previous incarnation lapse by their lease; anything due goes now,
+        // and receipts held for accounts bound meanwhile are due too.
+        state.wake_bound_accounts().await;
         state.schedule_delivery();
         Ok(())
     }

@@ -130,11 +130,14 @@ pub struct DestinationWorker;
 /// incarnation's session can never be mistaken for one of the new incarnation's parts.
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
 
-const RETRY_MIN: Duration = Duration::from_millis(500);
-const RETRY_MAX: Duration = Duration::from_secs(30);
+/// Transient failures are retried 200 ms, 400 ms, 800 ms … after, at most 5 s apart:
+/// throttling and full queues clear quickly, and a lost session reconnects on its own
+/// backoff, so a long wait here would only add latency.
+const RETRY_MIN: Duration = Duration::from_millis(200);
+const RETRY_MAX: Duration = Duration::from_secs(5);
 
 fn backoff(attempts: u32) -> Duration {
-    let factor = 1u32 << attempts.min(8);
+    let factor = 1u32 << attempts.saturating_sub(1).min(8);
     (RETRY_MIN * factor).min(RETRY_MAX)
 }
 
@@ -358,6 +361,26 @@ impl WorkerState {
         });
     }
 
+    /// The session's events reach this worker through its mailbox, which does not
+    /// exist yet while the worker is starting: an `Up` sent then is lost. The client's
+    /// own state is the truth; align with it.
+    fn sync_up(&mut self) {
+        let Provider::Smpp(client) = &self.provider else {
+            return;
+        };
+        let up = client.is_up();
+        if up != self.up {
+            let event = if up {
+                ClientEvent::Up
+            } else {
+                ClientEvent::Down {
+                    reason: "session not bound".into(),
+                }
+            };
+            self.on_events(vec![event]);
+        }
+    }
+
     /// Resubmit parts whose retry time has come (all parked ones when `all`).
     fn retry_due(&mut self, all: bool) {
         if !self.up {
@@ -458,7 +481,10 @@ impl Actor for DestinationWorker {
                 state.dispatch(jobs);
             }
             WorkerMsg::Client(events) => state.on_events(events),
-            WorkerMsg::Tick => state.retry_due(false),
+            WorkerMsg::Tick => {
+                state.sync_up();
+                state.retry_due(false);
+            }
             WorkerMsg::ReportState => {
                 state.shared.dir.router.send(RouterMsg::DestinationState {
                     name: state.name.clone(),

@@ -1,0 +1,1535 @@
+//! `sendium-bench`: the benchmark driver. Prints figures; it is not a pass/fail test.
+//!
+//! For every storage profile it starts the real (release) `sendium` binary on loopback with
+//! the kit's test SMSC as its only destination, then drives it with the kit's load
+//! generator in two phases:
+//!
+//! 1. **throughput**: `--sessions` transceivers × `--window` outstanding submits at full
+//!    speed, `--count` messages mixing GSM, UCS2 and 3-part multipart, every message asking
+//!    for a receipt; messages/s is end to end (first submit → last receipt back at the ESME).
+//! 2. **latency**: the same at half the phase-1 rate for `--latency-count` messages;
+//!    `submit_sm_resp` p50/p99.
+//!
+//! Around each phase it samples the gateway from `/proc/<pid>/status` (VmHWM, VmRSS; the
+//! peak is reset through `/proc/<pid>/clear_refs` before each phase where the kernel allows
+//! it) and `/proc/<pid>/stat` (utime + stime), and prints one row per profile and phase.
+//!
+//! ```text
+//! sendium-bench [--profile NAME]... [--include-unsupported] [--pg-url URL] [--list]
+//!               [--count 200000] [--latency-count 100000] [--latency-rate MSG_PER_S]
+//!               [--sessions 4] [--window 256] [--mix gsm=8,ucs2=1,multipart=1]
+//!               [--receipt-delay-ms 20] [--threads N] [--phase-timeout-s 300]
+//!               [--ready-timeout-s 30] [--show-config] [--markdown | --json]
+//! ```
+//!
+//! The gateway binary is `$SENDIUM_BIN`, else `sendium` next to this executable (so
+//! `./target/release/sendium-bench` uses `./target/release/sendium`). Build both with
+//! `cargo build --release -p sendium-ops -p sendium-integration-tests`, or run `just bench`.
+//!
+//! Exit status: 0 when every selected profile ran both phases with every receipt back and
+//! no error (or was skipped / refused as expected), 1 otherwise, 2 for bad usage.
+#![forbid(unsafe_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use sendium_integration_tests::gateway::{self, GatewayProcess};
+use sendium_integration_tests::http;
+use sendium_integration_tests::loadgen::{self, LoadConfig, LoadReport, Mix};
+use sendium_integration_tests::smsc::{SmscConfig, SmscStats, TestSmsc};
+use serde_json::{Value, json};
+
+const USAGE: &str = "usage: sendium-bench [--profile NAME]... [--include-unsupported] [--pg-url URL] [--list]
+                     [--count N] [--latency-count N] [--latency-rate MSG_PER_S]
+                     [--sessions N] [--window N] [--mix gsm=8,ucs2=1,multipart=1]
+                     [--receipt-delay-ms MS] [--threads N] [--phase-timeout-s S]
+                     [--ready-timeout-s S] [--show-config] [--markdown | --json]
+
+Runs the release sendium binary ($SENDIUM_BIN, else next to this executable) per storage
+profile against the test SMSC, driven by the load generator: phase 1 at full speed
+(end-to-end messages/s), phase 2 at half that rate (submit_sm_resp p50/p99).
+Default profiles: those this build supports; --include-unsupported adds the others (a
+profile the gateway refuses at startup is reported, not fatal). --list shows the profiles.
+PostgreSQL profiles need --pg-url (they are skipped without it) and use that database as is:
+give them a fresh one.";
+
+/// The ESME account the load generator binds with.
+const ESME_SYSTEM_ID: &str = "bench";
+const ESME_PASSWORD: &str = "bench";
+
+/// The gateway configuration around a profile's storage fragment. Placeholders are the
+/// gateway harness's (`{smpp_port}`, `{http_port}`, `{admin_port}`, `{data_dir}`,
+/// `{smsc_port}`) plus `{storage}` (the profile's fragment, substituted first),
+/// `{smpp_window}`, `{max_binds}` and, for PostgreSQL profiles, `{pg_url}`.
+const GATEWAY_TEMPLATE: &str = r#"# sendium-bench: one ESME account, one SMPP destination (the test SMSC), one route.
+[log]
+level = "warn"
+
+{storage}
+
+[smpp]
+listen = "127.0.0.1:{smpp_port}"
+window = {smpp_window}
+[[smpp.accounts]]
+system-id = "bench"
+password = "bench"
+max-tps = 0
+max-binds = {max_binds}
+
+[admin]
+listen = "127.0.0.1:{admin_port}"
+
+[[destinations]]
+name = "test-smsc"
+kind = "smpp"
+host = "127.0.0.1"
+port = {smsc_port}
+system-id = "sendium"
+password = "pw"
+bind = "transceiver"
+window = 500
+max-tps = 0
+
+[[routes]]
+name = "default"
+account = "*"
+destination-prefix = ""
+to = ["test-smsc"]
+"#;
+
+/// One storage profile: its name, its storage tables, and what it needs.
+#[derive(Debug, Clone, Copy)]
+struct Profile {
+    name: &'static str,
+    /// The `[sms.pending]`, `[sms.router-queue]`, `[sms.routed-work]`, `[dlr]` and
+    /// `[storage.*]` tables.
+    storage: &'static str,
+    /// Uses `[storage.file] dir = "{data_dir}"` (a fresh directory per profile).
+    needs_data_dir: bool,
+    /// Uses `[storage.postgresql] url = "{pg_url}"` (`--pg-url`; skipped without it).
+    needs_pg_url: bool,
+    /// Implemented by this build: run by default. The others run with
+    /// `--include-unsupported` or when named, and a refusal at startup is reported cleanly.
+    /// Flip this when a profile lands.
+    supported: bool,
+}
+
+/// Every benchmarked profile. Adding one is one entry here.
+const PROFILES: &[Profile] = &[
+    Profile {
+        name: "memory",
+        storage: r#"[sms.pending]
+backend = "memory"
+[sms.router-queue]
+backend = "memory"
+[sms.routed-work]
+backend = "memory"
+[dlr]
+backend = "memory""#,
+        needs_data_dir: false,
+        needs_pg_url: false,
+        supported: true,
+    },
+    Profile {
+        name: "file-memory-memory",
+        storage: r#"[sms.pending]
+backend = "file"
+[sms.router-queue]
+backend = "memory"
+[sms.routed-work]
+backend = "memory"
+[dlr]
+backend = "memory"
+[storage.file]
+dir = "{data_dir}""#,
+        needs_data_dir: true,
+        needs_pg_url: false,
+        supported: false,
+    },
+    Profile {
+        name: "file-file-memory",
+        storage: r#"[sms.pending]
+backend = "file"
+[sms.router-queue]
+backend = "file"
+[sms.routed-work]
+backend = "memory"
+[dlr]
+backend = "memory"
+[storage.file]
+dir = "{data_dir}""#,
+        needs_data_dir: true,
+        needs_pg_url: false,
+        supported: false,
+    },
+    Profile {
+        name: "file-memory-file",
+        storage: r#"[sms.pending]
+backend = "file"
+[sms.router-queue]
+backend = "memory"
+[sms.routed-work]
+backend = "file"
+[dlr]
+backend = "memory"
+[storage.file]
+dir = "{data_dir}""#,
+        needs_data_dir: true,
+        needs_pg_url: false,
+        supported: false,
+    },
+    Profile {
+        name: "file-file-file",
+        storage: r#"[sms.pending]
+backend = "file"
+[sms.router-queue]
+backend = "file"
+[sms.routed-work]
+backend = "file"
+[dlr]
+backend = "memory"
+[storage.file]
+dir = "{data_dir}""#,
+        needs_data_dir: true,
+        needs_pg_url: false,
+        supported: false,
+    },
+    Profile {
+        name: "memory+dlr-file",
+        storage: r#"[sms.pending]
+backend = "memory"
+[sms.router-queue]
+backend = "memory"
+[sms.routed-work]
+backend = "memory"
+[dlr]
+backend = "file"
+[storage.file]
+dir = "{data_dir}""#,
+        needs_data_dir: true,
+        needs_pg_url: false,
+        supported: false,
+    },
+    Profile {
+        name: "file-file-file+dlr-file",
+        storage: r#"[sms.pending]
+backend = "file"
+[sms.router-queue]
+backend = "file"
+[sms.routed-work]
+backend = "file"
+[dlr]
+backend = "file"
+[storage.file]
+dir = "{data_dir}""#,
+        needs_data_dir: true,
+        needs_pg_url: false,
+        supported: false,
+    },
+    Profile {
+        name: "file-file-file+dlr-postgresql",
+        storage: r#"[sms.pending]
+backend = "file"
+[sms.router-queue]
+backend = "file"
+[sms.routed-work]
+backend = "file"
+[dlr]
+backend = "postgresql"
+[storage.file]
+dir = "{data_dir}"
+[storage.postgresql]
+url = "{pg_url}""#,
+        needs_data_dir: true,
+        needs_pg_url: true,
+        supported: false,
+    },
+    Profile {
+        name: "postgresql",
+        storage: r#"[sms.pending]
+backend = "postgresql"
+[sms.router-queue]
+backend = "postgresql"
+[sms.routed-work]
+backend = "postgresql"
+[dlr]
+backend = "postgresql"
+[storage.postgresql]
+url = "{pg_url}""#,
+        needs_data_dir: false,
+        needs_pg_url: true,
+        supported: false,
+    },
+];
+
+fn find_profile(name: &str) -> Option<&'static Profile> {
+    PROFILES.iter().find(|p| p.name == name)
+}
+
+/// The gateway config template for `profile` (harness placeholders left in).
+fn gateway_template(profile: &Profile) -> String {
+    GATEWAY_TEMPLATE.replacen("{storage}", profile.storage, 1)
+}
+
+#[derive(Debug, Clone)]
+struct Options {
+    profiles: Vec<&'static Profile>,
+    include_unsupported: bool,
+    pg_url: Option<String>,
+    count: u64,
+    latency_count: u64,
+    latency_rate: Option<f64>,
+    sessions: usize,
+    window: usize,
+    mix: Mix,
+    mix_text: String,
+    receipt_delay: Duration,
+    threads: usize,
+    phase_timeout: Duration,
+    ready_timeout: Duration,
+    show_config: bool,
+    markdown: bool,
+    json: bool,
+}
+
+fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
+    let mix_text = "gsm=8,ucs2=1,multipart=1".to_owned();
+    let mut o = Options {
+        profiles: Vec::new(),
+        include_unsupported: false,
+        pg_url: None,
+        count: 200_000,
+        latency_count: 100_000,
+        latency_rate: None,
+        sessions: 4,
+        window: 256,
+        mix: Mix::parse(&mix_text)?,
+        mix_text,
+        receipt_delay: Duration::from_millis(20),
+        threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2),
+        phase_timeout: Duration::from_secs(300),
+        ready_timeout: Duration::from_secs(30),
+        show_config: false,
+        markdown: false,
+        json: false,
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_owned())),
+            _ => (arg.as_str(), None),
+        };
+        let mut value = || -> Result<String, String> {
+            match &inline {
+                Some(v) => Ok(v.clone()),
+                None => it.next().cloned().ok_or_else(|| format!("{flag} needs a value")),
+            }
+        };
+        fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String> {
+            v.trim().parse().map_err(|_| format!("bad {flag} value {v:?}"))
+        }
+        match flag {
+            "--profile" => {
+                let name = value()?;
+                let profile = find_profile(&name).ok_or_else(|| {
+                    let names: Vec<&str> = PROFILES.iter().map(|p| p.name).collect();
+                    format!("unknown profile {name:?} (known: {})", names.join(", "))
+                })?;
+                if !o.profiles.iter().any(|p| p.name == profile.name) {
+                    o.profiles.push(profile);
+                }
+            }
+            "--include-unsupported" => o.include_unsupported = true,
+            "--pg-url" => o.pg_url = Some(value()?),
+            "--count" => o.count = num(flag, value()?)?,
+            "--latency-count" => o.latency_count = num(flag, value()?)?,
+            "--latency-rate" => {
+                let r: f64 = num(flag, value()?)?;
+                if !(r.is_finite() && r > 0.0) {
+                    return Err("--latency-rate must be positive".into());
+                }
+                o.latency_rate = Some(r);
+            }
+            "--sessions" => o.sessions = num(flag, value()?)?,
+            "--window" => o.window = num(flag, value()?)?,
+            "--mix" => {
+                o.mix_text = value()?;
+                o.mix = Mix::parse(&o.mix_text)?;
+            }
+            "--receipt-delay-ms" => o.receipt_delay = Duration::from_millis(num(flag, value()?)?),
+            "--threads" => o.threads = num(flag, value()?)?,
+            "--phase-timeout-s" => o.phase_timeout = Duration::from_secs(num(flag, value()?)?),
+            "--ready-timeout-s" => o.ready_timeout = Duration::from_secs(num(flag, value()?)?),
+            "--show-config" => o.show_config = true,
+            "--markdown" => o.markdown = true,
+            "--json" => o.json = true,
+            "--list" => {
+                print!("{}", profile_list());
+                return Ok(None);
+            }
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(None);
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+        if inline.is_some()
+            && matches!(
+                flag,
+                "--include-unsupported" | "--show-config" | "--markdown" | "--json"
+            )
+        {
+            return Err(format!("{flag} takes no value"));
+        }
+    }
+    if o.sessions == 0 || o.window == 0 || o.count == 0 || o.threads == 0 {
+        return Err("--sessions, --window, --count and --threads must be at least 1".into());
+    }
+    if o.markdown && o.json {
+        return Err("choose one of --markdown and --json".into());
+    }
+    if o.profiles.is_empty() {
+        o.profiles = PROFILES
+            .iter()
+            .filter(|p| p.supported || o.include_unsupported)
+            .collect();
+    }
+    Ok(Some(o))
+}
+
+fn profile_list() -> String {
+    let mut out = String::from("profile                          supported  data dir  postgresql\n");
+    for p in PROFILES {
+        let yes = |b: bool| if b { "yes" } else { "-" };
+        let _ = writeln!(
+            out,
+            "{:<32} {:<10} {:<9} {}",
+            p.name,
+            if p.supported { "yes" } else { "not yet" },
+            yes(p.needs_data_dir),
+            yes(p.needs_pg_url)
+        );
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// /proc sampling
+
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct ProcSample {
+    /// VmHWM: peak resident set (since start, or since the last clear_refs reset).
+    hwm_kib: u64,
+    /// VmRSS: current resident set.
+    rss_kib: u64,
+    /// utime + stime in clock ticks.
+    cpu_ticks: u64,
+}
+
+fn status_kib(status: &str, key: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|rest| rest.trim_start_matches(':').split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}
+
+/// utime + stime from the text of `/proc/<pid>/stat` (fields 14 and 15; the command name
+/// in field 2 may contain spaces and parentheses, so fields are counted after the last `)`).
+fn stat_cpu_ticks(stat: &str) -> Option<u64> {
+    let after = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // `after` starts at field 3 (state): utime is field 14, stime field 15.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+fn sample_proc(pid: u32) -> Option<ProcSample> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(ProcSample {
+        hwm_kib: status_kib(&status, "VmHWM")?,
+        rss_kib: status_kib(&status, "VmRSS")?,
+        cpu_ticks: stat_cpu_ticks(&stat)?,
+    })
+}
+
+/// Resets VmHWM to the current RSS (`echo 5 > /proc/<pid>/clear_refs`, Linux ≥ 4.0), so
+/// each phase reports its own peak. False where the kernel refuses.
+fn reset_peak_rss(pid: u32) -> bool {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok()
+}
+
+/// utime + stime of this process (the load generator and the test SMSC).
+fn own_cpu_ticks() -> Option<u64> {
+    stat_cpu_ticks(&std::fs::read_to_string("/proc/self/stat").ok()?)
+}
+
+fn clock_ticks_per_second() -> u64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .filter(|&t| t > 0)
+        .unwrap_or(100)
+}
+
+fn dir_size(path: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_size(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+// ---------------------------------------------------------------------------------------
+// gateway metrics
+
+/// Prometheus text → every `sendium_*` series (`name` or `name{labels}`) with its value;
+/// histogram buckets skipped.
+fn metric_series(text: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (series, name, rest) = match line.find('{') {
+            Some(open) => match line.rfind('}') {
+                Some(close) if close > open => (&line[..=close], &line[..open], &line[close + 1..]),
+                _ => continue,
+            },
+            None => match line.split_once(char::is_whitespace) {
+                Some((n, r)) => (n, n, r),
+                None => continue,
+            },
+        };
+        if !name.starts_with("sendium_") || name.ends_with("_bucket") {
+            continue;
+        }
+        if let Some(value) = rest.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) {
+            out.insert(series.to_owned(), value);
+        }
+    }
+    out
+}
+
+/// Series → the sum over label sets of each metric name.
+fn metric_sums(series: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for (key, value) in series {
+        let name = key.split('{').next().unwrap_or(key);
+        *out.entry(name.to_owned()).or_insert(0.0) += value;
+    }
+    out
+}
+
+/// How often the gateway's pending depth is sampled during a phase, and every how many
+/// samples a progress line is printed.
+const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+const PROGRESS_TICKS: u64 = 40;
+
+const PENDING_SERIES: &str = "sendium_stage_records{stage=\"pending\"}";
+
+async fn fetch_series(addr: std::net::SocketAddr) -> Option<BTreeMap<String, f64>> {
+    let resp = http::request_with_timeout(addr, "GET", "/metrics", &[], None, Duration::from_secs(5))
+        .await
+        .ok()?;
+    (resp.status == 200).then(|| metric_series(&resp.text()))
+}
+
+fn fetch_metrics(ctl: &tokio::runtime::Runtime, gw: &GatewayProcess) -> Option<BTreeMap<String, f64>> {
+    ctl.block_on(fetch_series(gw.admin_addr())).map(|s| metric_sums(&s))
+}
+
+/// The few gateway figures that say how far a run got.
+fn progress_metrics(m: &BTreeMap<String, f64>) -> String {
+    let get = |k: &str| m.get(k).copied().unwrap_or(0.0);
+    format!(
+        "gateway admitted {:.0}, refused {:.0}, completed {:.0}, provider receipts {:.0}, receipts delivered {:.0}, \
+         DLR pending {:.0}, unmatched receipts {:.0}",
+        get("sendium_admitted_total"),
+        get("sendium_admissions_refused_total"),
+        get("sendium_completed_total"),
+        get("sendium_provider_receipts_total"),
+        get("sendium_receipts_delivered_total"),
+        get("sendium_dlr_pending_receipts"),
+        get("sendium_receipts_unmatched_total"),
+    )
+}
+
+fn smsc_progress(s: &SmscStats) -> String {
+    format!(
+        "SMSC got {} submit_sm ({} accepted, {} messages), sent {} receipts ({} acked, {} held)",
+        s.submits, s.accepted, s.messages_completed, s.receipts_sent, s.receipts_acked, s.receipts_held
+    )
+}
+
+fn smsc_json(s: &SmscStats) -> Value {
+    json!({
+        "connections": s.connections,
+        "binds": s.binds,
+        "submits": s.submits,
+        "accepted": s.accepted,
+        "rejected": s.rejected,
+        "throttled": s.throttled,
+        "messages_completed": s.messages_completed,
+        "duplicate_messages": s.duplicate_messages,
+        "receipts_sent": s.receipts_sent,
+        "receipts_acked": s.receipts_acked,
+        "receipts_nacked": s.receipts_nacked,
+        "receipts_held": s.receipts_held,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// gateway lifecycle
+
+enum StartFailure {
+    /// The process exited before `/readyz` said yes.
+    Exited { status: String, refused_profile: bool },
+    /// Still not ready after the ready timeout.
+    NotReady { last: String },
+}
+
+/// Polls `/readyz` until 200; never panics.
+fn wait_ready(ctl: &tokio::runtime::Runtime, gw: &mut GatewayProcess, timeout: Duration) -> Result<(), StartFailure> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = ctl.block_on(gw.wait_exit(Duration::ZERO)) {
+            let log = gw.log();
+            return Err(StartFailure::Exited {
+                status: status.to_string(),
+                refused_profile: log.contains("unsupported storage profile"),
+            });
+        }
+        let last = match ctl.block_on(http::request_with_timeout(
+            gw.admin_addr(),
+            "GET",
+            "/readyz",
+            &[],
+            None,
+            Duration::from_secs(2),
+        )) {
+            Ok(resp) if resp.status == 200 => return Ok(()),
+            Ok(resp) => format!("{} {}", resp.status, resp.text().trim()),
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() >= deadline {
+            return Err(StartFailure::NotReady { last });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// SIGTERM, then SIGKILL after 10 s. Returns a note when it was not a clean stop.
+fn stop_gateway(ctl: &tokio::runtime::Runtime, gw: &mut GatewayProcess) -> Option<String> {
+    if !gw.is_running() {
+        return None;
+    }
+    let pid = gw.pid()?;
+    let sent = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    if sent && let Some(status) = ctl.block_on(gw.wait_exit(Duration::from_secs(10))) {
+        return (!status.success()).then(|| format!("gateway exited with {status} after SIGTERM"));
+    }
+    gw.kill();
+    Some(if sent {
+        "gateway ignored SIGTERM for 10 s; killed with SIGKILL".to_owned()
+    } else {
+        "could not send SIGTERM; killed with SIGKILL".to_owned()
+    })
+}
+
+/// Prints the end of the gateway log to stderr and saves all of it; returns the saved path.
+fn dump_log(gw: &GatewayProcess, profile: &str, why: &str) {
+    let log = gw.log();
+    let safe: String = profile
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+        .collect();
+    let path = std::env::temp_dir().join(format!("sendium-bench-{safe}-{}.log", std::process::id()));
+    let saved = std::fs::write(&path, &log).is_ok();
+    let lines: Vec<&str> = log.lines().collect();
+    let tail = &lines[lines.len().saturating_sub(200)..];
+    eprintln!(
+        "--- gateway log for {profile} ({why}; last {} of {} lines) ---",
+        tail.len(),
+        lines.len()
+    );
+    for line in tail {
+        eprintln!("{line}");
+    }
+    if saved {
+        eprintln!("--- end of gateway log; full log saved to {} ---", path.display());
+    } else {
+        eprintln!("--- end of gateway log ---");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// phases
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Throughput,
+    Latency,
+}
+
+impl Phase {
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Throughput => "throughput",
+            Phase::Latency => "latency",
+        }
+    }
+}
+
+enum PhaseOutcome {
+    Done(LoadReport),
+    TimedOut,
+    GatewayExited(String),
+    LoadError(String),
+}
+
+struct Measured {
+    messages: u64,
+    elapsed_s: f64,
+    msgs_per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    peak_rss_mib: Option<f64>,
+    cpu_s_per_10k: Option<f64>,
+    receipts_missing: u64,
+    errors: u64,
+}
+
+struct Row {
+    profile: String,
+    phase: Option<Phase>,
+    measured: Option<Measured>,
+    note: String,
+    /// A failure of the run (not a slow figure): makes the exit status 1.
+    failed: bool,
+    detail: Value,
+}
+
+impl Row {
+    fn note_only(profile: &str, note: String, failed: bool) -> Row {
+        Row {
+            profile: profile.to_owned(),
+            phase: None,
+            measured: None,
+            note,
+            failed,
+            detail: Value::Null,
+        }
+    }
+}
+
+struct Bench {
+    opts: Options,
+    ctl: tokio::runtime::Runtime,
+    ticks_per_s: u64,
+}
+
+impl Bench {
+    fn load_config(&self, gw: &GatewayProcess, phase: Phase, rate: Option<f64>) -> LoadConfig {
+        LoadConfig {
+            addr: gw.smpp_addr(),
+            system_id: ESME_SYSTEM_ID.to_owned(),
+            password: ESME_PASSWORD.to_owned(),
+            sessions: self.opts.sessions,
+            count: match phase {
+                Phase::Throughput => self.opts.count,
+                Phase::Latency => self.opts.latency_count,
+            },
+            window: self.opts.window,
+            rate,
+            mix: self.opts.mix,
+            receipts: true,
+            receipt_timeout: Duration::from_secs(30),
+            resp_timeout: Duration::from_secs(30),
+            ..LoadConfig::default()
+        }
+    }
+
+    /// Runs the load generator on its own runtime (dropped afterwards, which stops any
+    /// session still running after a timeout). Samples the gateway's pending depth every
+    /// 250 ms and prints progress every 10 s. Returns the outcome and the deepest pending
+    /// backlog seen (units: messages and parts).
+    fn drive(
+        &self,
+        label: &str,
+        cfg: LoadConfig,
+        gw: &mut GatewayProcess,
+        smsc: &TestSmsc,
+    ) -> (PhaseOutcome, Option<f64>) {
+        let runtime = match tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(self.opts.threads)
+            .thread_name("bench-loadgen")
+            .enable_all()
+            .build()
+        {
+            Ok(r) => r,
+            Err(e) => {
+                let e = format!("cannot start the load generator runtime: {e}");
+                return (PhaseOutcome::LoadError(e), None);
+            }
+        };
+        let timeout = self.opts.phase_timeout;
+        let admin = gw.admin_addr();
+        let mut peak_pending: Option<f64> = None;
+        let outcome = runtime.block_on(async {
+            let start = tokio::time::Instant::now();
+            let run = loadgen::run(cfg);
+            tokio::pin!(run);
+            let mut tick = tokio::time::interval_at(start + SAMPLE_EVERY, SAMPLE_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let mut ticks = 0u64;
+            loop {
+                tokio::select! {
+                    result = &mut run => {
+                        return match result {
+                            Ok(report) => PhaseOutcome::Done(report),
+                            Err(e) => PhaseOutcome::LoadError(e.to_string()),
+                        };
+                    }
+                    _ = tokio::time::sleep_until(start + timeout) => return PhaseOutcome::TimedOut,
+                    _ = tick.tick() => {
+                        ticks += 1;
+                        if let Some(status) = gw.wait_exit(Duration::ZERO).await {
+                            return PhaseOutcome::GatewayExited(status.to_string());
+                        }
+                        let series = fetch_series(admin).await;
+                        if let Some(p) = series.as_ref().and_then(|s| s.get(PENDING_SERIES)) {
+                            peak_pending = Some(peak_pending.map_or(*p, |q| q.max(*p)));
+                        }
+                        if ticks.is_multiple_of(PROGRESS_TICKS) {
+                            let gateway = series
+                                .map(|s| progress_metrics(&metric_sums(&s)))
+                                .unwrap_or_else(|| "gateway metrics unavailable".to_owned());
+                            eprintln!(
+                                "  [{label}] {:>4} s: {}; {gateway}",
+                                start.elapsed().as_secs(),
+                                smsc_progress(&smsc.stats())
+                            );
+                        }
+                    }
+                }
+            }
+        });
+        runtime.shutdown_timeout(Duration::from_secs(2));
+        (outcome, peak_pending)
+    }
+
+    fn run_phase(
+        &self,
+        profile: &Profile,
+        phase: Phase,
+        rate: Option<f64>,
+        gw: &mut GatewayProcess,
+        smsc: &TestSmsc,
+    ) -> (Row, Option<LoadReport>) {
+        let label = format!("{} {}", profile.name, phase.name());
+        let cfg = self.load_config(gw, phase, rate);
+        let pid = gw.pid().unwrap_or(0);
+        let hwm_reset = reset_peak_rss(pid);
+        let before = sample_proc(pid);
+        let smsc_before = smsc.stats();
+        match rate {
+            Some(r) => eprintln!(
+                "  [{label}] {} messages at {r:.0} msg/s, {} sessions × window {}",
+                cfg.count, cfg.sessions, cfg.window
+            ),
+            None => eprintln!(
+                "  [{label}] {} messages at full speed, {} sessions × window {}",
+                cfg.count, cfg.sessions, cfg.window
+            ),
+        }
+        let wall = Instant::now();
+        let bench_cpu_before = own_cpu_ticks();
+        let (outcome, peak_pending) = self.drive(&label, cfg, gw, smsc);
+        let wall = wall.elapsed();
+        let bench_cpu_s = match (bench_cpu_before, own_cpu_ticks()) {
+            (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / self.ticks_per_s as f64),
+            _ => None,
+        };
+        let after = sample_proc(pid);
+        let smsc_after = smsc.stats();
+        let metrics = fetch_metrics(&self.ctl, gw);
+        let resources = resources_json(before, after, hwm_reset, self.ticks_per_s);
+        let mut detail = json!({
+            "rate_limit": rate,
+            "wall_s": wall.as_secs_f64(),
+            "gateway": resources,
+            "gateway_peak_pending_units": peak_pending,
+            "bench_cpu_s": bench_cpu_s,
+            "smsc_before": smsc_json(&smsc_before),
+            "smsc_after": smsc_json(&smsc_after),
+            "gateway_metrics": metrics.clone().unwrap_or_default(),
+        });
+        if profile.needs_data_dir {
+            detail["data_dir_mib"] = json!(dir_size(gw.data_dir()) as f64 / 1_048_576.0);
+        }
+        let far = || {
+            let gateway = metrics
+                .as_ref()
+                .map(progress_metrics)
+                .unwrap_or_else(|| "gateway metrics unavailable".to_owned());
+            format!("{}; {gateway}", smsc_progress(&smsc_after))
+        };
+        let failed_row = |note: String, detail: Value| Row {
+            profile: profile.name.to_owned(),
+            phase: Some(phase),
+            measured: None,
+            note,
+            failed: true,
+            detail,
+        };
+        let report = match outcome {
+            PhaseOutcome::Done(report) => report,
+            PhaseOutcome::TimedOut => {
+                let note = format!("timed out after {} s: {}", self.opts.phase_timeout.as_secs(), far());
+                eprintln!("  [{label}] {note}");
+                dump_log(gw, profile.name, "phase timed out");
+                return (failed_row(note, detail), None);
+            }
+            PhaseOutcome::GatewayExited(status) => {
+                let note = format!("gateway exited ({status}) during the phase: {}", far());
+                eprintln!("  [{label}] {note}");
+                dump_log(gw, profile.name, "gateway exited");
+                return (failed_row(note, detail), None);
+            }
+            PhaseOutcome::LoadError(e) => {
+                let note = format!("load generator: {e}");
+                eprintln!("  [{label}] {note}");
+                return (failed_row(note, detail), None);
+            }
+        };
+
+        let non_ok: u64 = report.statuses.values().sum();
+        let errors = non_ok + report.no_response + report.session_errors.len() as u64;
+        let cpu_s = match (before, after) {
+            (Some(b), Some(a)) => Some(a.cpu_ticks.saturating_sub(b.cpu_ticks) as f64 / self.ticks_per_s as f64),
+            _ => None,
+        };
+        let measured = Measured {
+            messages: report.messages,
+            elapsed_s: report.elapsed.as_secs_f64(),
+            msgs_per_sec: report.msgs_per_sec,
+            p50_ms: report.p50_ms(),
+            p99_ms: report.p99_ms(),
+            peak_rss_mib: after.map(|a| a.hwm_kib as f64 / 1024.0),
+            cpu_s_per_10k: cpu_s
+                .filter(|_| report.messages > 0)
+                .map(|c| c / report.messages as f64 * 10_000.0),
+            receipts_missing: report.receipts_missing,
+            errors,
+        };
+        let mut notes = Vec::new();
+        if !report.statuses.is_empty() {
+            let list: Vec<String> = report.statuses.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            notes.push(format!("non-OK: {}", list.join(" ")));
+        }
+        if report.no_response > 0 {
+            notes.push(format!("{} submits unanswered", report.no_response));
+        }
+        for e in &report.session_errors {
+            notes.push(format!("session error: {e}"));
+        }
+        if report.receipts_unmatched > 0 {
+            notes.push(format!("{} receipts unmatched", report.receipts_unmatched));
+        }
+        if !hwm_reset && phase == Phase::Latency {
+            notes.push("peak RSS since start (clear_refs refused)".to_owned());
+        }
+        let bad = report.receipts_missing > 0 || errors > 0 || report.messages == 0;
+        if report.receipts_missing > 0 {
+            eprintln!(
+                "  [{label}] {} of {} receipts missing after waiting 30 s: {}",
+                report.receipts_missing,
+                report.receipts_expected,
+                far()
+            );
+            dump_log(gw, profile.name, "receipts missing");
+        } else if errors > 0 {
+            dump_log(gw, profile.name, "errors");
+        }
+        eprintln!(
+            "  [{label}] {} messages in {:.2} s = {:.0} msg/s; resp p50 {:.2} ms p99 {:.2} ms; receipts {}/{}; \
+             gateway peak RSS {} MiB, deepest pending backlog {} units",
+            report.messages,
+            measured.elapsed_s,
+            measured.msgs_per_sec,
+            measured.p50_ms,
+            measured.p99_ms,
+            report.receipts_matched,
+            report.receipts_expected,
+            measured.peak_rss_mib.map_or("?".to_owned(), |m| format!("{m:.1}")),
+            peak_pending.map_or("?".to_owned(), |p| format!("{p:.0}")),
+        );
+        detail["load"] = report.to_json();
+        // A gateway that died at the very end shows up only here (the sessions saw EOF).
+        let exited = self.ctl.block_on(gw.wait_exit(Duration::ZERO));
+        if let Some(status) = &exited {
+            notes.push(format!("gateway exited ({status})"));
+            dump_log(gw, profile.name, "gateway exited");
+        }
+        let row = Row {
+            profile: profile.name.to_owned(),
+            phase: Some(phase),
+            measured: Some(measured),
+            note: notes.join("; "),
+            failed: bad || exited.is_some(),
+            detail,
+        };
+        (row, exited.is_none().then_some(report))
+    }
+
+    fn run_profile(&self, profile: &Profile) -> Vec<Row> {
+        eprintln!("== profile {} ==", profile.name);
+        if profile.needs_pg_url && self.opts.pg_url.is_none() {
+            let note = "skipped: needs --pg-url".to_owned();
+            eprintln!("  {note}");
+            return vec![Row::note_only(profile.name, note, false)];
+        }
+        let smsc = TestSmsc::start_in_thread(SmscConfig {
+            record: false,
+            receipt_delay: self.opts.receipt_delay,
+            ..SmscConfig::default()
+        });
+        let smpp_window = (self.opts.window * 2).max(512);
+        let mut builder = GatewayProcess::builder(&gateway_template(profile))
+            .smsc_port(smsc.port())
+            .var("smpp_window", &smpp_window.to_string())
+            .var("max_binds", &(self.opts.sessions + 8).to_string())
+            .ready_timeout(self.opts.ready_timeout);
+        if let Some(url) = &self.opts.pg_url {
+            builder = builder.var("pg_url", url);
+        }
+        let mut gw = builder.spawn();
+        if self.opts.show_config {
+            eprintln!(
+                "--- config for {} ---\n{}--- end of config ---",
+                profile.name,
+                gw.config()
+            );
+        }
+        let rows = self.run_started(profile, &mut gw, &smsc);
+        if let Some(note) = stop_gateway(&self.ctl, &mut gw) {
+            eprintln!("  {note}");
+        }
+        self.ctl.block_on(smsc.shutdown());
+        rows
+    }
+
+    fn run_started(&self, profile: &Profile, gw: &mut GatewayProcess, smsc: &TestSmsc) -> Vec<Row> {
+        let started = Instant::now();
+        match wait_ready(&self.ctl, gw, self.opts.ready_timeout) {
+            Ok(()) => eprintln!(
+                "  ready in {:.2} s (pid {}, data dir {})",
+                started.elapsed().as_secs_f64(),
+                gw.pid().unwrap_or(0),
+                gw.data_dir().display()
+            ),
+            Err(StartFailure::Exited {
+                status,
+                refused_profile: true,
+            }) => {
+                let note = "refused at startup (not supported by this build)".to_owned();
+                let reason = gw
+                    .log()
+                    .lines()
+                    .find(|l| l.contains("unsupported storage profile"))
+                    .map(str::trim)
+                    .unwrap_or_default()
+                    .to_owned();
+                eprintln!("  {note}: {status}\n  {reason}");
+                if profile.supported {
+                    dump_log(gw, profile.name, "refused a profile marked supported");
+                }
+                return vec![Row::note_only(profile.name, note, profile.supported)];
+            }
+            Err(StartFailure::Exited { status, .. }) => {
+                let note = format!("failed at startup ({status})");
+                eprintln!("  {note}");
+                dump_log(gw, profile.name, "startup failure");
+                return vec![Row::note_only(profile.name, note, true)];
+            }
+            Err(StartFailure::NotReady { last }) => {
+                let note = format!(
+                    "not ready after {} s (last /readyz: {last})",
+                    self.opts.ready_timeout.as_secs()
+                );
+                eprintln!("  {note}");
+                dump_log(gw, profile.name, "not ready");
+                return vec![Row::note_only(profile.name, note, true)];
+            }
+        }
+        if !profile.supported {
+            eprintln!(
+                "  note: this build accepted {}; mark it supported in PROFILES",
+                profile.name
+            );
+        }
+        // The destination binds in the background; submits before that would only queue.
+        if !self.ctl.block_on(smsc.wait_bound(1, Duration::from_secs(10))) {
+            eprintln!("  warning: the gateway's destination did not bind to the test SMSC within 10 s");
+        }
+
+        let mut rows = Vec::new();
+        let (row, report) = self.run_phase(profile, Phase::Throughput, None, gw, smsc);
+        rows.push(row);
+        let Some(report) = report else {
+            return rows;
+        };
+        let rate = match self.opts.latency_rate {
+            Some(r) => r,
+            None if report.msgs_per_sec.is_finite() && report.msgs_per_sec >= 2.0 => report.msgs_per_sec / 2.0,
+            None => {
+                rows.push(Row {
+                    phase: Some(Phase::Latency),
+                    ..Row::note_only(profile.name, "skipped: no phase-1 rate to halve".to_owned(), true)
+                });
+                return rows;
+            }
+        };
+        if self.opts.latency_count > 0 {
+            let (row, _) = self.run_phase(profile, Phase::Latency, Some(rate), gw, smsc);
+            rows.push(row);
+        }
+        rows
+    }
+}
+
+fn resources_json(before: Option<ProcSample>, after: Option<ProcSample>, hwm_reset: bool, ticks: u64) -> Value {
+    let s = |p: Option<ProcSample>| {
+        p.map(|p| json!({"vm_hwm_kib": p.hwm_kib, "vm_rss_kib": p.rss_kib, "cpu_ticks": p.cpu_ticks}))
+    };
+    json!({
+        "before": s(before),
+        "after": s(after),
+        "peak_rss_reset_before_phase": hwm_reset,
+        "clk_tck": ticks,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// output
+
+const HEADERS: [&str; 12] = [
+    "profile",
+    "phase",
+    "messages",
+    "elapsed s",
+    "msgs/s",
+    "p50 ms",
+    "p99 ms",
+    "peak RSS MiB",
+    "CPU s/10k msgs",
+    "receipts missing",
+    "errors",
+    "note",
+];
+
+fn cells(row: &Row) -> Vec<String> {
+    let phase = row.phase.map(Phase::name).unwrap_or("-").to_owned();
+    let opt = |v: Option<f64>, prec: usize| v.map(|v| format!("{v:.prec$}")).unwrap_or_else(|| "-".to_owned());
+    let mut out = vec![row.profile.clone(), phase];
+    match &row.measured {
+        Some(m) => out.extend([
+            m.messages.to_string(),
+            format!("{:.2}", m.elapsed_s),
+            format!("{:.0}", m.msgs_per_sec),
+            format!("{:.2}", m.p50_ms),
+            format!("{:.2}", m.p99_ms),
+            opt(m.peak_rss_mib, 1),
+            opt(m.cpu_s_per_10k, 3),
+            m.receipts_missing.to_string(),
+            m.errors.to_string(),
+        ]),
+        None => out.extend(std::iter::repeat_n("-".to_owned(), 9)),
+    }
+    out.push(row.note.clone());
+    out
+}
+
+fn text_table(rows: &[Row]) -> String {
+    let all: Vec<Vec<String>> = std::iter::once(HEADERS.iter().map(|h| (*h).to_owned()).collect())
+        .chain(rows.iter().map(cells))
+        .collect();
+    let mut widths = [0usize; HEADERS.len()];
+    for r in &all {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for r in &all {
+        let mut line = String::new();
+        for (i, c) in r.iter().enumerate() {
+            let pad = widths[i] - c.chars().count();
+            if i >= 2 && i < HEADERS.len() - 1 {
+                line.push_str(&" ".repeat(pad));
+                line.push_str(c);
+            } else {
+                line.push_str(c);
+                if i < HEADERS.len() - 1 {
+                    line.push_str(&" ".repeat(pad));
+                }
+            }
+            if i < HEADERS.len() - 1 {
+                line.push_str("  ");
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn md_escape(s: &str) -> String {
+    s.replace('|', "\\|")
+}
+
+fn markdown(rows: &[Row], ctx: &RunContext) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "Command: `{}`\n", ctx.command);
+    let _ = writeln!(
+        out,
+        "Machine: {} CPUs (`nproc`), kernel {}{}; {}.\n",
+        ctx.nproc,
+        ctx.kernel,
+        ctx.cpu_model.as_deref().map(|m| format!(", {m}")).unwrap_or_default(),
+        ctx.sendium_version
+    );
+    let _ = writeln!(out, "Load: {}\n", ctx.settings);
+    let _ = writeln!(out, "| {} |", HEADERS.join(" | "));
+    let align: Vec<&str> = (0..HEADERS.len())
+        .map(|i| if i >= 2 && i < HEADERS.len() - 1 { "---:" } else { "---" })
+        .collect();
+    let _ = writeln!(out, "|{}|", align.join("|"));
+    for row in rows {
+        let c: Vec<String> = cells(row).iter().map(|c| md_escape(c)).collect();
+        let _ = writeln!(out, "| {} |", c.join(" | "));
+    }
+    out
+}
+
+fn json_output(rows: &[Row], ctx: &RunContext) -> Value {
+    let rows: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            let mut v = json!({
+                "profile": r.profile,
+                "phase": r.phase.map(Phase::name),
+                "note": r.note,
+                "failed": r.failed,
+            });
+            if let Some(m) = &r.measured {
+                v["messages"] = json!(m.messages);
+                v["elapsed_s"] = json!(m.elapsed_s);
+                v["msgs_per_sec"] = json!(m.msgs_per_sec);
+                v["p50_ms"] = json!(m.p50_ms);
+                v["p99_ms"] = json!(m.p99_ms);
+                v["peak_rss_mib"] = json!(m.peak_rss_mib);
+                v["cpu_s_per_10k_msgs"] = json!(m.cpu_s_per_10k);
+                v["receipts_missing"] = json!(m.receipts_missing);
+                v["errors"] = json!(m.errors);
+            }
+            v["detail"] = r.detail.clone();
+            v
+        })
+        .collect();
+    json!({
+        "command": ctx.command,
+        "machine": {
+            "nproc": ctx.nproc,
+            "kernel": ctx.kernel,
+            "cpu_model": ctx.cpu_model,
+        },
+        "sendium": ctx.sendium_version,
+        "sendium_bin": ctx.bin.display().to_string(),
+        "settings": ctx.settings_json,
+        "rows": rows,
+    })
+}
+
+struct RunContext {
+    command: String,
+    nproc: String,
+    kernel: String,
+    cpu_model: Option<String>,
+    sendium_version: String,
+    bin: PathBuf,
+    settings: String,
+    settings_json: Value,
+}
+
+fn shell_quote(arg: &str) -> String {
+    let plain = !arg.is_empty()
+        && arg
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=,+@%".contains(c));
+    if plain {
+        arg.to_owned()
+    } else {
+        format!("'{}'", arg.replace('\'', "'\\''"))
+    }
+}
+
+fn command_output(program: &str, args: &[&str]) -> Option<String> {
+    let out = Command::new(program).args(args).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
+fn run_context(opts: &Options, bin: PathBuf, ticks: u64) -> RunContext {
+    let args: Vec<String> = std::env::args().collect();
+    let command = args.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" ");
+    let nproc = command_output("nproc", &[]).unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.to_string())
+            .unwrap_or_else(|_| "?".into())
+    });
+    let kernel = command_output("uname", &["-r"]).unwrap_or_else(|| "unknown".into());
+    let cpu_model = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| {
+        s.lines()
+            .find(|l| l.starts_with("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, m)| m.trim().to_owned())
+    });
+    let sendium_version = command_output(&bin.display().to_string(), &["version"]).unwrap_or_else(|| "sendium".into());
+    let smpp_window = (opts.window * 2).max(512);
+    let settings = format!(
+        "{} sessions × window {} (gateway SMPP window {smpp_window}, destination window 500), mix {}, \
+         every message asks for a receipt, test SMSC receipt delay {} ms; phase 1 {} messages at full speed, \
+         phase 2 {} messages at {}; load generator on {} threads in the same machine.",
+        opts.sessions,
+        opts.window,
+        opts.mix_text,
+        opts.receipt_delay.as_millis(),
+        opts.count,
+        opts.latency_count,
+        opts.latency_rate
+            .map(|r| format!("{r:.0} msg/s"))
+            .unwrap_or_else(|| "half the phase-1 rate".into()),
+        opts.threads,
+    );
+    let settings_json = json!({
+        "sessions": opts.sessions,
+        "window": opts.window,
+        "gateway_smpp_window": smpp_window,
+        "destination_window": 500,
+        "mix": opts.mix_text,
+        "count": opts.count,
+        "latency_count": opts.latency_count,
+        "latency_rate": opts.latency_rate,
+        "receipt_delay_ms": opts.receipt_delay.as_millis() as u64,
+        "loadgen_threads": opts.threads,
+        "phase_timeout_s": opts.phase_timeout.as_secs(),
+        "clk_tck": ticks,
+    });
+    RunContext {
+        command,
+        nproc,
+        kernel,
+        cpu_model,
+        sendium_version,
+        bin,
+        settings,
+        settings_json,
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let opts = match parse_args(&args) {
+        Ok(Some(o)) => o,
+        Ok(None) => return,
+        Err(e) => {
+            eprintln!("sendium-bench: {e}\n\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    let bin = match gateway::locate_binary() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!(
+                "sendium-bench: {e}\n(for the release build: cargo build --release -p sendium-ops -p sendium-integration-tests)"
+            );
+            std::process::exit(2);
+        }
+    };
+    let ctl = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("sendium-bench: cannot start a runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let ticks_per_s = clock_ticks_per_second();
+    let ctx = run_context(&opts, bin.clone(), ticks_per_s);
+    eprintln!("sendium-bench: {} ({})", ctx.sendium_version, bin.display());
+    eprintln!("load: {}", ctx.settings);
+    let bench = Bench { opts, ctl, ticks_per_s };
+    let mut rows = Vec::new();
+    for profile in &bench.opts.profiles {
+        rows.extend(bench.run_profile(profile));
+    }
+    let failed = rows.iter().any(|r| r.failed);
+    if bench.opts.json {
+        println!("{}", json_output(&rows, &ctx));
+    } else if bench.opts.markdown {
+        print!("{}", markdown(&rows, &ctx));
+    } else {
+        println!();
+        print!("{}", text_table(&rows));
+        println!("\n{} CPUs, kernel {}; {}", ctx.nproc, ctx.kernel, ctx.settings);
+    }
+    if failed {
+        std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profiles_are_consistent() {
+        let mut names: Vec<&str> = PROFILES.iter().map(|p| p.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), PROFILES.len(), "profile names are unique");
+        for p in PROFILES {
+            assert_eq!(p.needs_data_dir, p.storage.contains("{data_dir}"), "{}", p.name);
+            assert_eq!(p.needs_pg_url, p.storage.contains("{pg_url}"), "{}", p.name);
+            for table in ["[sms.pending]", "[sms.router-queue]", "[sms.routed-work]", "[dlr]"] {
+                assert!(p.storage.contains(table), "{} lacks {table}", p.name);
+            }
+            let vars = vec![
+                ("smpp_port", "1".to_owned()),
+                ("http_port", "2".to_owned()),
+                ("admin_port", "3".to_owned()),
+                ("data_dir", "/tmp/d".to_owned()),
+                ("smsc_port", "4".to_owned()),
+                ("smpp_window", "512".to_owned()),
+                ("max_binds", "12".to_owned()),
+                ("pg_url", "postgres://x@127.0.0.1/y".to_owned()),
+            ];
+            let rendered = gateway::render_template(&gateway_template(p), &vars).unwrap();
+            assert!(!rendered.contains("{storage}"));
+            assert!(rendered.contains("max-binds = 12"));
+        }
+        assert!(find_profile("memory").is_some_and(|p| p.supported));
+    }
+
+    #[test]
+    fn proc_parsing() {
+        let status = "Name:\tsendium\nVmPeak:\t  900 kB\nVmHWM:\t   51200 kB\nVmRSS:\t   40960 kB\n";
+        assert_eq!(status_kib(status, "VmHWM"), Some(51200));
+        assert_eq!(status_kib(status, "VmRSS"), Some(40960));
+        assert_eq!(status_kib(status, "VmSwap"), None);
+        let stat = "1234 (sen dium) (x)) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 9 0 100 1000 200";
+        assert_eq!(stat_cpu_ticks(stat), Some(325));
+        let me = sample_proc(std::process::id()).unwrap();
+        assert!(me.hwm_kib >= me.rss_kib / 2 && me.rss_kib > 0);
+    }
+
+    #[test]
+    fn metric_parsing() {
+        let text = "# HELP sendium_admitted_total x\n# TYPE sendium_admitted_total counter\n\
+                    sendium_admitted_total{account=\"bench\"} 10\nsendium_admitted_total{account=\"b\"} 5\n\
+                    sendium_ready 1\nsendium_x_bucket{le=\"1\"} 3\nother_metric 7\n";
+        let series = metric_series(text);
+        assert_eq!(series.get("sendium_admitted_total{account=\"b\"}"), Some(&5.0));
+        let m = metric_sums(&series);
+        assert_eq!(m.get("sendium_admitted_total"), Some(&15.0));
+        assert_eq!(m.get("sendium_ready"), Some(&1.0));
+        assert!(!m.contains_key("sendium_x_bucket") && !m.contains_key("other_metric"));
+    }
+
+    #[test]
+    fn args() {
+        let parse = |a: &[&str]| parse_args(&a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>());
+        let o = parse(&[]).unwrap().unwrap();
+        assert!(o.profiles.iter().all(|p| p.supported));
+        assert_eq!(
+            (o.count, o.latency_count, o.sessions, o.window),
+            (200_000, 100_000, 4, 256)
+        );
+        let o = parse(&["--include-unsupported"]).unwrap().unwrap();
+        assert_eq!(o.profiles.len(), PROFILES.len());
+        let o = parse(&["--profile", "file-file-file", "--profile=memory", "--count=10"])
+            .unwrap()
+            .unwrap();
+        let names: Vec<&str> = o.profiles.iter().map(|p| p.name).collect();
+        assert_eq!(names, ["file-file-file", "memory"]);
+        assert_eq!(o.count, 10);
+        assert!(parse(&["--profile", "nope"]).unwrap_err().contains("memory"));
+        assert!(parse(&["--markdown", "--json"]).is_err());
+        assert!(parse(&["--count", "x"]).is_err());
+    }
+
+    #[test]
+    fn tables() {
+        let rows = vec![
+            Row {
+                profile: "memory".into(),
+                phase: Some(Phase::Throughput),
+                measured: Some(Measured {
+                    messages: 10,
+                    elapsed_s: 1.0,
+                    msgs_per_sec: 10.0,
+                    p50_ms: 1.0,
+                    p99_ms: 2.0,
+                    peak_rss_mib: Some(20.0),
+                    cpu_s_per_10k: None,
+                    receipts_missing: 0,
+                    errors: 0,
+                }),
+                note: String::new(),
+                failed: false,
+                detail: Value::Null,
+            },
+            Row::note_only("file-file-file", "refused | at startup".into(), false),
+        ];
+        let text = text_table(&rows);
+        assert_eq!(text.lines().count(), 3);
+        assert!(text.contains("refused | at startup"));
+        let ctx = RunContext {
+            command: "sendium-bench --markdown".into(),
+            nproc: "2".into(),
+            kernel: "6.1".into(),
+            cpu_model: None,
+            sendium_version: "sendium 0.1.0".into(),
+            bin: PathBuf::from("sendium"),
+            settings: "s".into(),
+            settings_json: Value::Null,
+        };
+        let md = markdown(&rows, &ctx);
+        assert!(md.contains("| memory | throughput | 10 | 1.00 | 10 | 1.00 | 2.00 | 20.0 | - | 0 | 0 |  |"));
+        assert!(md.contains("refused \\| at startup"));
+        assert_eq!(json_output(&rows, &ctx)["rows"][0]["messages"], 10);
+        assert_eq!(shell_quote("--mix=gsm=1"), "--mix=gsm=1");
+        assert_eq!(shell_quote("a b"), "'a b'");
+    }
+}

@@ -1,0 +1,368 @@
+//! The gateway end to end on the memory profile: SMPP in, routed SMPP out, receipts back.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use sendium_integration_tests::{
+    Alphabet, BindKind, Concat, DlrParts, IdStyle, ReceiptRule, ReceiptState, SmscConfig, SubmitSpec, TestEsme,
+    TestSmsc,
+};
+use support::*;
+
+/// 10,000 messages mixing GSM, UCS2 and 3-part multipart reach the SMSC with exact text,
+/// and every receipt-requesting submission gets exactly one receipt with its own id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_mixed_messages_arrive_exactly_and_every_receipt_comes_back() {
+    let smsc = smsc().await;
+    let gw = gateway(&memory_config(), &smsc).await;
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
+        .await
+        .unwrap();
+
+    const N: usize = 10_000;
+    let mut specs = Vec::new();
+    // destination → expected text
+    let mut expected_text: HashMap<String, String> = HashMap::new();
+    // Which submits asked for a receipt (index into specs).
+    for i in 0..N {
+        let dest = format!("4477{:08}", i);
+        match i % 10 {
+            0..=6 => {
+                let text = format!("Message {i}: hello [world] {{€}} ~");
+                specs.push(SubmitSpec::gsm("Shop", &dest, &text).dlr());
+                expected_text.insert(dest, text);
+            }
+            7 | 8 => {
+                let text = format!("Сообщение {i} ✓ 你好 😀");
+                specs.push(SubmitSpec::ucs2("Shop", &dest, &text).dlr());
+                expected_text.insert(dest, text);
+            }
+            _ => {
+                // Three parts; every other one Kannel-style (only part 1 asks).
+                let text: String = format!("Long message {i} ") + &"abcdefghij".repeat(36);
+                let dlr = if i % 20 == 9 { DlrParts::First } else { DlrParts::Every };
+                let concat = match i % 30 {
+                    9 => Concat::Udh8((i % 256) as u8),
+                    19 => Concat::Udh16(i as u16),
+                    _ => Concat::Sar(i as u16),
+                };
+                let parts = SubmitSpec::multipart("Shop", &dest, Alphabet::Gsm7, &text, concat, dlr);
+                assert_eq!(parts.len(), 3);
+                specs.extend(parts);
+                expected_text.insert(dest, text);
+            }
+        }
+    }
+    let outcomes = esme.submit_pipelined(&specs, 256).await;
+    let mut want_receipt = HashSet::new();
+    for (spec, o) in specs.iter().zip(&outcomes) {
+        assert!(o.is_ok(), "a submit was not acknowledged: {:?}", o.status);
+        if spec.registered_delivery & 1 == 1 {
+            want_receipt.insert(o.message_id.clone());
+        }
+    }
+    let all_ids: HashSet<&String> = outcomes.iter().map(|o| &o.message_id).collect();
+    assert_eq!(all_ids.len(), specs.len(), "every submit_sm gets its own id");
+
+    assert!(
+        smsc.wait_messages(N as u64, WAIT).await,
+        "SMSC has {} of {N} messages",
+        smsc.messages().len()
+    );
+    for m in smsc.messages() {
+        let want = expected_text
+            .get(&m.destination)
+            .expect("a message to an unknown destination");
+        assert_eq!(&m.text, want, "text to {} changed on the way", m.destination);
+    }
+    assert!(
+        smsc.duplicates().is_empty(),
+        "no duplicates without faults: {:?}",
+        &smsc.duplicates()[..1]
+    );
+
+    let receipts = esme.wait_receipts(want_receipt.len(), WAIT).await;
+    let by_id = one_receipt_per_id(&receipts, &want_receipt);
+    for r in by_id.values() {
+        assert_eq!(r.state(), Some(ReceiptState::Delivered));
+        assert_eq!(r.esm_class & 0x3C, 0x04, "receipts are deliver_sm with esm_class 0x04");
+    }
+    // Nothing left behind.
+    assert!(
+        wait_metric(&gw, "sendium_stage_records", "stage=\"pending\"", |v| v == 0.0).await,
+        "pending records remain after every receipt came back"
+    );
+}
+
+/// A multipart message whose provider parts end differently reports the whole
+/// message's state: the first failure, on the receipt of each part that asked.
+#[tokio::test]
+async fn multipart_receipt_reports_the_whole_message_state() {
+    let smsc = TestSmsc::start(SmscConfig {
+        // Every submit to a destination ending in 999 is undeliverable.
+        receipt_rules: vec![ReceiptRule::dest_suffix("999", ReceiptState::Undeliverable, "001")],
+        ..SmscConfig::default()
+    })
+    .await;
+    let gw = gateway(&memory_config(), &smsc).await;
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
+        .await
+        .unwrap();
+    let text = "x".repeat(400);
+    let good = SubmitSpec::multipart(
+        "Shop",
+        "447700900001",
+        Alphabet::Gsm7,
+        &text,
+        Concat::Udh8(1),
+        DlrParts::Every,
+    );
+    let bad = SubmitSpec::multipart(
+        "Shop",
+        "447700900999",
+        Alphabet::Gsm7,
+        &text,
+        Concat::Udh8(2),
+        DlrParts::Every,
+    );
+    let good_ids: Vec<String> = esme
+        .submit_all(&good)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.message_id)
+        .collect();
+    let bad_ids: Vec<String> = esme
+        .submit_all(&bad)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.message_id)
+        .collect();
+    let receipts = esme.wait_receipts(6, WAIT).await;
+    let expected: HashSet<String> = good_ids.iter().chain(&bad_ids).cloned().collect();
+    let by_id = one_receipt_per_id(&receipts, &expected);
+    for id in &good_ids {
+        assert_eq!(by_id[id].state(), Some(ReceiptState::Delivered));
+    }
+    for id in &bad_ids {
+        assert_eq!(by_id[id].state(), Some(ReceiptState::Undeliverable));
+        assert_eq!(by_id[id].err.as_deref(), Some("001"));
+    }
+    // Each message went to the provider as 3 parts with 3 provider ids.
+    let m = smsc.messages_to("447700900001");
+    assert_eq!(m.len(), 1);
+    assert_eq!(m[0].message_ids.len(), 3);
+}
+
+/// Kannel sends long messages with a receipt requested on part 1 only: it gets exactly
+/// one receipt, for part 1's id.
+#[tokio::test]
+async fn kannel_style_multipart_gets_one_receipt_for_part_one() {
+    let smsc = smsc().await;
+    let gw = gateway(&memory_config(), &smsc).await;
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
+        .await
+        .unwrap();
+    let text = "Kannel ".repeat(60);
+    let parts: Vec<SubmitSpec> = SubmitSpec::multipart(
+        "1234",
+        "447700900123",
+        Alphabet::Gsm7,
+        &text,
+        Concat::Udh8(77),
+        DlrParts::First,
+    )
+    .into_iter()
+    .map(SubmitSpec::kannel_style)
+    .collect();
+    let resps = esme.submit_all(&parts).await.unwrap();
+    assert!(resps.iter().all(|r| r.is_ok()));
+    let receipts = esme.wait_receipts(1, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let receipts = if esme.receipts().len() > receipts.len() {
+        esme.receipts()
+    } else {
+        receipts
+    };
+    assert_eq!(receipts.len(), 1, "exactly one receipt");
+    assert_eq!(receipts[0].message_id(), Some(resps[0].message_id.as_str()));
+    assert_eq!(smsc.messages_to("447700900123")[0].text, text);
+}
+
+/// Providers that return hexadecimal ids in submit_sm_resp and write them in decimal in
+/// the receipt text still get their receipts matched (id-format = "hex", and "auto").
+#[tokio::test]
+async fn hex_resp_ids_match_decimal_receipt_ids() {
+    for format in ["hex", "auto"] {
+        let smsc = TestSmsc::start(SmscConfig {
+            id_style: IdStyle::Hex,
+            receipt_id_style: Some(IdStyle::Decimal),
+            receipt_tlvs: false,
+            ..SmscConfig::default()
+        })
+        .await;
+        let config = memory_config().replace("window = 200\n", &format!("window = 200\nid-format = \"{format}\"\n"));
+        let gw = gateway(&config, &smsc).await;
+        let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
+            .await
+            .unwrap();
+        let specs: Vec<SubmitSpec> = (0..20)
+            .map(|i| SubmitSpec::gsm("1", &format!("4470{i}"), "hi").dlr())
+            .collect();
+        let ids: HashSet<String> = esme
+            .submit_all(&specs)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.message_id)
+            .collect();
+        let receipts = esme.wait_receipts(20, WAIT).await;
+        one_receipt_per_id(&receipts, &ids);
+        assert!(
+            receipts.iter().all(|r| r.state() == Some(ReceiptState::Delivered)),
+            "{format}"
+        );
+    }
+}
+
+/// A message no route matches is completed as failed, with a failure receipt.
+#[tokio::test]
+async fn unroutable_message_fails_with_a_receipt() {
+    let smsc = smsc().await;
+    let config = [
+        SMPP,
+        HTTP,
+        ADMIN,
+        UPSTREAM,
+        "[[routes]]\nname = \"uk-only\"\ndestination-prefix = \"44\"\nto = [\"upstream\"]\n",
+    ]
+    .concat();
+    let gw = gateway(&config, &smsc).await;
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
+        .await
+        .unwrap();
+    let resp = esme
+        .submit(&SubmitSpec::gsm("1", "15550001111", "nowhere").dlr())
+        .await
+        .unwrap();
+    assert!(resp.is_ok(), "accepted first: routing happens after admission");
+    let receipts = esme.wait_receipts(1, WAIT).await;
+    assert_eq!(receipts[0].message_id(), Some(resp.message_id.as_str()));
+    assert_eq!(receipts[0].state(), Some(ReceiptState::Undeliverable));
+    assert_eq!(smsc.stats().submits, 0);
+}
+
+/// `copy-to` adds a branch delivered and tracked on its own; the client still gets one
+/// receipt (the primary route's).
+#[tokio::test]
+async fn copy_to_delivers_each_branch() {
+    let primary = smsc().await;
+    let copy = smsc().await;
+    let config = [
+        SMPP,
+        HTTP,
+        ADMIN,
+        UPSTREAM,
+        &UPSTREAM
+            .replace("\"upstream\"", "\"archive\"")
+            .replace("{smsc_port}", "{copy_port}"),
+        "[[routes]]\nname = \"default\"\nto = [\"upstream\"]\ncopy-to = [\"archive\"]\n",
+    ]
+    .concat();
+    let gw = sendium_integration_tests::GatewayProcess::builder(&config)
+        .smsc_port(primary.port())
+        .var("copy_port", &copy.port().to_string())
+        .start()
+        .await;
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
+        .await
+        .unwrap();
+    let resp = esme
+        .submit(&SubmitSpec::gsm("1", "447700900555", "copied").dlr())
+        .await
+        .unwrap();
+    assert!(primary.wait_messages(1, WAIT).await);
+    assert!(copy.wait_messages(1, WAIT).await, "the copy branch is delivered too");
+    assert_eq!(copy.messages()[0].text, "copied");
+    let receipts = esme.wait_receipts(1, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(esme.receipts().len(), 1);
+    assert_eq!(receipts[0].message_id(), Some(resp.message_id.as_str()));
+}
+
+/// `to = [a, b]`: when `a` is unreachable, messages go to `b`.
+#[tokio::test]
+async fn failover_to_the_next_reachable_destination() {
+    let backup = smsc().await;
+    let dead_port = sendium_integration_tests::free_port();
+    let config = [
+        SMPP,
+        HTTP,
+        ADMIN,
+        &UPSTREAM.replace("{smsc_port}", "{dead_port}"),
+        &UPSTREAM.replace("\"upstream\"", "\"backup\""),
+        "[[routes]]\nname = \"default\"\nto = [\"upstream\", \"backup\"]\n",
+    ]
+    .concat();
+    let gw = sendium_integration_tests::GatewayProcess::builder(&config)
+        .smsc_port(backup.port())
+        .var("dead_port", &dead_port.to_string())
+        .start()
+        .await;
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
+        .await
+        .unwrap();
+    let specs: Vec<SubmitSpec> = (0..10)
+        .map(|i| SubmitSpec::gsm("1", &format!("4471{i}"), "via backup").dlr())
+        .collect();
+    let ids: HashSet<String> = esme
+        .submit_all(&specs)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.message_id)
+        .collect();
+    assert!(
+        backup.wait_messages(10, WAIT).await,
+        "backup got {}",
+        backup.messages().len()
+    );
+    let receipts = esme.wait_receipts(10, WAIT).await;
+    one_receipt_per_id(&receipts, &ids);
+}
+
+/// An ESME that binds only after its receipts arrived still gets them.
+#[tokio::test]
+async fn receipts_wait_for_the_account_to_bind() {
+    let smsc = smsc().await;
+    let gw = gateway(&memory_config(), &smsc).await;
+    let tx = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transmitter)
+        .await
+        .unwrap();
+    let specs: Vec<SubmitSpec> = (0..5)
+        .map(|i| SubmitSpec::gsm("1", &format!("4472{i}"), "later").dlr())
+        .collect();
+    let ids: HashSet<String> = tx
+        .submit_all(&specs)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.message_id)
+        .collect();
+    assert!(
+        smsc.wait_receipts_acked(5, WAIT).await,
+        "the provider's receipts reached the gateway"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rx = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Receiver)
+        .await
+        .unwrap();
+    let receipts = rx.wait_receipts(5, WAIT).await;
+    one_receipt_per_id(&receipts, &ids);
+    // Another account's receiver gets none of them.
+    assert!(tx.receipts().is_empty());
+}

@@ -1,0 +1,135 @@
+//! Shared pieces of the gateway tests: configuration templates and waiting helpers.
+#![allow(dead_code)]
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use sendium_integration_tests::{GatewayProcess, Receipt, SmscConfig, TestSmsc};
+
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// The SMPP listener and accounts (`esme1`/`secret`, `esme2`/`secret2`).
+pub const SMPP: &str = r#"
+[smpp]
+listen = "127.0.0.1:{smpp_port}"
+window = 1000
+[[smpp.accounts]]
+system-id = "esme1"
+password = "secret"
+max-binds = 8
+[[smpp.accounts]]
+system-id = "esme2"
+password = "secret2"
+max-binds = 2
+"#;
+
+/// The HTTP ingress with key `key-1` for `esme1`.
+pub const HTTP: &str = r#"
+[http]
+listen = "127.0.0.1:{http_port}"
+[[http.api-keys]]
+key = "key-1"
+account = "esme1"
+"#;
+
+pub const ADMIN: &str = r#"
+[admin]
+listen = "127.0.0.1:{admin_port}"
+[log]
+level = "info"
+"#;
+
+/// One destination `upstream` at the test SMSC and a default route to it.
+pub const UPSTREAM: &str = r#"
+[[destinations]]
+name = "upstream"
+kind = "smpp"
+host = "127.0.0.1"
+port = {smsc_port}
+system-id = "sendium"
+password = "pw"
+window = 200
+reconnect-min = "50ms"
+reconnect-max = "500ms"
+response-timeout = "2s"
+enquire-link-interval = "5s"
+"#;
+
+pub const DEFAULT_ROUTE: &str = r#"
+[[routes]]
+name = "default"
+to = ["upstream"]
+"#;
+
+/// The memory profile gateway with everything: SMPP, HTTP, admin, one upstream.
+pub fn memory_config() -> String {
+    [SMPP, HTTP, ADMIN, UPSTREAM, DEFAULT_ROUTE].concat()
+}
+
+pub async fn smsc() -> TestSmsc {
+    TestSmsc::start(SmscConfig::default()).await
+}
+
+pub async fn gateway(config: &str, smsc: &TestSmsc) -> GatewayProcess {
+    GatewayProcess::builder(config).smsc_port(smsc.port()).start().await
+}
+
+/// Check the receipts an ESME got: exactly one per expected id, each with a final state.
+/// Returns the receipts by id.
+pub fn one_receipt_per_id<'a>(receipts: &'a [Receipt], expected: &HashSet<String>) -> HashMap<String, &'a Receipt> {
+    let mut by_id: HashMap<String, &Receipt> = HashMap::new();
+    for r in receipts {
+        let id = r.message_id().expect("a receipt without an id").to_string();
+        assert!(expected.contains(&id), "a receipt for an id nobody was given: {id}");
+        assert!(by_id.insert(id.clone(), r).is_none(), "two receipts for {id}");
+    }
+    let missing: Vec<_> = expected.iter().filter(|id| !by_id.contains_key(*id)).take(5).collect();
+    assert!(
+        missing.is_empty(),
+        "{} receipts missing, e.g. {missing:?}",
+        expected.len() - by_id.len()
+    );
+    by_id
+}
+
+/// Poll until `f` is true or the timeout passes.
+pub async fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A metric's value from the Prometheus text (sum over label sets matching `labels`).
+pub fn metric(text: &str, name: &str, labels: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            let key = l.split_whitespace().next().unwrap_or("");
+            key == name || (key.starts_with(&format!("{name}{{")) && key.contains(labels))
+        })
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Wait until a metric satisfies `ok` (scraping `/metrics`).
+pub async fn wait_metric(gw: &GatewayProcess, name: &str, labels: &str, ok: impl Fn(f64) -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (_, text) = gw.admin_get("/metrics").await;
+        if ok(metric(&text, name, labels)) {
+            return true;
+        }
+        if tokio::time::Instant::now() > deadline {
+            eprintln!("{name}{{{labels}}} = {}", metric(&text, name, labels));
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

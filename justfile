@@ -1,0 +1,36 @@
+# Sendium developer commands (https://github.com/casey/just: `cargo install just --locked`).
+# Every recipe is a plain cargo command, so it also works without just.
+
+# List the recipes.
+default:
+    @just --list
+
+# Every test in the workspace (builds the sendium binary the black-box tests start).
+test:
+    cargo test --workspace
+
+# Formatting check and clippy with warnings as errors.
+lint:
+    cargo fmt --all -- --check
+    cargo clippy --workspace --all-targets -- -D warnings
+
+# The quickstart: memory profile, simulated destination, one SMS over SMPP and one over HTTP.
+run:
+    cargo run --bin sendium -- demo
+
+# Serve with a configuration file (release build).
+serve config:
+    cargo run --release --bin sendium -- serve --config {{config}}
+
+# Benchmark the release binary per storage profile, e.g. `just bench --profile memory --markdown`.
+bench *args:
+    cargo build --release -p sendium-ops -p sendium-integration-tests
+    ./target/release/sendium-bench {{args}}
+
+# SIGKILL at every failpoint for every supported profile.
+crash-matrix:
+    cargo test -p sendium-integration-tests --test crash -- --nocapture
+
+# Interoperability with python-smpplib as the ESME.
+interop:
+    ./scripts/interop-smpplib.sh
