@@ -1,0 +1,188 @@
+//! The command line and the admin endpoints of the real binary: `check-config`, startup
+//! refusal of unsupported profiles and invalid keys, environment overrides, and the
+//! admin views with and without a token.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use sendium_integration_tests::{GatewayProcess, render_template, sendium_command};
+use serde_json::Value;
+use support::*;
+
+fn write_config(dir: &tempfile::TempDir, body: &str) -> std::path::PathBuf {
+    let path = dir.path().join("sendium.toml");
+    std::fs::write(&path, body).unwrap();
+    path
+}
+
+fn config_with_ports(extra: &str) -> String {
+    let vars = [
+        ("smpp_port", sendium_integration_tests::free_port().to_string()),
+        ("http_port", sendium_integration_tests::free_port().to_string()),
+        ("admin_port", sendium_integration_tests::free_port().to_string()),
+        ("smsc_port", "1".to_string()),
+        ("data_dir", "/tmp".to_string()),
+    ];
+    let vars: Vec<(&str, String)> = vars.iter().map(|(k, v)| (*k, v.clone())).collect();
+    render_template(&format!("{extra}{}", memory_config()), &vars).unwrap()
+}
+
+#[test]
+fn check_config_prints_the_profile_and_its_restart_guarantee() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(&dir, &config_with_ports(""));
+    let out = sendium_command().arg("check-config").arg(&path).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("storage profile: memory/memory/memory + dlr memory"), "{stdout}");
+    assert!(stdout.contains("nothing survives"), "{stdout}");
+    assert!(stdout.contains("acknowledged messages survive a restart: NO"), "{stdout}");
+}
+
+#[test]
+fn unsupported_profile_is_refused_naming_keys_and_supported_choices() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = config_with_ports("[sms.pending]\nbackend = \"postgresql\"\n[storage.postgresql]\nurl = \"postgres://x@127.0.0.1/x\"\n");
+    let path = write_config(&dir, &body);
+    for cmd in [vec!["check-config"], vec!["serve", "--config"]] {
+        let out = sendium_command().args(&cmd).arg(&path).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd:?}: {stderr}");
+        assert!(stderr.contains("sms.pending.backend"), "{stderr}");
+        assert!(stderr.contains("memory/memory/memory + dlr memory"), "lists the supported choices: {stderr}");
+    }
+}
+
+#[test]
+fn invalid_values_and_unknown_keys_name_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(&dir, &config_with_ports("[sms.router-queue]\nbackend = \"fil\"\n"));
+    let out = sendium_command().arg("check-config").arg(&path).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr.contains("sms.router-queue.backend"), "{stderr}");
+    assert!(stderr.contains("memory, file, postgresql"), "{stderr}");
+
+    let path = write_config(&dir, &config_with_ports("[sms]\nmultipart-expiri = \"1m\"\n"));
+    let out = sendium_command().arg("check-config").arg(&path).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr.contains("sms.multipart-expiri"), "{stderr}");
+}
+
+#[test]
+fn environment_overrides_kebab_case_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(&dir, &config_with_ports(""));
+    let out = sendium_command()
+        .arg("check-config")
+        .arg(&path)
+        .env("SENDIUM__SMS__ROUTER_QUEUE__BACKEND", "postgresql")
+        .env("SENDIUM__STORAGE__POSTGRESQL__URL", "postgres://x@127.0.0.1/x")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "the override reached sms.router-queue.backend: {stderr}");
+    assert!(stderr.contains("sms.router-queue.backend = \"postgresql\""), "{stderr}");
+}
+
+#[tokio::test]
+async fn admin_endpoints_report_readiness_actors_profile_and_metrics() {
+    let smsc = smsc().await;
+    let gw = gateway(&memory_config(), &smsc).await;
+    let (status, body) = gw.admin_get("/healthz").await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = gw.admin_get("/readyz").await;
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["ready"], true);
+    assert_eq!(v["profile"]["pending"], "memory");
+    assert_eq!(v["profile"]["router-queue"], "memory");
+    assert_eq!(v["profile"]["routed-work"], "memory");
+    assert_eq!(v["profile"]["dlr"], "memory");
+
+    let (_, body) = gw.admin_get("/admin/actors").await;
+    let actors: Vec<Value> = serde_json::from_str(&body).unwrap();
+    let kinds: Vec<&str> = actors.iter().map(|a| a["kind"].as_str().unwrap()).collect();
+    for k in ["supervisor", "ingress", "selector", "router", "destination-worker", "dlr-correlator"] {
+        assert!(kinds.contains(&k), "{k} missing from {kinds:?}");
+    }
+    for a in &actors {
+        for field in ["name", "kind", "status", "restarts", "mailbox", "queued"] {
+            assert!(a.get(field).is_some(), "{field} missing in {a}");
+        }
+    }
+
+    let (_, body) = gw.admin_get("/admin/profile").await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["durable"], false);
+    assert!(v["restart_guarantee"]["outbound"].as_str().unwrap().contains("nothing survives"));
+
+    // A message through, then the metrics show it — without per-message labels.
+    let esme = sendium_integration_tests::TestEsme::bind(
+        gw.smpp_addr(),
+        "esme1",
+        "secret",
+        sendium_integration_tests::BindKind::Transceiver,
+    )
+    .await
+    .unwrap();
+    let resp = esme
+        .submit(&sendium_integration_tests::SubmitSpec::gsm("1", "447700900777", "secret body").dlr())
+        .await
+        .unwrap();
+    esme.wait_receipts(1, WAIT).await;
+    assert!(wait_metric(&gw, "sendium_receipts_delivered_total", "", |v| v >= 1.0).await);
+    let (_, metrics) = gw.admin_get("/metrics").await;
+    for name in [
+        "sendium_admitted_total",
+        "sendium_stage_records",
+        "sendium_pending_oldest_age_seconds",
+        "sendium_actor_restarts",
+        "sendium_smpp_pdus_total",
+        "sendium_destination_submits_total",
+    ] {
+        assert!(metrics.contains(name), "{name} missing");
+    }
+    assert!(!metrics.contains(&resp.message_id), "no per-message ids in metrics");
+    assert!(!metrics.contains("secret body"), "no bodies in metrics");
+    assert!(!gw.log().contains("secret body"), "no bodies in logs");
+    assert!(!gw.log().contains(&resp.message_id), "no message ids in logs");
+}
+
+#[tokio::test]
+async fn admin_token_is_required_when_configured() {
+    let smsc = smsc().await;
+    let config = memory_config().replace(
+        "listen = \"127.0.0.1:{admin_port}\"",
+        "listen = \"127.0.0.1:{admin_port}\"\ntoken = \"t0ken\"",
+    );
+    let gw = GatewayProcess::builder(&config)
+        .smsc_port(smsc.port())
+        .ready_timeout(Duration::from_secs(30))
+        .start()
+        .await;
+    let (status, _) = gw.admin_get("/admin/actors").await;
+    assert_eq!(status, 401);
+    let (status, _) = gw.admin_get("/metrics").await;
+    assert_eq!(status, 401);
+    let (status, _) = gw.admin_get_with_token("/admin/actors", "wrong").await;
+    assert_eq!(status, 401);
+    let (status, _) = gw.admin_get_with_token("/admin/actors", "t0ken").await;
+    assert_eq!(status, 200);
+    let (status, _) = gw.admin_get("/readyz").await;
+    assert_eq!(status, 200, "probes stay open");
+}
+
+#[test]
+fn non_loopback_admin_without_token_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = config_with_ports("").replace("listen = \"127.0.0.1:", "listen = \"0.0.0.0:");
+    let path = write_config(&dir, &body);
+    let out = sendium_command().arg("check-config").arg(&path).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("admin.token"), "{stderr}");
+}
