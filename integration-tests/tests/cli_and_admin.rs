@@ -36,22 +36,33 @@ fn check_config_prints_the_profile_and_its_restart_guarantee() {
     let out = sendium_command().arg("check-config").arg(&path).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("storage profile: memory/memory/memory + dlr memory"), "{stdout}");
+    assert!(
+        stdout.contains("storage profile: memory/memory/memory + dlr memory"),
+        "{stdout}"
+    );
     assert!(stdout.contains("nothing survives"), "{stdout}");
-    assert!(stdout.contains("acknowledged messages survive a restart: NO"), "{stdout}");
+    assert!(
+        stdout.contains("acknowledged messages survive a restart: NO"),
+        "{stdout}"
+    );
 }
 
 #[test]
 fn unsupported_profile_is_refused_naming_keys_and_supported_choices() {
     let dir = tempfile::tempdir().unwrap();
-    let body = config_with_ports("[sms.pending]\nbackend = \"postgresql\"\n[storage.postgresql]\nurl = \"postgres://x@127.0.0.1/x\"\n");
+    let body = config_with_ports(
+        "[sms.pending]\nbackend = \"postgresql\"\n[storage.postgresql]\nurl = \"postgres://x@127.0.0.1/x\"\n",
+    );
     let path = write_config(&dir, &body);
     for cmd in [vec!["check-config"], vec!["serve", "--config"]] {
         let out = sendium_command().args(&cmd).arg(&path).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{cmd:?}: {stderr}");
         assert!(stderr.contains("sms.pending.backend"), "{stderr}");
-        assert!(stderr.contains("memory/memory/memory + dlr memory"), "lists the supported choices: {stderr}");
+        assert!(
+            stderr.contains("memory/memory/memory + dlr memory"),
+            "lists the supported choices: {stderr}"
+        );
     }
 }
 
@@ -84,7 +95,11 @@ fn environment_overrides_kebab_case_keys() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "the override reached sms.router-queue.backend: {stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "the override reached sms.router-queue.backend: {stderr}"
+    );
     assert!(stderr.contains("sms.router-queue.backend = \"postgresql\""), "{stderr}");
 }
 
@@ -106,7 +121,14 @@ async fn admin_endpoints_report_readiness_actors_profile_and_metrics() {
     let (_, body) = gw.admin_get("/admin/actors").await;
     let actors: Vec<Value> = serde_json::from_str(&body).unwrap();
     let kinds: Vec<&str> = actors.iter().map(|a| a["kind"].as_str().unwrap()).collect();
-    for k in ["supervisor", "ingress", "selector", "router", "destination-worker", "dlr-correlator"] {
+    for k in [
+        "supervisor",
+        "ingress",
+        "selector",
+        "router",
+        "destination-worker",
+        "dlr-correlator",
+    ] {
         assert!(kinds.contains(&k), "{k} missing from {kinds:?}");
     }
     for a in &actors {
@@ -118,7 +140,12 @@ async fn admin_endpoints_report_readiness_actors_profile_and_metrics() {
     let (_, body) = gw.admin_get("/admin/profile").await;
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["durable"], false);
-    assert!(v["restart_guarantee"]["outbound"].as_str().unwrap().contains("nothing survives"));
+    assert!(
+        v["restart_guarantee"]["outbound"]
+            .as_str()
+            .unwrap()
+            .contains("nothing survives")
+    );
 
     // A message through, then the metrics show it — without per-message labels.
     let esme = sendium_integration_tests::TestEsme::bind(

@@ -366,3 +366,30 @@ async fn receipts_wait_for_the_account_to_bind() {
     // Another account's receiver gets none of them.
     assert!(tx.receipts().is_empty());
 }
+
+/// A long text in one submit_sm as `message_payload` is split for the provider, and a
+/// destination bound as transmitter + receiver (two sessions) carries submits on one and
+/// receipts on the other.
+#[tokio::test]
+async fn message_payload_over_a_transmitter_receiver_destination() {
+    let smsc = smsc().await;
+    let config = memory_config().replace("window = 200\n", "window = 200\nbind = \"transmitter+receiver\"\n");
+    let gw = gateway(&config, &smsc).await;
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
+        .await
+        .unwrap();
+    let text = "Payload ".repeat(50); // 400 GSM characters: 3 provider parts
+    let resp = esme
+        .submit(&SubmitSpec::payload("1", "447700900888", Alphabet::Gsm7, &text).dlr())
+        .await
+        .unwrap();
+    assert!(resp.is_ok());
+    assert!(smsc.wait_messages(1, WAIT).await);
+    let m = &smsc.messages_to("447700900888")[0];
+    assert_eq!(m.text, text);
+    assert_eq!(m.parts, 3);
+    assert!(smsc.wait_bound(2, WAIT).await, "two sessions: transmitter and receiver");
+    let receipts = esme.wait_receipts(1, WAIT).await;
+    assert_eq!(receipts[0].message_id(), Some(resp.message_id.as_str()));
+    assert_eq!(receipts[0].state(), Some(ReceiptState::Delivered));
+}

@@ -22,7 +22,10 @@ fn readme_states_every_implemented_profile_and_its_guarantee() {
 
 #[test]
 fn the_binary_runs_and_its_embedded_configuration_is_valid() {
-    let out = Command::new(env!("CARGO_BIN_EXE_sendium")).arg("version").output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sendium"))
+        .arg("version")
+        .output()
+        .unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("sendium "));
     let cfg = sendium_profiles::load_str(sendium_profiles::QUICKSTART).unwrap();
@@ -31,7 +34,10 @@ fn the_binary_runs_and_its_embedded_configuration_is_valid() {
 
 #[test]
 fn unknown_commands_are_usage_errors() {
-    let out = Command::new(env!("CARGO_BIN_EXE_sendium")).arg("frobnicate").output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sendium"))
+        .arg("frobnicate")
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("usage:"));
 }

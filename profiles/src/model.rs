@@ -189,12 +189,14 @@ word_enum! {
     /// in `submit_sm_resp` (providers disagree on hex vs decimal).
     #[derive(Default)]
     pub enum IdFormat {
-        /// Try exact, then hex/decimal equivalents.
+        /// Try the same form first, then both hex/decimal conversions.
         #[default]
         Auto => "auto",
-        /// Both ids are hexadecimal numbers.
+        /// submit_sm_resp ids are hexadecimal; the receipt text writes the same
+        /// number in decimal.
         Hex => "hex",
-        /// Both ids are decimal numbers.
+        /// submit_sm_resp ids are decimal; the receipt text writes the same
+        /// number in hexadecimal.
         Dec => "dec",
         /// Byte-for-byte comparison.
         Exact => "exact",
