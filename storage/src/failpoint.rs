@@ -6,6 +6,9 @@
 //! * `after-admit@500` — SIGKILL it on the 500th hit;
 //! * `ingress-handle=panic@2000` — panic (inside the actor that reached it) on the 2000th
 //!   hit; the supervisor restarts that actor.
+//! * `disk-full=error@300` — from the 300th hit on, [`error`] returns true at that point
+//!   (the code there then fails the way the fault would, e.g. a write answering ENOSPC);
+//!   the fault stays on, as a full disk does.
 //!
 //! SIGKILL (not an orderly exit) is the point: nothing is flushed, no destructor runs,
 //! exactly like a crashed host process. With the variable unset, [`hit`] is one relaxed
@@ -20,6 +23,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 pub enum Action {
     Kill,
     Panic,
+    /// Make [`error`] return true from the n-th hit on.
+    Error,
 }
 
 #[derive(Debug)]
@@ -47,9 +52,10 @@ fn parse(spec: &str) -> Result<HashMap<String, Point>, String> {
         let (name, action) = match rest.split_once('=') {
             Some((n, "kill")) => (n, Action::Kill),
             Some((n, "panic")) => (n, Action::Panic),
+            Some((n, "error")) => (n, Action::Error),
             Some((_, other)) => {
                 return Err(format!(
-                    "failpoint {item:?}: unknown action {other:?}, expected kill or panic"
+                    "failpoint {item:?}: unknown action {other:?}, expected kill, panic or error"
                 ));
             }
             None => (rest, Action::Kill),
@@ -114,7 +120,29 @@ pub fn hit(name: &str) {
         Action::Panic => {
             panic!("FAILPOINT {name} fired: panic");
         }
+        // Reported through `error`, not here.
+        Action::Error => {}
     }
+}
+
+/// Reach an error-injecting failpoint: true when the fault is on (from its n-th hit).
+/// Kill and panic actions behave as in [`hit`].
+pub fn error(name: &str) -> bool {
+    if !ANY.load(Ordering::Relaxed) {
+        return false;
+    }
+    let Some(point) = POINTS.get().and_then(|p| p.get(name)) else {
+        return false;
+    };
+    if point.action != Action::Error {
+        hit(name);
+        return false;
+    }
+    let n = point.hits.fetch_add(1, Ordering::AcqRel) + 1;
+    if n == point.fire_at {
+        eprintln!("FAILPOINT {name} fired: injecting errors from now on");
+    }
+    n >= point.fire_at
 }
 
 #[cfg(test)]
@@ -129,6 +157,7 @@ mod tests {
         assert_eq!(p["router"].action, Action::Panic);
         assert_eq!(p["router"].fire_at, 3);
         assert_eq!(p["x"].fire_at, 2);
+        assert_eq!(parse("d=error@4").unwrap()["d"].action, Action::Error);
         assert!(parse("a=explode").is_err());
         assert!(parse("a@0").is_err());
         assert!(parse("a@x").is_err());
