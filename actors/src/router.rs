@@ -108,14 +108,31 @@ pub struct RouterArgs {
 struct Tracked {
     unit: Arc<Unit>,
     routed: RoutedUnit,
-    /// Open branches given to a worker, and to which.
-    dispatched: HashMap<u16, String>,
-    /// Outcome known, DLR store has not accepted the handoff yet.
-    awaiting_handoff: HashMap<u16, (BranchOutcome, Handoff, Instant)>,
+    /// The submissions owed a receipt (computed once per unit).
+    targets: Vec<ReceiptTarget>,
+    /// Open branches given to a worker, and to which (a unit has few branches: a
+    /// vector beats a map).
+    dispatched: Vec<(u16, Arc<str>)>,
+    /// Outcome known (with its canonical provider keys), DLR store has not accepted
+    /// the handoff yet.
+    awaiting_handoff: HashMap<u16, (BranchOutcome, Vec<String>, Instant)>,
     completion_sent: bool,
 }
 
 impl Tracked {
+    fn dispatched_to(&self, no: u16) -> Option<&str> {
+        self.dispatched.iter().find(|(b, _)| *b == no).map(|(_, d)| d.as_ref())
+    }
+
+    fn set_dispatched(&mut self, no: u16, dest: Arc<str>) {
+        self.clear_dispatched(no);
+        self.dispatched.push((no, dest));
+    }
+
+    fn clear_dispatched(&mut self, no: u16) {
+        self.dispatched.retain(|(b, _)| *b != no);
+    }
+
     fn branch(&self, no: u16) -> Option<&Branch> {
         self.routed.branches.iter().find(|b| b.no == no)
     }
@@ -126,6 +143,7 @@ impl Tracked {
 }
 
 struct Destination {
+    name: Arc<str>,
     up: bool,
     assigned: usize,
     capacity: usize,
@@ -292,9 +310,10 @@ impl RouterState {
         self.units.insert(
             id,
             Tracked {
+                targets: receipt_targets(&unit),
                 unit,
                 routed,
-                dispatched: HashMap::new(),
+                dispatched: Vec::new(),
                 awaiting_handoff: HashMap::new(),
                 completion_sent: false,
             },
@@ -343,8 +362,9 @@ impl RouterState {
         };
         if let Some(dest) = self.dests.get_mut(&target) {
             dest.queue.push_back(key);
+            let name = dest.name.clone();
             if let Some(t) = self.units.get_mut(&key.unit) {
-                t.dispatched.insert(key.branch, target.clone());
+                t.set_dispatched(key.branch, name);
             }
             self.pump(&target);
         }
@@ -365,7 +385,7 @@ impl RouterState {
             if t.is_done(key.branch) || t.awaiting_handoff.contains_key(&key.branch) {
                 continue;
             }
-            if t.dispatched.get(&key.branch).map(String::as_str) != Some(name) {
+            if t.dispatched_to(key.branch) != Some(name) {
                 continue;
             }
             let primary = t.branch(key.branch).is_some_and(|b| b.kind == BranchKind::Primary);
@@ -379,9 +399,31 @@ impl RouterState {
     }
 
     fn needs_handoff(&self, t: &Tracked, branch: u16) -> bool {
-        self.dlr_enabled
-            && t.branch(branch).is_some_and(|b| b.kind == BranchKind::Primary)
-            && !receipt_targets(&t.unit).is_empty()
+        self.dlr_enabled && t.branch(branch).is_some_and(|b| b.kind == BranchKind::Primary) && !t.targets.is_empty()
+    }
+
+    /// The DLR handoff of a branch outcome.
+    fn handoff(t: &Tracked, branch: u16, outcome: &BranchOutcome, keys: &[String]) -> Handoff {
+        Handoff {
+            unit: t.unit.id,
+            branch,
+            destination: match outcome {
+                BranchOutcome::Submitted { destination, .. } => destination.clone(),
+                BranchOutcome::Failed { destination, .. } => destination.clone().unwrap_or_default(),
+            },
+            outcome: match outcome {
+                BranchOutcome::Submitted { .. } => HandoffOutcome::Submitted {
+                    provider_keys: keys.to_vec(),
+                },
+                BranchOutcome::Failed { failure, .. } => HandoffOutcome::Failed(ReceiptOutcome {
+                    state: failure_state(failure),
+                    error: failure.error_code(),
+                    done_at: Timestamp::now(),
+                }),
+            },
+            targets: t.targets.clone(),
+            handed_off_at: Timestamp::now(),
+        }
     }
 
     /// A branch ended: hand it to the DLR store if it owes a receipt, else record it.
@@ -393,33 +435,14 @@ impl RouterState {
             return;
         }
         if self.needs_handoff(t, key.branch) {
-            let handoff = Handoff {
-                unit: key.unit,
-                branch: key.branch,
-                destination: match &outcome {
-                    BranchOutcome::Submitted { destination, .. } => destination.clone(),
-                    BranchOutcome::Failed { destination, .. } => destination.clone().unwrap_or_default(),
-                },
-                outcome: match &outcome {
-                    BranchOutcome::Submitted { .. } => HandoffOutcome::Submitted { provider_keys: keys },
-                    BranchOutcome::Failed { failure, .. } => HandoffOutcome::Failed(ReceiptOutcome {
-                        state: failure_state(failure),
-                        error: failure.error_code(),
-                        done_at: Timestamp::now(),
-                    }),
-                },
-                targets: receipt_targets(&t.unit),
-                handed_off_at: Timestamp::now(),
-            };
-            self.handoffs.push(handoff.clone());
+            self.handoffs.push(Self::handoff(t, key.branch, &outcome, &keys));
             if let Some(t) = self.units.get_mut(&key.unit) {
-                t.dispatched.remove(&key.branch);
-                t.awaiting_handoff
-                    .insert(key.branch, (outcome, handoff, Instant::now()));
+                t.clear_dispatched(key.branch);
+                t.awaiting_handoff.insert(key.branch, (outcome, keys, Instant::now()));
             }
         } else {
             if let Some(t) = self.units.get_mut(&key.unit) {
-                t.dispatched.remove(&key.branch);
+                t.clear_dispatched(key.branch);
             }
             self.done.push(BranchDone {
                 unit: key.unit,
@@ -608,14 +631,14 @@ impl RouterState {
                     .flat_map(|(id, t)| {
                         t.dispatched
                             .iter()
-                            .filter(|(_, d)| **d == name)
+                            .filter(|(_, d)| d.as_ref() == name)
                             .map(|(b, _)| BranchKey { unit: *id, branch: *b })
                             .collect::<Vec<_>>()
                     })
                     .collect();
                 for key in keys {
                     if let Some(t) = self.units.get_mut(&key.unit) {
-                        t.dispatched.remove(&key.branch);
+                        t.clear_dispatched(key.branch);
                     }
                     self.dispatch(key, None);
                 }
@@ -624,7 +647,12 @@ impl RouterState {
                 let all: Vec<Handoff> = self
                     .units
                     .values()
-                    .flat_map(|t| t.awaiting_handoff.values().map(|(_, h, _)| h.clone()))
+                    .flat_map(|t| {
+                        t.awaiting_handoff
+                            .iter()
+                            .map(|(b, (o, k, _))| Self::handoff(t, *b, o, k))
+                            .collect::<Vec<_>>()
+                    })
                     .collect();
                 self.handoffs.extend(all);
             }
@@ -656,14 +684,20 @@ impl RouterState {
         let now = Instant::now();
         let mut resend = Vec::new();
         for t in self.units.values_mut() {
-            for (branch, (_, h, sent)) in t.awaiting_handoff.iter_mut() {
+            let mut due = Vec::new();
+            for (branch, (_, _, sent)) in t.awaiting_handoff.iter_mut() {
                 let key = BranchKey {
                     unit: t.unit.id,
                     branch: *branch,
                 };
                 if retry.contains(&key) || now.duration_since(*sent) > HANDOFF_RESEND {
                     *sent = now;
-                    resend.push(h.clone());
+                    due.push(*branch);
+                }
+            }
+            for b in due {
+                if let Some((o, k, _)) = t.awaiting_handoff.get(&b) {
+                    resend.push(Self::handoff(t, b, o, k));
                 }
             }
         }
@@ -733,6 +767,7 @@ impl Actor for Router {
                 (
                     name.clone(),
                     Destination {
+                        name: Arc::from(name.as_str()),
                         up: false,
                         assigned: 0,
                         capacity: (*cap).max(1),

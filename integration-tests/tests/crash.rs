@@ -1,0 +1,444 @@
+//! Crash recovery, profile by profile: the real binary is SIGKILLed at every named
+//! failpoint and at random moments under load (with copied routes and multipart
+//! messages), restarted on the same data directory, and what survived is counted
+//! against each profile's restart guarantee:
+//!
+//! | profile | after a restart |
+//! |---|---|
+//! | memory/memory/memory | nothing survives |
+//! | file/memory/memory | accepted work recovered; selection and routing rerun |
+//! | file/file/memory | selected batch restored without reselection; rerouted |
+//! | file/memory/file | not-yet-routed messages reselected; recorded destinations restored, completed branches not redone |
+//! | file/file/file | selected batch and recorded destinations restored |
+//!
+//! SIGKILL tests prove crash recovery of the process, not power-loss safety (that rests
+//! on the fsync of every acknowledging commit).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::os::unix::process::ExitStatusExt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sendium_integration_tests::{
+    Alphabet, BindKind, Concat, DlrParts, GatewayProcess, SmscConfig, SubmitSpec, TestEsme, TestSmsc,
+};
+use support::{ADMIN, HTTP, SMPP, UPSTREAM, metric};
+
+#[derive(Clone, Copy, Debug)]
+struct Profile {
+    name: &'static str,
+    pending: &'static str,
+    router_queue: &'static str,
+    routed_work: &'static str,
+}
+
+impl Profile {
+    fn durable(&self) -> bool {
+        self.pending == "file"
+    }
+}
+
+const MEMORY: Profile = Profile {
+    name: "memory/memory/memory",
+    pending: "memory",
+    router_queue: "memory",
+    routed_work: "memory",
+};
+const FMM: Profile = Profile {
+    name: "file/memory/memory",
+    pending: "file",
+    router_queue: "memory",
+    routed_work: "memory",
+};
+const FFM: Profile = Profile {
+    name: "file/file/memory",
+    pending: "file",
+    router_queue: "file",
+    routed_work: "memory",
+};
+const FMF: Profile = Profile {
+    name: "file/memory/file",
+    pending: "file",
+    router_queue: "memory",
+    routed_work: "file",
+};
+const FFF: Profile = Profile {
+    name: "file/file/file",
+    pending: "file",
+    router_queue: "file",
+    routed_work: "file",
+};
+
+fn config(p: Profile) -> String {
+    let storage = format!(
+        "[sms]\nmultipart-expiry = \"3s\"\n[sms.pending]\nbackend = \"{}\"\n[sms.router-queue]\nbackend = \"{}\"\n\
+         [sms.routed-work]\nbackend = \"{}\"\n[storage.file]\ndir = \"{{data_dir}}\"\n",
+        p.pending, p.router_queue, p.routed_work
+    );
+    // A small provider window keeps the provider-submit window (where duplicates are
+    // allowed) small.
+    let upstream = UPSTREAM.replace("window = 200", "window = 20");
+    let archive = upstream
+        .replace("\"upstream\"", "\"archive\"")
+        .replace("{smsc_port}", "{copy_port}");
+    let route = "[[routes]]\nname = \"default\"\nto = [\"upstream\"]\ncopy-to = [\"archive\"]\n";
+    [storage.as_str(), SMPP, HTTP, ADMIN, &upstream, &archive, route].concat()
+}
+
+/// The receipt delay is long enough that a receipt seen by the ESME proves its branch
+/// completion was recorded (the Router records it right after the DLR handoff).
+fn smsc_config() -> SmscConfig {
+    SmscConfig {
+        receipt_delay: Duration::from_millis(300),
+        ..SmscConfig::default()
+    }
+}
+
+struct Rig {
+    profile: Profile,
+    primary: TestSmsc,
+    copy: TestSmsc,
+    gw: GatewayProcess,
+}
+
+impl Rig {
+    async fn start(profile: Profile, failpoint: Option<&str>) -> Rig {
+        let primary = TestSmsc::start(smsc_config()).await;
+        let copy = TestSmsc::start(smsc_config()).await;
+        let mut b = GatewayProcess::builder(&config(profile))
+            .smsc_port(primary.port())
+            .var("copy_port", &copy.port().to_string());
+        if let Some(fp) = failpoint {
+            b = b.env("SENDIUM_FAILPOINT", fp);
+        }
+        let gw = b.start().await;
+        Rig {
+            profile,
+            primary,
+            copy,
+            gw,
+        }
+    }
+
+    async fn metric(&self, name: &str, labels: &str) -> f64 {
+        let (_, text) = self.gw.admin_get("/metrics").await;
+        metric(&text, name, labels)
+    }
+}
+
+/// A unit the client sent: its destination (unique) and the ids it was given.
+#[derive(Clone, Debug)]
+struct Sent {
+    destination: String,
+    ids: Vec<String>,
+    acked: bool,
+}
+
+/// Submit `n` units (every 10th a 3-part multipart) as one pipelined stream. Returns
+/// what was sent and the ids whose receipts arrived while the connection lived.
+async fn load(gw: &GatewayProcess, tag: &str, n: usize) -> (Vec<Sent>, HashSet<String>) {
+    let Ok(esme) = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver).await else {
+        return (Vec::new(), HashSet::new());
+    };
+    let mut specs = Vec::new();
+    let mut units: Vec<(String, usize)> = Vec::new();
+    for i in 0..n {
+        let dest = format!("44{tag}{i:05}");
+        if i % 10 == 9 {
+            let parts = SubmitSpec::multipart(
+                "1",
+                &dest,
+                Alphabet::Gsm7,
+                &format!("multipart {tag} {i} ").repeat(20),
+                Concat::Udh8((i % 256) as u8),
+                DlrParts::Every,
+            );
+            units.push((dest, parts.len()));
+            specs.extend(parts);
+        } else {
+            specs.push(SubmitSpec::gsm("1", &dest, &format!("crash test {tag} {i}")).dlr());
+            units.push((dest, 1));
+        }
+    }
+    let outcomes = esme.submit_pipelined(&specs, 20).await;
+    let mut sent = Vec::new();
+    let mut at = 0;
+    for (dest, parts) in units {
+        let os = &outcomes[at..at + parts];
+        at += parts;
+        sent.push(Sent {
+            destination: dest,
+            ids: os.iter().map(|o| o.message_id.clone()).collect(),
+            acked: os.iter().all(|o| o.is_ok()),
+        });
+    }
+    let receipts = esme
+        .receipts()
+        .iter()
+        .filter_map(|r| r.message_id().map(str::to_string))
+        .collect();
+    (sent, receipts)
+}
+
+fn counts(smsc: &TestSmsc) -> HashMap<String, usize> {
+    let mut c = HashMap::new();
+    for m in smsc.messages() {
+        *c.entry(m.destination).or_insert(0) += 1;
+    }
+    c
+}
+
+async fn wait_delivered(smsc: &TestSmsc, want: &HashSet<String>, timeout: Duration) -> Result<(), usize> {
+    let ok = smsc
+        .wait_for(timeout, |s| {
+            let got: HashSet<String> = s.messages().into_iter().map(|m| m.destination).collect();
+            want.is_subset(&got)
+        })
+        .await;
+    if ok {
+        Ok(())
+    } else {
+        let got: HashSet<String> = smsc.messages().into_iter().map(|m| m.destination).collect();
+        Err(want.difference(&got).count())
+    }
+}
+
+/// Kill at a named failpoint, restart, and check the profile's guarantee.
+async fn named_failpoint(profile: Profile, failpoint: &str) {
+    let mut rig = Rig::start(profile, Some(failpoint)).await;
+    let (sent, receipts_before) = load(&rig.gw, "10", 300).await;
+    let status = rig.gw.wait_exit(Duration::from_secs(30)).await;
+    let log = rig.gw.log();
+    assert!(
+        status.and_then(|s| s.signal()) == Some(9),
+        "{}: the gateway did not die at {failpoint} (status {status:?})\n{log}",
+        profile.name
+    );
+    assert!(log.contains("FAILPOINT"), "{}: {failpoint} never fired", profile.name);
+    let before_primary = counts(&rig.primary);
+    let before_copy = counts(&rig.copy);
+    let acked: Vec<&Sent> = sent.iter().filter(|s| s.acked).collect();
+    let acked_dest: HashSet<String> = acked.iter().map(|s| s.destination.clone()).collect();
+
+    rig.gw.restart().await;
+
+    if !profile.durable() {
+        // Nothing survives: after the restart no message from before it is sent, and the
+        // stages start empty.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            counts(&rig.primary),
+            before_primary,
+            "memory profile: nothing is recovered"
+        );
+        assert_eq!(rig.metric("sendium_stage_records", "stage=\"pending\"").await, 0.0);
+        return;
+    }
+
+    // Every acknowledged message reaches both destinations at least once.
+    if let Err(missing) = wait_delivered(&rig.primary, &acked_dest, Duration::from_secs(60)).await {
+        panic!(
+            "{} at {failpoint}: {missing} of {} acknowledged messages never reached the SMSC\n{}",
+            profile.name,
+            acked_dest.len(),
+            rig.gw.log()
+        );
+    }
+    if let Err(missing) = wait_delivered(&rig.copy, &acked_dest, Duration::from_secs(60)).await {
+        panic!(
+            "{} at {failpoint}: {missing} acknowledged messages never reached the copy route",
+            profile.name
+        );
+    }
+
+    let after = counts(&rig.primary);
+    let receipted: HashSet<&str> = receipts_before.iter().map(String::as_str).collect();
+    // A message whose receipt came back before the crash had its branch completed; with
+    // a durable routed-work stage it is never sent again.
+    if profile.routed_work == "file" {
+        for s in &acked {
+            if s.ids.iter().any(|id| receipted.contains(id.as_str())) {
+                let b = before_primary.get(&s.destination).copied().unwrap_or(0);
+                let a = after.get(&s.destination).copied().unwrap_or(0);
+                assert_eq!(
+                    a, b,
+                    "{}: completed branch to {} was sent again",
+                    profile.name, s.destination
+                );
+            }
+        }
+    }
+    // Duplicates only where a provider submission was in flight: bounded by the
+    // destination's window and the worker's capacity, never a whole batch.
+    let dups = acked
+        .iter()
+        .filter(|s| after.get(&s.destination).copied().unwrap_or(0) > 1)
+        .count();
+    assert!(dups <= 256 + 20, "{}: {dups} duplicates", profile.name);
+
+    // Restored stages, not repeated work.
+    let restored_staged = rig.metric("sendium_staged_restored_total", "").await;
+    let restored_routed = rig.metric("sendium_routed_restored_total", "").await;
+    if profile.router_queue == "memory" {
+        assert_eq!(
+            restored_staged, 0.0,
+            "{}: a memory router-queue restores nothing",
+            profile.name
+        );
+    }
+    if profile.routed_work == "memory" {
+        assert_eq!(
+            restored_routed, 0.0,
+            "{}: a memory routed-work restores nothing",
+            profile.name
+        );
+    }
+    match failpoint.split('@').next() {
+        Some("mid-select-and-stage") if profile.router_queue == "file" => {
+            assert!(
+                restored_staged > 0.0,
+                "{}: the staged batch was not restored",
+                profile.name
+            );
+        }
+        Some("after-routing") | Some("after-provider-submit") | Some("before-branch-completion")
+            if profile.routed_work == "file" =>
+        {
+            assert!(
+                restored_routed > 0.0,
+                "{}: recorded destinations were not restored",
+                profile.name
+            );
+        }
+        _ => {}
+    }
+    let _ = before_copy;
+
+    // Nothing is left behind once everything is delivered.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let pending = rig.metric("sendium_stage_records", "stage=\"pending\"").await;
+        // Parts of multipart groups cut off by the crash wait for their deadline (3 s).
+        if pending == 0.0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} at {failpoint}: {pending} pending records never completed",
+            profile.name
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Random SIGKILLs under load, `rounds` times, then everything acknowledged must arrive.
+async fn random_kills(profile: Profile, rounds: usize) {
+    let seed = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64;
+    let mut rng = seed | 1;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut rig = Rig::start(profile, None).await;
+    let mut acked_dest = HashSet::new();
+    for round in 0..rounds {
+        let tag = format!("{:02}", 20 + round);
+        let delay = Duration::from_millis(30 + next() % 300);
+        let load_task = {
+            let gw_addr = rig.gw.smpp_addr();
+            let tag = tag.clone();
+            tokio::spawn(async move { load_at(gw_addr, &tag, 150).await })
+        };
+        tokio::time::sleep(delay).await;
+        rig.gw.kill();
+        let sent = load_task.await.unwrap();
+        acked_dest.extend(sent.into_iter().filter(|s| s.acked).map(|s| s.destination));
+        rig.gw.restart().await;
+        if !profile.durable() {
+            assert_eq!(
+                rig.metric("sendium_stage_records", "stage=\"pending\"").await,
+                0.0,
+                "{}: a restarted memory profile starts empty",
+                profile.name
+            );
+        }
+    }
+    if !profile.durable() {
+        return;
+    }
+    if let Err(missing) = wait_delivered(&rig.primary, &acked_dest, Duration::from_secs(90)).await {
+        panic!(
+            "{} (seed {seed}): {missing} of {} acknowledged messages lost over {rounds} random kills\n{}",
+            profile.name,
+            acked_dest.len(),
+            rig.gw.log()
+        );
+    }
+    if let Err(missing) = wait_delivered(&rig.copy, &acked_dest, Duration::from_secs(60)).await {
+        panic!(
+            "{} (seed {seed}): {missing} acknowledged messages never reached the copy route",
+            profile.name
+        );
+    }
+    let _ = &rig.profile;
+}
+
+async fn load_at(addr: std::net::SocketAddr, tag: &str, n: usize) -> Vec<Sent> {
+    // Same as `load`, for a spawned task that only has the address.
+    let Ok(esme) = TestEsme::bind(addr, "esme1", "secret", BindKind::Transceiver).await else {
+        return Vec::new();
+    };
+    let specs: Vec<SubmitSpec> = (0..n)
+        .map(|i| SubmitSpec::gsm("1", &format!("44{tag}{i:05}"), &format!("random kill {tag} {i}")).dlr())
+        .collect();
+    let outcomes = esme.submit_pipelined(&specs, 20).await;
+    specs
+        .iter()
+        .zip(outcomes)
+        .map(|(s, o)| Sent {
+            destination: s.destination.clone(),
+            ids: vec![o.message_id.clone()],
+            acked: o.is_ok(),
+        })
+        .collect()
+}
+
+const FAILPOINTS: [&str; 7] = [
+    "after-admit@5",
+    "after-ack@5",
+    "mid-select-and-stage@5",
+    "after-routing@5",
+    "after-provider-submit@10",
+    "before-branch-completion@5",
+    "before-source-completion@5",
+];
+
+macro_rules! profile_tests {
+    ($module:ident, $profile:expr) => {
+        mod $module {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn killed_at_every_named_failpoint() {
+                for fp in FAILPOINTS {
+                    named_failpoint($profile, fp).await;
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn killed_at_random_moments() {
+                random_kills($profile, if $profile.durable() { 20 } else { 3 }).await;
+            }
+        }
+    };
+}
+
+profile_tests!(memory_memory_memory, MEMORY);
+profile_tests!(file_memory_memory, FMM);
+profile_tests!(file_file_memory, FFM);
+profile_tests!(file_memory_file, FMF);
+profile_tests!(file_file_file, FFF);
