@@ -57,6 +57,15 @@ pub struct Snapshot {
     pub smpp_sessions: usize,
 }
 
+/// How the gateway runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Serve,
+    /// Admission refuses everything; the rest of the pipeline runs until the stores
+    /// are empty (`sendium drain`).
+    Drain,
+}
+
 pub struct Gateway {
     shared: Arc<Shared>,
     spec: Arc<GatewaySpec>,
@@ -71,12 +80,20 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Open the selected stores, start the actors, and bind the SMPP listener.
+    /// Open the selected stores, start the actors, and bind the listeners.
     pub async fn start(cfg: &Config) -> Result<Gateway, GatewayError> {
+        Self::start_with(cfg, Mode::Serve).await
+    }
+
+    /// Start in a mode: serving, or draining (no new admissions: the pipeline finishes
+    /// what the stores hold).
+    pub async fn start_with(cfg: &Config, mode: Mode) -> Result<Gateway, GatewayError> {
         let profile = cfg.storage_profile();
         let guarantee = sendium_profiles::check_supported(&profile)?;
-        let stores = Stores::open(cfg)?;
-        let spec = Arc::new(GatewaySpec::new(cfg, stores));
+        let stores = Stores::open(cfg).await?;
+        let mut spec = GatewaySpec::new(cfg, stores);
+        spec.accepting = mode == Mode::Serve;
+        let spec = Arc::new(spec);
         let shared = Arc::new(Shared {
             dir: Directory::new(cfg.destinations.iter().map(|d| d.name.clone())),
             health: Health::default(),

@@ -89,6 +89,11 @@ pub enum IngressMsg {
     },
     /// Every branch and DLR handoff of these units is terminal: remove their sources.
     Complete(Vec<UnitId>),
+    /// A completion write finished (sent by its write task).
+    Completed {
+        ids: Vec<UnitId>,
+        result: Result<(), PendingError>,
+    },
     Tick,
     Status(RpcReplyPort<IngressStatus>),
 }
@@ -119,6 +124,8 @@ pub struct IngressArgs {
     pub store: Arc<dyn PendingStore>,
     pub reservations: Option<Arc<ReceiptReservations>>,
     pub receipts: ReceiptPolicy,
+    /// False while draining: every admission is refused.
+    pub accepting: bool,
 }
 
 pub struct IngressState {
@@ -126,9 +133,12 @@ pub struct IngressState {
     store: Arc<dyn PendingStore>,
     reservations: Option<Arc<ReceiptReservations>>,
     receipts: ReceiptPolicy,
+    accepting: bool,
     waiting: Vec<AdmitRequest>,
     committing: bool,
     retry_complete: Vec<UnitId>,
+    to_complete: Vec<UnitId>,
+    completing: bool,
 }
 
 pub struct Ingress;
@@ -140,6 +150,10 @@ impl IngressState {
     fn prepare(&self, req: AdmitRequest, to_store: &mut Vec<PendingRecord>) -> Prepared {
         let mut slots = Vec::with_capacity(req.records.len());
         for record in req.records {
+            if !self.accepting {
+                slots.push(Err(Refusal::Unavailable));
+                continue;
+            }
             let mut reserved = false;
             if record.wants_receipt() {
                 match self.receipts {
@@ -249,15 +263,31 @@ impl IngressState {
         self.start_commit();
     }
 
-    async fn complete(&mut self, mut ids: Vec<UnitId>) {
-        if !self.retry_complete.is_empty() {
-            ids.append(&mut self.retry_complete);
-        }
-        if ids.is_empty() {
+    /// Queue source completions and write them, unless a write is in flight: like
+    /// admissions, completions are group committed so an fsync never stalls the mailbox.
+    fn complete(&mut self, ids: Vec<UnitId>) {
+        self.to_complete.extend(ids);
+        self.start_complete();
+    }
+
+    fn start_complete(&mut self) {
+        if self.completing || self.to_complete.is_empty() {
             return;
         }
-        failpoint::hit("before-source-completion");
-        match self.store.complete(&ids).await {
+        let ids = std::mem::take(&mut self.to_complete);
+        self.completing = true;
+        let store = self.store.clone();
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            failpoint::hit("before-source-completion");
+            let result = store.complete(&ids).await;
+            shared.dir.ingress.send(IngressMsg::Completed { ids, result });
+        });
+    }
+
+    fn completed(&mut self, ids: Vec<UnitId>, result: Result<(), PendingError>) {
+        self.completing = false;
+        match result {
             Ok(()) => {
                 self.shared.health.pending.ok();
                 metrics::counter!("sendium_sources_completed_total").increment(ids.len() as u64);
@@ -265,10 +295,12 @@ impl IngressState {
                     .dir
                     .router
                     .send(crate::router::RouterMsg::SourcesCompleted(ids));
+                self.start_complete();
             }
             Err(e) => {
+                // Retried on the tick, so a failing store is not hammered.
                 self.shared.health.pending.failed("pending", &e);
-                self.retry_complete = ids;
+                self.retry_complete.extend(ids);
             }
         }
     }
@@ -300,9 +332,12 @@ impl Actor for Ingress {
             store: args.store,
             reservations: args.reservations,
             receipts: args.receipts,
+            accepting: args.accepting,
             waiting: Vec::new(),
             committing: false,
             retry_complete: Vec::new(),
+            to_complete: Vec::new(),
+            completing: false,
         })
     }
 
@@ -326,10 +361,12 @@ impl Actor for Ingress {
             IngressMsg::Units { ids, reply } => {
                 let _ = reply.send(state.store.units(&ids).await);
             }
-            IngressMsg::Complete(ids) => state.complete(ids).await,
+            IngressMsg::Complete(ids) => state.complete(ids),
+            IngressMsg::Completed { ids, result } => state.completed(ids, result),
             IngressMsg::Tick => {
                 state.expire().await;
-                state.complete(Vec::new()).await;
+                let retry = std::mem::take(&mut state.retry_complete);
+                state.complete(retry);
                 // A commit task that died with a panic would leave `committing` set;
                 // the store write itself never panics, so this is only a safety net.
                 state.start_commit();

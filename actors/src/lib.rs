@@ -30,4 +30,4 @@ pub mod stores;
 pub mod supervisor;
 pub mod worker;
 
-pub use gateway::{Gateway, GatewayError, Snapshot};
+pub use gateway::{Gateway, GatewayError, Mode, Snapshot};

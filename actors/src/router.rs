@@ -75,6 +75,10 @@ pub enum RouterMsg {
     HandedOff(Vec<BranchKey>),
     /// The DLR store could not take them now (retryable): try again later.
     HandoffFailed(Vec<BranchKey>),
+    /// A routed-work `record` write finished (sent by its write task).
+    Recorded(Box<RecordWrite>),
+    /// A routed-work `complete` write finished (sent by its write task).
+    BranchesRecorded(Box<CompleteWrite>),
     SourcesCompleted(Vec<UnitId>),
     DestinationState {
         name: String,
@@ -93,6 +97,18 @@ pub struct RouterStatus {
     pub queued_for_workers: u64,
     pub free: u64,
     pub destinations: Vec<(String, bool, u64)>,
+}
+
+/// Units whose routes were being recorded, and how the write went.
+pub struct RecordWrite {
+    batch: Vec<(Arc<Unit>, RoutedUnit)>,
+    result: Result<(), sendium_storage::RoutedWorkError>,
+}
+
+/// Branch completions being recorded, and how the write went.
+pub struct CompleteWrite {
+    batch: Vec<BranchDone>,
+    result: Result<(), sendium_storage::RoutedWorkError>,
 }
 
 pub struct RouterArgs {
@@ -116,6 +132,8 @@ struct Tracked {
     /// Outcome known (with its canonical provider keys), DLR store has not accepted
     /// the handoff yet.
     awaiting_handoff: HashMap<u16, (BranchOutcome, Vec<String>, Instant)>,
+    /// Branches whose completion is queued for, or in, a routed-work write.
+    closing: Vec<u16>,
     completion_sent: bool,
 }
 
@@ -137,8 +155,9 @@ impl Tracked {
         self.routed.branches.iter().find(|b| b.no == no)
     }
 
+    /// Ended: recorded complete, or its completion is on its way to the store.
     fn is_done(&self, no: u16) -> bool {
-        self.branch(no).is_some_and(|b| b.outcome.is_some())
+        self.closing.contains(&no) || self.branch(no).is_some_and(|b| b.outcome.is_some())
     }
 }
 
@@ -161,6 +180,11 @@ pub struct RouterState {
     /// Work that failed to reach the store, retried on the tick.
     retry_record: Vec<(Arc<Unit>, RoutedUnit)>,
     retry_done: Vec<BranchDone>,
+    // Durable writes run in their own tasks so the Router keeps handling messages
+    // during an fsync; what arrives meanwhile goes into the next write (group commit).
+    to_record: Vec<(Arc<Unit>, RoutedUnit)>,
+    recording: Option<std::collections::HashSet<UnitId>>,
+    completing: bool,
     retry_remove: Vec<UnitId>,
     retry_handoff: Vec<BranchKey>,
     // Per-turn outputs, flushed at the end of every handled message.
@@ -263,7 +287,12 @@ impl RouterState {
         let mut known = 0;
         let mut fresh = Vec::with_capacity(units.len());
         for ru in units {
-            if self.units.contains_key(&ru.unit.id) || self.retry_record.iter().any(|(u, _)| u.id == ru.unit.id) {
+            let id = ru.unit.id;
+            if self.units.contains_key(&id)
+                || self.recording.as_ref().is_some_and(|r| r.contains(&id))
+                || self.to_record.iter().any(|(u, _)| u.id == id)
+                || self.retry_record.iter().any(|(u, _)| u.id == id)
+            {
                 known += 1;
                 continue;
             }
@@ -273,21 +302,48 @@ impl RouterState {
         if known > 0 {
             self.shared.dir.selector.send(SelectorMsg::Credit(known));
         }
-        self.record(fresh).await;
+        self.to_record.extend(fresh);
+        self.start_record();
     }
 
-    async fn record(&mut self, fresh: Vec<(Arc<Unit>, RoutedUnit)>) {
-        if fresh.is_empty() {
+    /// Write everything waiting to be recorded, unless a write is in flight.
+    fn start_record(&mut self) {
+        if self.recording.is_some() || self.to_record.is_empty() {
             return;
         }
-        let records: Vec<RoutedUnit> = fresh.iter().map(|(_, r)| r.clone()).collect();
-        if let Err(e) = self.store.record(records).await {
+        let batch = std::mem::take(&mut self.to_record);
+        self.recording = Some(batch.iter().map(|(u, _)| u.id).collect());
+        let store = self.store.clone();
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            let records: Vec<RoutedUnit> = batch.iter().map(|(_, r)| r.clone()).collect();
+            let result = store.record(records).await;
+            if result.is_ok() {
+                failpoint::hit("after-routing");
+            }
+            shared
+                .dir
+                .router
+                .send(RouterMsg::Recorded(Box::new(RecordWrite { batch, result })));
+        });
+    }
+
+    fn recorded(&mut self, w: RecordWrite) {
+        self.recording = None;
+        let fresh = w.batch;
+        if let Err(e) = w.result {
             self.shared.health.routed_work.failed("routed-work", &e);
             self.retry_record.extend(fresh);
+            self.start_record();
             return;
         }
         self.shared.health.routed_work.ok();
-        failpoint::hit("after-routing");
+        // A restarted Router may get the write of its predecessor: it restored those
+        // units from the store already.
+        let fresh: Vec<(Arc<Unit>, RoutedUnit)> = fresh
+            .into_iter()
+            .filter(|(u, _)| !self.units.contains_key(&u.id))
+            .collect();
         metrics::counter!("sendium_routed_total").increment(fresh.len() as u64);
         let ids: Vec<UnitId> = fresh.iter().map(|(u, _)| u.id).collect();
         if self.store.backend().is_durable() {
@@ -296,6 +352,7 @@ impl RouterState {
         for (unit, routed) in fresh {
             self.track(unit, routed);
         }
+        self.start_record();
     }
 
     /// Take a recorded unit into the projection and dispatch its open branches.
@@ -315,6 +372,7 @@ impl RouterState {
                 routed,
                 dispatched: Vec::new(),
                 awaiting_handoff: HashMap::new(),
+                closing: Vec::new(),
                 completion_sent: false,
             },
         );
@@ -444,6 +502,9 @@ impl RouterState {
             if let Some(t) = self.units.get_mut(&key.unit) {
                 t.clear_dispatched(key.branch);
             }
+            if let Some(t) = self.units.get_mut(&key.unit) {
+                t.closing.push(key.branch);
+            }
             self.done.push(BranchDone {
                 unit: key.unit,
                 branch: key.branch,
@@ -493,6 +554,7 @@ impl RouterState {
             if let Some(t) = self.units.get_mut(&key.unit)
                 && let Some((outcome, _, _)) = t.awaiting_handoff.remove(&key.branch)
             {
+                t.closing.push(key.branch);
                 self.done.push(BranchDone {
                     unit: key.unit,
                     branch: key.branch,
@@ -521,38 +583,7 @@ impl RouterState {
                 // Not running: the reconciliation after its restart re-sends.
             }
         }
-        let mut done = std::mem::take(&mut self.done);
-        if !self.retry_done.is_empty() {
-            done.append(&mut self.retry_done);
-        }
-        if !done.is_empty() {
-            failpoint::hit("before-branch-completion");
-            match self.store.complete(done.clone()).await {
-                Ok(()) => {
-                    self.shared.health.routed_work.ok();
-                    let mut finished = Vec::new();
-                    for d in done {
-                        if let Some(t) = self.units.get_mut(&d.unit)
-                            && let Some(b) = t.routed.branches.iter_mut().find(|b| b.no == d.branch)
-                            && b.outcome.is_none()
-                        {
-                            b.outcome = Some(d.outcome);
-                            if t.routed.is_complete() && t.awaiting_handoff.is_empty() && !t.completion_sent {
-                                t.completion_sent = true;
-                                finished.push(d.unit);
-                            }
-                        }
-                    }
-                    if !finished.is_empty() {
-                        self.shared.dir.ingress.send(IngressMsg::Complete(finished));
-                    }
-                }
-                Err(e) => {
-                    self.shared.health.routed_work.failed("routed-work", &e);
-                    self.retry_done = done;
-                }
-            }
-        }
+        self.start_complete();
         for (name, jobs) in std::mem::take(&mut self.jobs) {
             if let Some(mb) = self.shared.dir.worker(&name)
                 && !mb.send(WorkerMsg::Dispatch(jobs))
@@ -562,6 +593,56 @@ impl RouterState {
                 dest.assigned = 0;
             }
         }
+    }
+
+    /// Write the branch completions gathered so far, unless a write is in flight.
+    fn start_complete(&mut self) {
+        if self.completing || self.done.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut self.done);
+        self.completing = true;
+        let store = self.store.clone();
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            failpoint::hit("before-branch-completion");
+            let result = store.complete(batch.clone()).await;
+            shared
+                .dir
+                .router
+                .send(RouterMsg::BranchesRecorded(Box::new(CompleteWrite { batch, result })));
+        });
+    }
+
+    fn branches_recorded(&mut self, w: CompleteWrite) {
+        self.completing = false;
+        if let Err(e) = w.result {
+            self.shared.health.routed_work.failed("routed-work", &e);
+            // Retried on the tick (a failing store is not hammered).
+            self.retry_done.extend(w.batch);
+            return;
+        }
+        self.shared.health.routed_work.ok();
+        let mut finished = Vec::new();
+        for d in w.batch {
+            if let Some(t) = self.units.get_mut(&d.unit) {
+                t.closing.retain(|b| *b != d.branch);
+                if let Some(b) = t.routed.branches.iter_mut().find(|b| b.no == d.branch)
+                    && b.outcome.is_none()
+                {
+                    b.outcome = Some(d.outcome);
+                }
+                if t.routed.is_complete() && t.awaiting_handoff.is_empty() && t.closing.is_empty() && !t.completion_sent
+                {
+                    t.completion_sent = true;
+                    finished.push(d.unit);
+                }
+            }
+        }
+        if !finished.is_empty() {
+            self.shared.dir.ingress.send(IngressMsg::Complete(finished));
+        }
+        self.start_complete();
     }
 
     async fn sources_completed(&mut self, mut ids: Vec<UnitId>) {
@@ -678,7 +759,10 @@ impl RouterState {
 
     async fn tick(&mut self) {
         let record = std::mem::take(&mut self.retry_record);
-        self.record(record).await;
+        self.to_record.extend(record);
+        self.start_record();
+        let done = std::mem::take(&mut self.retry_done);
+        self.done.extend(done);
         self.sources_completed(Vec::new()).await;
         let retry: Vec<BranchKey> = std::mem::take(&mut self.retry_handoff);
         let now = Instant::now();
@@ -786,6 +870,9 @@ impl Actor for Router {
             dests,
             retry_record: Vec::new(),
             retry_done: Vec::new(),
+            to_record: Vec::new(),
+            recording: None,
+            completing: false,
             retry_remove: Vec::new(),
             retry_handoff: Vec::new(),
             done: Vec::new(),
@@ -831,6 +918,8 @@ impl Actor for Router {
             RouterMsg::Outcomes(outcomes) => state.worker_outcomes(outcomes),
             RouterMsg::HandedOff(keys) => state.handed_off(keys),
             RouterMsg::HandoffFailed(keys) => state.retry_handoff.extend(keys),
+            RouterMsg::Recorded(w) => state.recorded(*w),
+            RouterMsg::BranchesRecorded(w) => state.branches_recorded(*w),
             RouterMsg::SourcesCompleted(ids) => state.sources_completed(ids).await,
             RouterMsg::DestinationState { name, up } => state.destination_state(&name, up),
             RouterMsg::Reconcile(peer) => state.reconcile(peer),

@@ -46,6 +46,8 @@ pub struct GatewaySpec {
     pub callback_timeout: Duration,
     pub multipart_expiry: Duration,
     pub destinations: Vec<DestinationSpec>,
+    /// False while draining: Ingress refuses every admission.
+    pub accepting: bool,
 }
 
 fn wire_id_format(f: IdFormat) -> WireIdFormat {
@@ -120,6 +122,7 @@ impl GatewaySpec {
             callback_timeout: cfg.dlr.callback_timeout,
             multipart_expiry: cfg.sms.multipart_expiry,
             destinations,
+            accepting: true,
         }
     }
 

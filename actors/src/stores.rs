@@ -1,16 +1,25 @@
-//! Opening the selected backend of each stage.
+//! Opening the selected backend of each stage, and the profile-change policy.
 //!
 //! Only what the configuration selected is opened, and only combinations that profile
 //! validation accepted reach this point; a backend that cannot be opened stops startup
-//! with an error that names it.
+//! with an error that names it (and the file).
+//!
+//! The data directory records the profile that wrote it (its manifest). Starting with
+//! a different profile while a stage that would change backend still holds durable
+//! records is refused: those records would be abandoned, or their guarantee silently
+//! downgraded. The operator finishes them first with `sendium drain`, which runs the
+//! recorded profile until every stage is empty. Adding durability (a memory stage
+//! becoming `file`) abandons nothing and is allowed.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use sendium_profiles::{Config, DlrBackend, StageBackend};
+use sendium_storage::file::{DataDir, FilePendingStore, FileRoutedWorkStore, FileRouterQueueStore, Manifest};
 use sendium_storage::memory::{
     MemoryDlrStore, MemoryPendingStore, MemoryRoutedWorkStore, MemoryRouterQueueStore, PendingLimits,
 };
-use sendium_storage::{DlrRetention, DlrStore, PendingStore, RoutedWorkStore, RouterQueueStore};
+use sendium_storage::{BackendFailure, DlrRetention, DlrStore, PendingStore, RoutedWorkStore, RouterQueueStore};
 
 /// The four stages' stores. They outlive every actor: the supervisor hands the same
 /// store to each incarnation of its owner.
@@ -21,12 +30,30 @@ pub struct Stores {
     pub routed_work: Arc<dyn RoutedWorkStore>,
     /// `None` when DLR handling is disabled.
     pub dlr: Option<Arc<dyn DlrStore>>,
+    /// The locked data directory, when a file backend is in use.
+    pub data_dir: Option<Arc<DataDir>>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
     #[error("{key} = \"{backend}\" is not available in this build")]
     NotAvailable { key: &'static str, backend: &'static str },
+    #[error("{0}")]
+    Backend(#[from] BackendFailure),
+    #[error(
+        "data directory {dir} holds outstanding records written by storage profile {previous} ({outstanding}); \
+         this configuration selects {requested}. Nothing is abandoned silently: finish that work first with \
+         `sendium drain --config FILE` (it runs the recorded profile until every stage is empty), then start \
+         with the new profile"
+    )]
+    ProfileChanged {
+        dir: PathBuf,
+        previous: String,
+        requested: String,
+        outstanding: String,
+    },
+    #[error("storage.file.dir is required because a stage uses the file backend")]
+    NoDataDir,
 }
 
 fn unavailable(key: &'static str, b: StageBackend) -> OpenError {
@@ -36,26 +63,134 @@ fn unavailable(key: &'static str, b: StageBackend) -> OpenError {
     }
 }
 
+/// The limits every pending backend applies.
+pub fn pending_limits(cfg: &Config) -> PendingLimits {
+    PendingLimits {
+        max_records: u64::try_from(cfg.sms.pending.max_messages).unwrap_or(u64::MAX),
+        idempotency_retention: cfg
+            .http
+            .as_ref()
+            .map(|h| h.idempotency_retention)
+            .unwrap_or(PendingLimits::default().idempotency_retention),
+    }
+}
+
+/// The manifest a configuration writes.
+pub fn manifest_of(cfg: &Config) -> Manifest {
+    Manifest::new(
+        cfg.sms.pending.backend.as_str(),
+        cfg.sms.router_queue.backend.as_str(),
+        cfg.sms.routed_work.backend.as_str(),
+        cfg.dlr.backend.as_str(),
+    )
+}
+
+fn profile_text(m: &Manifest) -> String {
+    format!("{}/{}/{} + dlr {}", m.pending, m.router_queue, m.routed_work, m.dlr)
+}
+
+fn uses_file(cfg: &Config) -> bool {
+    [
+        cfg.sms.pending.backend,
+        cfg.sms.router_queue.backend,
+        cfg.sms.routed_work.backend,
+    ]
+    .contains(&StageBackend::File)
+        || cfg.dlr.backend == DlrBackend::File
+}
+
+/// Outstanding records per stage in the stores a manifest describes, for the stages
+/// whose backend is `file` (what a profile change could abandon).
+pub async fn outstanding(
+    dir: &Arc<DataDir>,
+    m: &Manifest,
+    limits: PendingLimits,
+) -> Result<Vec<(&'static str, u64)>, OpenError> {
+    let mut out = Vec::new();
+    if m.pending == "file" && dir.pending_path().exists() {
+        let s = FilePendingStore::open(dir, limits)?;
+        out.push(("pending", s.stats().await.map_err(|e| failure(e.into()))?.records));
+    }
+    if m.router_queue == "file" && dir.router_queue_path().exists() {
+        let s = FileRouterQueueStore::open(dir)?;
+        out.push(("router-queue", s.stats().await.map_err(|e| failure(e.into()))?.staged));
+    }
+    if m.routed_work == "file" && dir.routed_work_path().exists() {
+        let s = FileRoutedWorkStore::open(dir)?;
+        out.push(("routed-work", s.stats().await.map_err(|e| failure(e.into()))?.units));
+    }
+    Ok(out)
+}
+
+fn failure(e: sendium_storage::StorageError) -> OpenError {
+    OpenError::Backend(e.failure().clone())
+}
+
+/// Refuse a profile change that would abandon durable records. Returns the stages
+/// still holding records (empty when the change is safe).
+async fn check_profile_change(dir: &Arc<DataDir>, cfg: &Config) -> Result<(), OpenError> {
+    let Some(previous) = dir.manifest()? else {
+        return Ok(());
+    };
+    let requested = manifest_of(cfg);
+    let changed = |old: &str, new: &str| old == "file" && new != "file";
+    let at_risk = changed(&previous.pending, &requested.pending)
+        || changed(&previous.router_queue, &requested.router_queue)
+        || changed(&previous.routed_work, &requested.routed_work)
+        // With the pending stage moving, everything staged or routed goes with it.
+        || (previous.pending != requested.pending && previous.pending == "file");
+    if !at_risk {
+        return Ok(());
+    }
+    let counts = outstanding(dir, &previous, pending_limits(cfg)).await?;
+    let held: Vec<String> = counts
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(stage, n)| format!("{stage}: {n}"))
+        .collect();
+    if held.is_empty() {
+        return Ok(());
+    }
+    Err(OpenError::ProfileChanged {
+        dir: dir.path().to_path_buf(),
+        previous: profile_text(&previous),
+        requested: profile_text(&requested),
+        outstanding: held.join(", "),
+    })
+}
+
+/// Lock the configured data directory when the profile (or a previous one) uses it.
+fn data_dir(cfg: &Config) -> Result<Option<Arc<DataDir>>, OpenError> {
+    let dir: Option<&Path> = cfg.storage.file.dir.as_deref();
+    match dir {
+        Some(d) if uses_file(cfg) || d.join("manifest.json").exists() => Ok(Some(Arc::new(DataDir::open(d)?))),
+        Some(_) => Ok(None),
+        None if uses_file(cfg) => Err(OpenError::NoDataDir),
+        None => Ok(None),
+    }
+}
+
 impl Stores {
-    pub fn open(cfg: &Config) -> Result<Stores, OpenError> {
-        let limits = PendingLimits {
-            max_records: u64::try_from(cfg.sms.pending.max_messages).unwrap_or(u64::MAX),
-            idempotency_retention: cfg
-                .http
-                .as_ref()
-                .map(|h| h.idempotency_retention)
-                .unwrap_or(PendingLimits::default().idempotency_retention),
-        };
+    pub async fn open(cfg: &Config) -> Result<Stores, OpenError> {
+        let limits = pending_limits(cfg);
+        let data_dir = data_dir(cfg)?;
+        if let Some(dir) = &data_dir {
+            check_profile_change(dir, cfg).await?;
+        }
+        let dir = || data_dir.clone().ok_or(OpenError::NoDataDir);
         let pending: Arc<dyn PendingStore> = match cfg.sms.pending.backend {
             StageBackend::Memory => Arc::new(MemoryPendingStore::new(limits)),
+            StageBackend::File => Arc::new(FilePendingStore::open(&dir()?, limits)?),
             b => return Err(unavailable("sms.pending.backend", b)),
         };
         let router_queue: Arc<dyn RouterQueueStore> = match cfg.sms.router_queue.backend {
             StageBackend::Memory => Arc::new(MemoryRouterQueueStore::new()),
+            StageBackend::File => Arc::new(FileRouterQueueStore::open(&dir()?)?),
             b => return Err(unavailable("sms.router-queue.backend", b)),
         };
         let routed_work: Arc<dyn RoutedWorkStore> = match cfg.sms.routed_work.backend {
             StageBackend::Memory => Arc::new(MemoryRoutedWorkStore::new()),
+            StageBackend::File => Arc::new(FileRoutedWorkStore::open(&dir()?)?),
             b => return Err(unavailable("sms.routed-work.backend", b)),
         };
         let retention = DlrRetention {
@@ -75,11 +210,15 @@ impl Stores {
                 });
             }
         };
+        if let Some(dir) = &data_dir {
+            dir.write_manifest(&manifest_of(cfg))?;
+        }
         Ok(Stores {
             pending,
             router_queue,
             routed_work,
             dlr,
+            data_dir,
         })
     }
 }

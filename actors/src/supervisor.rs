@@ -119,6 +119,7 @@ impl SupervisorState {
                     store: spec.stores.pending.clone(),
                     reservations: spec.reservations.clone(),
                     receipts: spec.receipt_policy,
+                    accepting: spec.accepting,
                 };
                 let (r, _) = Actor::spawn_linked(name, Ingress, args, cell).await?;
                 shared.dir.ingress.install(r.clone());

@@ -4,6 +4,8 @@
 //! sendium serve [--config FILE]   run the gateway (without --config: the embedded quickstart)
 //! sendium check-config FILE       validate FILE and print its storage profile's guarantees
 //! sendium demo                    run the quickstart and send one SMS over SMPP and HTTP
+//! sendium inspect --config FILE   per-stage counts and oldest record of the data directory
+//! sendium drain --config FILE     finish the work a previous profile left, then stop
 //! sendium version
 //! ```
 
@@ -19,6 +21,12 @@ usage:
   sendium check-config FILE       validate FILE; print its storage profile and restart guarantee
   sendium demo                    run the quickstart and send one SMS over SMPP and one over
                                   HTTP, printing their receipts; then keep serving
+  sendium inspect --config FILE   per-stage record counts and the oldest record's age in the data
+                                  directory (storage.file.dir) of a stopped gateway
+  sendium drain --config FILE [--timeout 10m]
+                                  run the storage profile recorded in the data directory with new
+                                  submissions refused until every stage is empty, then stop (needed
+                                  before switching a stage that holds records to another backend)
   sendium version
 
 Environment: SENDIUM__SECTION__KEY overrides a configuration key (kebab-case keys, e.g.
@@ -116,6 +124,39 @@ fn run(args: &[String]) -> Result<(), Failure> {
             let cfg = load(Some(&path))?;
             print!("{}", check_config_report(&cfg));
             Ok(())
+        }
+        "inspect" => {
+            let path = config_flag(&args[1..])?;
+            let cfg = load(path.as_deref())?;
+            let report = runtime()?
+                .block_on(crate::stores_cli::inspect(&cfg))
+                .map_err(|e| Failure::Runtime(e.to_string()))?;
+            print!("{report}");
+            Ok(())
+        }
+        "drain" => {
+            let mut rest: Vec<String> = Vec::new();
+            let mut timeout = None;
+            let mut it = args[1..].iter();
+            while let Some(a) = it.next() {
+                if a == "--timeout" {
+                    let v = it
+                        .next()
+                        .ok_or_else(|| Failure::Usage("--timeout needs a duration".into()))?;
+                    timeout = Some(
+                        sendium_profiles::duration::parse(v)
+                            .map_err(|e| Failure::Usage(format!("--timeout {v:?}: {e}")))?,
+                    );
+                } else {
+                    rest.push(a.clone());
+                }
+            }
+            let path = config_flag(&rest)?;
+            let cfg = load(path.as_deref())?;
+            crate::telemetry::init(&cfg.log);
+            runtime()?
+                .block_on(crate::stores_cli::drain(&cfg, timeout))
+                .map_err(|e| Failure::Runtime(e.to_string()))
         }
         "demo" => {
             let cfg = load(None)?;

@@ -7,4 +7,5 @@ pub mod cli;
 pub mod demo;
 pub mod metrics;
 pub mod serve;
+pub mod stores_cli;
 pub mod telemetry;

@@ -617,10 +617,11 @@ system-id = "sendium"
             "missing required key storage.file.dir (required because sms.router-queue.backend = \
              \"file\", sms.routed-work.backend = \"file\", dlr.backend = \"file\")"
         );
-        // With locations given, only the profile refusal remains.
-        let p = problems("[sms.pending]\nbackend = \"file\"\n[storage.file]\ndir = \"/var/lib/sendium\"");
+        // With locations given, file/memory/memory is accepted; an unimplemented mix is not.
+        assert!(problems("[sms.pending]\nbackend = \"file\"\n[storage.file]\ndir = \"/var/lib/sendium\"").is_empty());
+        let p = problems("[sms.router-queue]\nbackend = \"file\"\n[storage.file]\ndir = \"/var/lib/sendium\"");
         assert_eq!(p.len(), 1);
-        assert!(p[0].starts_with("unsupported storage profile"));
+        assert!(p[0].starts_with("unsupported storage profile memory/file/memory"));
     }
 
     #[test]

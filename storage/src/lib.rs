@@ -16,8 +16,10 @@
 
 pub mod backend;
 pub mod dlr;
+pub mod envelope;
 pub mod error;
 pub mod failpoint;
+pub mod file;
 pub mod ids;
 pub mod memory;
 pub mod pending;
@@ -34,6 +36,7 @@ pub use dlr::{
     Handoff, HandoffOutcome, ProviderReceipt, ReceiptMatch, ReceiptOutcome, ReceiptReservations, ReceiptTarget,
     ReplyPath,
 };
+pub use envelope::{EnvelopeError, RecordKind};
 pub use error::{BackendFailure, DlrError, FailureKind, PendingError, RoutedWorkError, RouterQueueError, StorageError};
 pub use ids::{MessageId, ReadySeq, Timestamp, UnitId};
 pub use pending::{AdmitOutcome, Disposition, PendingStats, PendingStore, ReadyUnit, Unit};

@@ -52,37 +52,55 @@ pub struct PartInfo {
 }
 
 /// One admitted message or multipart part.
+///
+/// Stored as a versioned CBOR envelope with short field names (a pending backlog of
+/// millions is mostly these records; long names would add ~40% to the file).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PendingRecord {
     /// The id returned to the client for this submission.
     pub id: MessageId,
     /// The originating account (SMPP system_id; HTTP API keys map to an account).
+    #[serde(rename = "acct")]
     pub account: String,
+    #[serde(rename = "ch")]
     pub channel: Channel,
+    #[serde(rename = "src")]
     pub source: Address,
+    #[serde(rename = "dst")]
     pub destination: Address,
     #[serde(default)]
+    #[serde(rename = "svc")]
     pub service_type: String,
     /// esm_class as received, with the UDHI bit cleared: `payload` never contains a UDH.
     #[serde(default)]
+    #[serde(rename = "esm")]
     pub esm_class: u8,
     #[serde(default)]
+    #[serde(rename = "pid")]
     pub protocol_id: u8,
     #[serde(default)]
+    #[serde(rename = "pri")]
     pub priority: u8,
+    #[serde(rename = "dcs")]
     pub data_coding: u8,
     /// The user data of this message or part, exactly as received, without UDH.
     #[serde(with = "serde_bytes")]
+    #[serde(rename = "ud")]
     pub payload: Vec<u8>,
     #[serde(default)]
+    #[serde(rename = "part")]
     pub part: Option<PartInfo>,
     /// SMPP registered_delivery as received (HTTP: 0x01 when a callback_url is given).
     #[serde(default)]
+    #[serde(rename = "rd")]
     pub registered_delivery: u8,
     #[serde(default)]
+    #[serde(rename = "cb")]
     pub callback_url: Option<String>,
     #[serde(default)]
+    #[serde(rename = "idem")]
     pub idempotency_key: Option<String>,
+    #[serde(rename = "at")]
     pub accepted_at: Timestamp,
 }
 

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use super::{Factory, retention};
+use super::{DlrFactory as Factory, retention};
 use crate::dlr::{
     DeliveryFinish, DeliveryResult, DlrRetention, DlrState, Handoff, HandoffOutcome, ProviderReceipt, ReceiptMatch,
     ReceiptOutcome, ReceiptTarget, ReplyPath,

@@ -21,12 +21,18 @@ use crate::record::{Address, Channel, PartInfo, PendingRecord};
 use crate::routed_work::RoutedWorkStore;
 use crate::router_queue::RouterQueueStore;
 
-/// Creates fresh, empty stores of one backend.
+/// Creates fresh, empty stores of the three SMS stages of one backend.
 #[async_trait]
 pub(crate) trait Factory: Send + Sync {
     async fn pending(&self, limits: PendingLimits) -> Arc<dyn PendingStore>;
     async fn router_queue(&self) -> Arc<dyn RouterQueueStore>;
     async fn routed_work(&self) -> Arc<dyn RoutedWorkStore>;
+}
+
+/// Creates fresh, empty DLR stores of one backend (a separate trait: a backend may
+/// implement the SMS stages before its DLR store exists).
+#[async_trait]
+pub(crate) trait DlrFactory: Send + Sync {
     async fn dlr(&self, capacity: u64, retention: DlrRetention) -> Arc<dyn DlrStore>;
 }
 
@@ -69,38 +75,63 @@ pub(crate) fn retention() -> DlrRetention {
     }
 }
 
-/// Expand the whole suite for one backend: `conformance_suite!(memory, MemoryFactory)`.
+/// Expand the whole suite for one backend: `conformance_suite!(memory, MemoryFactory)`
+/// (SMS stages and DLR store), or `conformance_suite!(file, FileFactory; sms)` for a
+/// backend whose DLR store does not exist yet.
 macro_rules! conformance_suite {
     ($name:ident, $factory:expr) => {
         mod $name {
             #[allow(unused_imports)]
             use super::*;
-            $crate::conformance::conformance_cases!($factory;
-                pending::admits_and_lists_ready_units,
-                pending::deduplicates_idempotency_keys_per_account,
-                pending::refuses_when_full,
-                pending::reassembles_multipart_groups,
-                pending::keeps_repeated_parts,
-                pending::expires_incomplete_groups_at_saved_deadline,
-                pending::completes_units_idempotently,
-                pending::pages_ready_units_with_a_cursor,
-                pending::reports_stats,
-                router_queue::stages_batches_with_cursor,
-                router_queue::releases_idempotently,
-                routed_work::records_once_and_completes_first_outcome,
-                routed_work::pages_and_removes,
-                dlr::resolves_delivered_when_every_part_delivered,
-                dlr::first_failure_resolves_at_once,
-                dlr::orphan_receipts_match_a_later_handoff,
-                dlr::repeated_handoff_is_idempotent,
-                dlr::resubmission_replaces_provider_ids,
-                dlr::failure_only_targets,
-                dlr::failed_handoff_delivers_failure_receipt,
-                dlr::claims_are_leased_and_fenced,
-                dlr::wake_account_makes_parked_smpp_receipts_due,
-                dlr::expires_after_retention,
-            );
+            $crate::conformance::sms_cases!($factory);
+            $crate::conformance::dlr_cases!($factory);
         }
+    };
+    ($name:ident, $factory:expr; sms) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::conformance::sms_cases!($factory);
+        }
+    };
+}
+
+/// The SMS-stage cases (pending, router-queue, routed-work).
+macro_rules! sms_cases {
+    ($factory:expr) => {
+        $crate::conformance::conformance_cases!($factory;
+            pending::admits_and_lists_ready_units,
+            pending::deduplicates_idempotency_keys_per_account,
+            pending::refuses_when_full,
+            pending::reassembles_multipart_groups,
+            pending::keeps_repeated_parts,
+            pending::expires_incomplete_groups_at_saved_deadline,
+            pending::completes_units_idempotently,
+            pending::pages_ready_units_with_a_cursor,
+            pending::reports_stats,
+            router_queue::stages_batches_with_cursor,
+            router_queue::releases_idempotently,
+            routed_work::records_once_and_completes_first_outcome,
+            routed_work::pages_and_removes,
+        );
+    };
+}
+
+/// The DLR-store cases.
+macro_rules! dlr_cases {
+    ($factory:expr) => {
+        $crate::conformance::conformance_cases!($factory;
+            dlr::resolves_delivered_when_every_part_delivered,
+            dlr::first_failure_resolves_at_once,
+            dlr::orphan_receipts_match_a_later_handoff,
+            dlr::repeated_handoff_is_idempotent,
+            dlr::resubmission_replaces_provider_ids,
+            dlr::failure_only_targets,
+            dlr::failed_handoff_delivers_failure_receipt,
+            dlr::claims_are_leased_and_fenced,
+            dlr::wake_account_makes_parked_smpp_receipts_due,
+            dlr::expires_after_retention,
+        );
     };
 }
 
@@ -116,7 +147,7 @@ macro_rules! conformance_cases {
     };
 }
 
-pub(crate) use conformance_cases;
+pub(crate) use {conformance_cases, dlr_cases, sms_cases};
 
 /// The memory backends.
 struct MemoryFactory;
@@ -132,12 +163,47 @@ impl Factory for MemoryFactory {
     async fn routed_work(&self) -> Arc<dyn RoutedWorkStore> {
         Arc::new(crate::memory::MemoryRoutedWorkStore::new())
     }
+}
+
+#[async_trait]
+impl DlrFactory for MemoryFactory {
     async fn dlr(&self, capacity: u64, retention: DlrRetention) -> Arc<dyn DlrStore> {
         Arc::new(crate::memory::MemoryDlrStore::new(capacity, retention))
     }
 }
 
 conformance_suite!(memory, MemoryFactory);
+
+/// The file backends: every store in a fresh temporary data directory, removed when
+/// the factory (which outlives the case's stores) is dropped.
+#[derive(Default)]
+struct FileFactory {
+    dirs: parking_lot::Mutex<Vec<tempfile::TempDir>>,
+}
+
+impl FileFactory {
+    fn dir(&self) -> Arc<crate::file::DataDir> {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let dir = Arc::new(crate::file::DataDir::open(tmp.path().join("spool")).expect("data dir"));
+        self.dirs.lock().push(tmp);
+        dir
+    }
+}
+
+#[async_trait]
+impl Factory for FileFactory {
+    async fn pending(&self, limits: PendingLimits) -> Arc<dyn PendingStore> {
+        Arc::new(crate::file::FilePendingStore::open(&self.dir(), limits).expect("open pending"))
+    }
+    async fn router_queue(&self) -> Arc<dyn RouterQueueStore> {
+        Arc::new(crate::file::FileRouterQueueStore::open(&self.dir()).expect("open router-queue"))
+    }
+    async fn routed_work(&self) -> Arc<dyn RoutedWorkStore> {
+        Arc::new(crate::file::FileRoutedWorkStore::open(&self.dir()).expect("open routed-work"))
+    }
+}
+
+conformance_suite!(file, FileFactory::default(); sms);
 
 #[tokio::test]
 async fn memory_dlr_refuses_reservations_beyond_capacity() {

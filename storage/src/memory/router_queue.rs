@@ -37,7 +37,9 @@ impl RouterQueueStore for MemoryRouterQueueStore {
     async fn stage(&self, units: &[StagedUnit], cursor: ReadySeq) -> Result<(), RouterQueueError> {
         let mut inner = self.inner.lock();
         for u in units {
-            if inner.by_id.insert(u.id, u.seq).is_none() {
+            // Staging a unit again keeps its first entry (as the file backend does).
+            if let std::collections::hash_map::Entry::Vacant(v) = inner.by_id.entry(u.id) {
+                v.insert(u.seq);
                 inner.by_seq.insert(u.seq, u.id);
             }
         }

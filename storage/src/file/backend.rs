@@ -1,0 +1,118 @@
+//! The redb storage backend of every file store: redb's own [`FileBackend`] plus fault
+//! injection, so tests can prove that a full or failing disk fails closed.
+//!
+//! Faults come from the process-wide failpoints (`SENDIUM_FAILPOINT=disk-full=error@N`,
+//! `disk-io-error=error@N`, used by the black-box tests) and, in unit tests, from a
+//! per-store [`FaultSwitch`]. With no failpoint configured the check is one relaxed
+//! atomic load per I/O call (plus the switch's), which is noise next to a `pwrite`.
+
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::ops::Bound;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use redb::backends::FileBackend;
+use redb::{BackendError, DatabaseError, StorageBackend};
+
+use crate::failpoint;
+
+/// In-process fault switches of one store file (unit tests turn them on and off; a
+/// failpoint, once on, stays on like a full disk).
+#[derive(Debug, Default)]
+pub(crate) struct FaultSwitch {
+    pub full: AtomicBool,
+    pub io: AtomicBool,
+}
+
+/// [`FileBackend`] with fault injection.
+pub(crate) struct FaultBackend {
+    inner: FileBackend,
+    faults: Arc<FaultSwitch>,
+}
+
+impl fmt::Debug for FaultBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FaultBackend").field("faults", &self.faults).finish()
+    }
+}
+
+impl FaultBackend {
+    pub(crate) fn new(file: File, faults: Arc<FaultSwitch>) -> Result<Self, DatabaseError> {
+        Ok(Self {
+            inner: FileBackend::new(file)?,
+            faults,
+        })
+    }
+
+    /// A write or an extension of the file: ENOSPC when the disk is "full".
+    fn check_space(&self) -> io::Result<()> {
+        if failpoint::error("disk-full") || self.faults.full.load(Ordering::Relaxed) {
+            return Err(io::Error::from(rustix::io::Errno::NOSPC));
+        }
+        self.check_io()
+    }
+
+    fn check_io(&self) -> io::Result<()> {
+        if failpoint::error("disk-io-error") || self.faults.io.load(Ordering::Relaxed) {
+            return Err(io::Error::other("injected I/O error (failpoint disk-io-error)"));
+        }
+        Ok(())
+    }
+}
+
+impl StorageBackend for FaultBackend {
+    fn len(&self) -> Result<u64, io::Error> {
+        self.inner.len()
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
+        self.check_io()?;
+        self.inner.read(offset, out)
+    }
+
+    fn set_len(&self, len: u64) -> Result<(), io::Error> {
+        self.check_space()?;
+        self.inner.set_len(len)
+    }
+
+    fn sync_data(&self) -> Result<(), io::Error> {
+        self.check_io()?;
+        self.inner.sync_data()
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
+        self.check_space()?;
+        self.inner.write(offset, data)
+    }
+
+    fn close(&self) -> Result<(), io::Error> {
+        self.inner.close()
+    }
+
+    // Locking is redb's own (it guards the file against a second opener); delegate all of it.
+    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.inner.try_lock_range(start, end)
+    }
+
+    fn try_lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.inner.try_lock_shared_range(start, end)
+    }
+
+    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.inner.lock_range(start, end)
+    }
+
+    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.inner.lock_shared_range(start, end)
+    }
+
+    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.inner.unlock_range(start, end)
+    }
+
+    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.inner.query_lock_range(start, end)
+    }
+}

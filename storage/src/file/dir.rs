@@ -1,0 +1,165 @@
+//! The data directory of the file backends and its exclusive lock.
+//!
+//! One directory (`[storage.file] dir`) holds every file-backed stage, each in its own
+//! redb file so the three owners' write transactions and fsyncs do not queue behind one
+//! writer lock, and the DLR store keeps its own namespace:
+//!
+//! ```text
+//! <dir>/LOCK               exclusive lock, holder's pid
+//! <dir>/manifest.json      which backend each stage used (see manifest.rs)
+//! <dir>/pending.redb       pending stage
+//! <dir>/router-queue.redb  router-queue stage
+//! <dir>/routed-work.redb   routed-work stage
+//! <dir>/dlr.redb           DLR store (later)
+//! ```
+//!
+//! The lock is what makes "one process per spool" true: a second Sendium (or a second
+//! [`DataDir`] in the same process) on the same directory fails with
+//! [`FailureKind::Locked`] before it touches a store file. It is an advisory `flock`
+//! held for the `DataDir`'s lifetime (every store keeps an `Arc` of it), released by the
+//! kernel when the process dies, SIGKILL included, so no stale lock survives a crash.
+
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use crate::error::{BackendFailure, FailureKind};
+
+/// File names inside the data directory.
+pub const LOCK_FILE: &str = "LOCK";
+pub const PENDING_FILE: &str = "pending.redb";
+pub const ROUTER_QUEUE_FILE: &str = "router-queue.redb";
+pub const ROUTED_WORK_FILE: &str = "routed-work.redb";
+/// Reserved for the file DLR store.
+pub const DLR_FILE: &str = "dlr.redb";
+
+/// An opened, exclusively locked data directory.
+#[derive(Debug)]
+pub struct DataDir {
+    path: PathBuf,
+    /// Holding the open file holds the lock.
+    _lock: File,
+}
+
+impl DataDir {
+    /// Create the directory if needed and lock it. Fails with [`FailureKind::Locked`]
+    /// when another process (or another `DataDir` of this process) holds it.
+    pub fn open(path: impl AsRef<Path>) -> Result<DataDir, BackendFailure> {
+        let path = path.as_ref().to_path_buf();
+        let loc = path.display().to_string();
+        fs::create_dir_all(&path).map_err(|e| io_failure(&loc, "cannot create the data directory", &e))?;
+        let lock_path = path.join(LOCK_FILE);
+        let lock_loc = lock_path.display().to_string();
+        // No truncate: the file may hold the current holder's pid.
+        let mut lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .map_err(|e| io_failure(&lock_loc, "cannot open the lock file", &e))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                let mut holder = String::new();
+                let _ = lock.read_to_string(&mut holder);
+                let holder = holder.trim();
+                let who = match holder.parse::<u32>() {
+                    Ok(pid) if pid == std::process::id() => format!(" (pid {pid}: this process)"),
+                    Ok(pid) => format!(" (pid {pid})"),
+                    Err(_) => String::new(),
+                };
+                return Err(BackendFailure::new(
+                    FailureKind::Locked,
+                    loc.clone(),
+                    format!("data directory {loc} is locked by another Sendium process{who}"),
+                ));
+            }
+            Err(TryLockError::Error(e)) => return Err(io_failure(&lock_loc, "cannot lock the data directory", &e)),
+        }
+        let pid = std::process::id();
+        lock.set_len(0)
+            .and_then(|()| lock.seek(SeekFrom::Start(0)))
+            .and_then(|_| lock.write_all(format!("{pid}\n").as_bytes()))
+            .map_err(|e| io_failure(&lock_loc, "cannot write the lock holder's pid", &e))?;
+        Ok(DataDir { path, _lock: lock })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn pending_path(&self) -> PathBuf {
+        self.path.join(PENDING_FILE)
+    }
+
+    pub fn router_queue_path(&self) -> PathBuf {
+        self.path.join(ROUTER_QUEUE_FILE)
+    }
+
+    pub fn routed_work_path(&self) -> PathBuf {
+        self.path.join(ROUTED_WORK_FILE)
+    }
+
+    pub fn dlr_path(&self) -> PathBuf {
+        self.path.join(DLR_FILE)
+    }
+
+    /// fsync the directory itself, so a file created or renamed in it survives a crash.
+    pub(crate) fn sync(&self) -> Result<(), BackendFailure> {
+        let loc = self.path.display().to_string();
+        File::open(&self.path)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io_failure(&loc, "cannot fsync the data directory", &e))
+    }
+}
+
+/// An I/O error as a located failure: ENOSPC is [`FailureKind::Full`], the rest
+/// [`FailureKind::Unavailable`].
+pub(crate) fn io_failure(location: &str, what: &str, e: &std::io::Error) -> BackendFailure {
+    let kind = if is_full(e) {
+        FailureKind::Full
+    } else {
+        FailureKind::Unavailable
+    };
+    BackendFailure::new(kind, location, format!("{what}: {e}"))
+}
+
+pub(crate) fn is_full(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::StorageFull || e.kind() == std::io::ErrorKind::QuotaExceeded
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_open_of_a_locked_directory_fails_with_locked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("spool");
+        let first = DataDir::open(&dir).unwrap();
+        assert!(dir.is_dir(), "created");
+        let err = DataDir::open(&dir).unwrap_err();
+        assert_eq!(err.kind, FailureKind::Locked);
+        let msg = err.to_string();
+        assert!(msg.contains("is locked by another Sendium process"), "{msg}");
+        assert!(msg.contains(&format!("pid {}", std::process::id())), "{msg}");
+        assert!(msg.contains(&dir.display().to_string()), "{msg}");
+        let pid = fs::read_to_string(dir.join(LOCK_FILE)).unwrap();
+        assert_eq!(pid.trim(), std::process::id().to_string(), "holder's pid kept intact");
+        drop(first);
+        let again = DataDir::open(&dir).unwrap();
+        assert_eq!(again.path(), dir.as_path());
+        assert_eq!(again.pending_path(), dir.join("pending.redb"));
+    }
+
+    #[test]
+    fn an_unusable_path_is_an_error_not_a_panic() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("plain-file");
+        fs::write(&file, b"x").unwrap();
+        let err = DataDir::open(file.join("sub")).unwrap_err();
+        assert_eq!(err.kind, FailureKind::Unavailable);
+        assert!(err.location.contains("plain-file"), "{err}");
+    }
+}

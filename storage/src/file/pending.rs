@@ -1,0 +1,628 @@
+//! File-backed pending stage (`<dir>/pending.redb`).
+//!
+//! Semantics are exactly those of [`MemoryPendingStore`](crate::memory::MemoryPendingStore)
+//! (the conformance suite runs against both); what the file adds is that an admitted
+//! record survives SIGKILL: every `admit` is one redb write transaction committed with
+//! `Durability::Immediate` (one `fdatasync`) before the caller acknowledges anything.
+//!
+//! Tables (keys are big-endian, so byte order is the order the stage needs):
+//!
+//! | table | key | value |
+//! |---|---|---|
+//! | `records` | message id (16 bytes, UUIDv7: time order) | [`PendingRecord`] envelope |
+//! | `ready` | [`ReadySeq`] | ready unit envelope (id, disposition, members) |
+//! | `unit_seq` | unit id | its ready seq |
+//! | `groups` | encoded [`GroupKey`] | incomplete group envelope (parts, deadline) |
+//! | `group_deadlines` | (deadline ms, group key) | — |
+//! | `idempotency` | (account, key) | first admission's id and retention deadline |
+//! | `idempotency_expiry` | (deadline ms, account, key) | — |
+//! | `meta` | name | `layout`, `next_seq`, `receipt_requests` |
+//!
+//! Nothing loads the backlog: selection reads `limit` entries of `ready` with a range,
+//! expiry reads the first entries of `group_deadlines`, idempotency retention pops the
+//! first entries of `idempotency_expiry`. `stats()` is O(log n): table lengths are kept
+//! by redb in each tree's header, the receipt counter lives in `meta` and is updated in
+//! the same transactions, and the oldest record is the first key of `records`.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use redb::{Durability, ReadableTable, ReadableTableMetadata, Table, TableDefinition, WriteTransaction};
+
+use super::db::{Fail, FileOptions, META, StoreFile, blocking, check_layout, get_counter};
+use super::dir::{DataDir, PENDING_FILE};
+use super::records::{GroupState, IdempotencyEntry, UnitEntry};
+use crate::backend::StageBackend;
+use crate::envelope::{self, RecordKind};
+use crate::error::{BackendFailure, PendingError};
+use crate::ids::{MessageId, ReadySeq, Timestamp, UnitId};
+use crate::memory::PendingLimits;
+use crate::pending::{AdmitOutcome, Disposition, PendingStats, PendingStore, ReadyUnit, Unit};
+use crate::record::{GroupKey, PendingRecord};
+
+const RECORDS: TableDefinition<&[u8; 16], &[u8]> = TableDefinition::new("records");
+const READY: TableDefinition<u64, &[u8]> = TableDefinition::new("ready");
+const UNIT_SEQ: TableDefinition<&[u8; 16], u64> = TableDefinition::new("unit_seq");
+const GROUPS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("groups");
+const DEADLINES: TableDefinition<(u64, &[u8]), ()> = TableDefinition::new("group_deadlines");
+const IDEM: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("idempotency");
+const IDEM_EXPIRY: TableDefinition<(u64, &str, &str), ()> = TableDefinition::new("idempotency_expiry");
+
+const LAYOUT: u64 = 1;
+const NEXT_SEQ: &str = "next_seq";
+const RECEIPTS: &str = "receipt_requests";
+/// Expired idempotency keys forgotten per admission at most, so one admission after a
+/// long quiet spell does not turn into a huge transaction. Lookups also check the
+/// deadline, so a key not yet forgotten never deduplicates past its retention.
+const FORGET_PER_ADMIT: usize = 4096;
+
+/// The file-backed pending store.
+#[derive(Clone)]
+pub struct FilePendingStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    file: StoreFile,
+    limits: PendingLimits,
+}
+
+impl FilePendingStore {
+    /// Open (or create) `<dir>/pending.redb` with the default [`FileOptions::pending`].
+    /// Blocking: call it at startup, before serving.
+    pub fn open(dir: &Arc<DataDir>, limits: PendingLimits) -> Result<Self, BackendFailure> {
+        Self::open_with(dir, limits, FileOptions::pending())
+    }
+
+    pub fn open_with(dir: &Arc<DataDir>, limits: PendingLimits, options: FileOptions) -> Result<Self, BackendFailure> {
+        let file = StoreFile::open(dir, PENDING_FILE, options, init)?;
+        Ok(Self {
+            inner: Arc::new(Inner { file, limits }),
+        })
+    }
+
+    /// The store file (for logs and `sendium inspect`).
+    pub fn path(&self) -> &std::path::Path {
+        self.inner.file.path()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn faults(&self) -> &super::backend::FaultSwitch {
+        &self.inner.file.faults
+    }
+
+    async fn run<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Inner) -> Result<R, BackendFailure> + Send + 'static,
+    ) -> Result<R, PendingError> {
+        Ok(blocking(&self.inner, |i| &i.file, f).await?)
+    }
+}
+
+/// Create the tables, check the layout, and spot-check the first and last entries (a
+/// record of a newer major version, or garbage, stops the open instead of a later read).
+fn init(txn: &WriteTransaction) -> Result<(), Fail> {
+    check_layout(txn, LAYOUT)?;
+    let records = txn.open_table(RECORDS)?;
+    let ready = txn.open_table(READY)?;
+    txn.open_table(UNIT_SEQ)?;
+    let groups = txn.open_table(GROUPS)?;
+    txn.open_table(DEADLINES)?;
+    let idem = txn.open_table(IDEM)?;
+    txn.open_table(IDEM_EXPIRY)?;
+    let meta = txn.open_table(META)?;
+    for entry in [records.first()?, records.last()?].into_iter().flatten() {
+        let id = MessageId::from_bytes(*entry.0.value());
+        decode_record(id, entry.1.value())?;
+    }
+    for entry in [ready.first()?, ready.last()?].into_iter().flatten() {
+        decode_unit(entry.0.value(), entry.1.value())?;
+    }
+    if let Some((k, _)) = ready.last()?
+        && k.value() > get_counter(&meta, NEXT_SEQ)?
+    {
+        return Err(Fail::Invalid {
+            table: "ready",
+            detail: format!("ready seq {} is beyond the stored next seq", k.value()),
+        });
+    }
+    for entry in [groups.first()?, groups.last()?].into_iter().flatten() {
+        envelope::decode::<GroupState>(RecordKind::PendingGroup, entry.1.value())
+            .map_err(|e| Fail::record("groups", "(first/last group)", e))?;
+    }
+    for entry in [idem.first()?, idem.last()?].into_iter().flatten() {
+        envelope::decode::<IdempotencyEntry>(RecordKind::IdempotencyKey, entry.1.value())
+            .map_err(|e| Fail::record("idempotency", "(first/last key)", e))?;
+    }
+    Ok(())
+}
+
+fn decode_record(id: MessageId, bytes: &[u8]) -> Result<PendingRecord, Fail> {
+    envelope::decode(RecordKind::PendingRecord, bytes).map_err(|e| Fail::record("records", id, e))
+}
+
+fn decode_unit(seq: u64, bytes: &[u8]) -> Result<UnitEntry, Fail> {
+    envelope::decode(RecordKind::PendingUnit, bytes).map_err(|e| Fail::record("ready", seq, e))
+}
+
+fn encode<T: serde::Serialize>(
+    kind: RecordKind,
+    table: &'static str,
+    key: impl std::fmt::Display,
+    v: &T,
+) -> Result<Vec<u8>, Fail> {
+    envelope::encode(kind, v).map_err(|e| Fail::record(table, key, e))
+}
+
+/// A group key as bytes: three length-prefixed strings, reference, total. Stable, so
+/// it can key the `groups` table across restarts.
+fn group_key_bytes(gk: &GroupKey) -> Vec<u8> {
+    let mut out = Vec::with_capacity(gk.account.len() + gk.source.len() + gk.destination.len() + 15);
+    for s in [&gk.account, &gk.source, &gk.destination] {
+        out.extend_from_slice(&u32::try_from(s.len()).unwrap_or(u32::MAX).to_be_bytes());
+        out.extend_from_slice(s.as_bytes());
+    }
+    out.extend_from_slice(&gk.reference.to_be_bytes());
+    out.push(gk.total);
+    out
+}
+
+/// Build a unit from its entry, reading its member records.
+fn build_unit(
+    records: &impl ReadableTable<&'static [u8; 16], &'static [u8]>,
+    seq: u64,
+    entry: UnitEntry,
+) -> Result<ReadyUnit, Fail> {
+    let mut parts = Vec::with_capacity(entry.members.len());
+    for m in &entry.members {
+        if let Some(v) = records.get(&m.to_bytes())? {
+            parts.push(decode_record(*m, v.value())?);
+        }
+    }
+    Ok(ReadyUnit {
+        seq: ReadySeq(seq),
+        unit: Unit {
+            id: entry.id,
+            disposition: entry.disposition,
+            parts,
+        },
+    })
+}
+
+/// The tables of one write transaction and the counters it updates.
+struct Tx<'t> {
+    records: Table<'t, &'static [u8; 16], &'static [u8]>,
+    ready: Table<'t, u64, &'static [u8]>,
+    unit_seq: Table<'t, &'static [u8; 16], u64>,
+    groups: Table<'t, &'static [u8], &'static [u8]>,
+    deadlines: Table<'t, (u64, &'static [u8]), ()>,
+    idem: Table<'t, (&'static str, &'static str), &'static [u8]>,
+    idem_expiry: Table<'t, (u64, &'static str, &'static str), ()>,
+    meta: Table<'t, &'static str, u64>,
+    next_seq: u64,
+    receipts: u64,
+}
+
+impl<'t> Tx<'t> {
+    fn open(txn: &'t WriteTransaction) -> Result<Self, Fail> {
+        let meta = txn.open_table(META)?;
+        let next_seq = get_counter(&meta, NEXT_SEQ)?;
+        let receipts = get_counter(&meta, RECEIPTS)?;
+        Ok(Self {
+            records: txn.open_table(RECORDS)?,
+            ready: txn.open_table(READY)?,
+            unit_seq: txn.open_table(UNIT_SEQ)?,
+            groups: txn.open_table(GROUPS)?,
+            deadlines: txn.open_table(DEADLINES)?,
+            idem: txn.open_table(IDEM)?,
+            idem_expiry: txn.open_table(IDEM_EXPIRY)?,
+            meta,
+            next_seq,
+            receipts,
+        })
+    }
+
+    fn save_counters(&mut self) -> Result<(), Fail> {
+        self.meta.insert(NEXT_SEQ, self.next_seq)?;
+        self.meta.insert(RECEIPTS, self.receipts)?;
+        Ok(())
+    }
+
+    fn make_ready(
+        &mut self,
+        id: UnitId,
+        disposition: Disposition,
+        members: Vec<MessageId>,
+        receipts: u64,
+    ) -> Result<(), Fail> {
+        self.next_seq += 1;
+        let seq = self.next_seq;
+        let entry = UnitEntry {
+            id,
+            disposition,
+            members,
+            receipts,
+        };
+        let bytes = encode(RecordKind::PendingUnit, "ready", seq, &entry)?;
+        self.ready.insert(seq, bytes.as_slice())?;
+        let old = self.unit_seq.insert(&id.to_bytes(), seq)?.map(|g| g.value());
+        if let Some(old) = old {
+            // Only with a reused message id: keep one ready entry per unit.
+            self.ready.remove(old)?;
+        }
+        Ok(())
+    }
+
+    /// Forget idempotency keys whose retention ended. Returns whether anything changed.
+    fn forget_idempotency(&mut self, now: Timestamp) -> Result<bool, Fail> {
+        let mut changed = false;
+        for _ in 0..FORGET_PER_ADMIT {
+            let first = match self.idem_expiry.first()? {
+                Some((k, _)) => {
+                    let (at, account, key) = k.value();
+                    if at > now.0 {
+                        break;
+                    }
+                    (at, account.to_string(), key.to_string())
+                }
+                None => break,
+            };
+            let (at, account, key) = first;
+            self.idem_expiry.remove((at, account.as_str(), key.as_str()))?;
+            let current = match self.idem.get((account.as_str(), key.as_str()))? {
+                Some(v) => Some(
+                    envelope::decode::<IdempotencyEntry>(RecordKind::IdempotencyKey, v.value())
+                        .map_err(|e| Fail::record("idempotency", &account, e))?,
+                ),
+                None => None,
+            };
+            if current.is_some_and(|c| c.expires_at.0 == at) {
+                self.idem.remove((account.as_str(), key.as_str()))?;
+            }
+            changed = true;
+        }
+        Ok(changed)
+    }
+
+    /// The retained first admission of this idempotency key, if any.
+    fn idempotent(&self, account: &str, key: &str, now: Timestamp) -> Result<Option<MessageId>, Fail> {
+        let Some(v) = self.idem.get((account, key))? else {
+            return Ok(None);
+        };
+        let entry: IdempotencyEntry = envelope::decode(RecordKind::IdempotencyKey, v.value())
+            .map_err(|e| Fail::record("idempotency", account, e))?;
+        Ok((entry.expires_at > now).then_some(entry.id))
+    }
+
+    fn admit_one(&mut self, record: PendingRecord, idem_expiry: Timestamp) -> Result<(), Fail> {
+        let id = record.id;
+        let wants = u64::from(record.wants_receipt());
+        self.receipts += wants;
+        if let Some(key) = &record.idempotency_key {
+            self.idem_expiry
+                .insert((idem_expiry.0, record.account.as_str(), key.as_str()), ())?;
+            let entry = IdempotencyEntry {
+                id,
+                expires_at: idem_expiry,
+            };
+            let bytes = encode(RecordKind::IdempotencyKey, "idempotency", &record.account, &entry)?;
+            self.idem
+                .insert((record.account.as_str(), key.as_str()), bytes.as_slice())?;
+        }
+        let bytes = encode(RecordKind::PendingRecord, "records", id, &record)?;
+        match (record.group_key(), record.part) {
+            (Some(gk), Some(part)) => {
+                let gkb = group_key_bytes(&gk);
+                let existing = match self.groups.get(gkb.as_slice())? {
+                    Some(v) => Some(
+                        envelope::decode::<GroupState>(RecordKind::PendingGroup, v.value())
+                            .map_err(|e| Fail::record("groups", format!("reference {}", gk.reference), e))?,
+                    ),
+                    None => None,
+                };
+                let mut group = existing.unwrap_or_else(|| GroupState {
+                    deadline: part.expires_at,
+                    ..GroupState::default()
+                });
+                group.add(part.seq, id);
+                group.receipts += wants;
+                let complete = group.parts.len() == usize::from(part.total);
+                let old_deadline = group.deadline;
+                if part.expires_at < group.deadline {
+                    group.deadline = part.expires_at;
+                }
+                self.records.insert(&id.to_bytes(), bytes.as_slice())?;
+                self.deadlines.remove((old_deadline.0, gkb.as_slice()))?;
+                if complete {
+                    self.groups.remove(gkb.as_slice())?;
+                    let members = group.members();
+                    if let Some(first) = members.first().copied() {
+                        self.make_ready(first, Disposition::Deliver, members, group.receipts)?;
+                    }
+                } else {
+                    let gbytes = encode(
+                        RecordKind::PendingGroup,
+                        "groups",
+                        format!("reference {}", gk.reference),
+                        &group,
+                    )?;
+                    self.groups.insert(gkb.as_slice(), gbytes.as_slice())?;
+                    self.deadlines.insert((group.deadline.0, gkb.as_slice()), ())?;
+                }
+            }
+            _ => {
+                self.records.insert(&id.to_bytes(), bytes.as_slice())?;
+                self.make_ready(id, Disposition::Deliver, vec![id], wants)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
+    fn admit(&self, batch: Vec<PendingRecord>) -> Result<Vec<AdmitOutcome>, BackendFailure> {
+        let now = Timestamp::now();
+        let idem_expiry = now.saturating_add(self.limits.idempotency_retention);
+        self.file.write(Durability::Immediate, |txn| {
+            let mut t = Tx::open(txn)?;
+            let mut changed = t.forget_idempotency(now)?;
+            let mut count = t.records.len()?;
+            let mut outcomes = Vec::with_capacity(batch.len());
+            for record in batch {
+                if let Some(key) = &record.idempotency_key
+                    && let Some(existing) = t.idempotent(&record.account, key, now)?
+                {
+                    outcomes.push(AdmitOutcome::Duplicate { existing });
+                    continue;
+                }
+                if count >= self.limits.max_records {
+                    outcomes.push(AdmitOutcome::Full);
+                    continue;
+                }
+                t.admit_one(record, idem_expiry)?;
+                count += 1;
+                changed = true;
+                outcomes.push(AdmitOutcome::Admitted);
+            }
+            if changed {
+                t.save_counters()?;
+            }
+            Ok((outcomes, changed))
+        })
+    }
+
+    fn ready_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<ReadyUnit>, BackendFailure> {
+        self.file.read(|txn| {
+            let ready = txn.open_table(READY)?;
+            let records = txn.open_table(RECORDS)?;
+            let mut out = Vec::with_capacity(limit.min(1024));
+            for item in ready.range(after.0.saturating_add(1)..)?.take(limit) {
+                let (k, v) = item?;
+                let seq = k.value();
+                let entry = decode_unit(seq, v.value())?;
+                out.push(build_unit(&records, seq, entry)?);
+            }
+            Ok(out)
+        })
+    }
+
+    fn units(&self, ids: &[UnitId]) -> Result<Vec<ReadyUnit>, BackendFailure> {
+        self.file.read(|txn| {
+            let ready = txn.open_table(READY)?;
+            let unit_seq = txn.open_table(UNIT_SEQ)?;
+            let records = txn.open_table(RECORDS)?;
+            let mut out = Vec::with_capacity(ids.len());
+            for id in ids {
+                let Some(seq) = unit_seq.get(&id.to_bytes())?.map(|g| g.value()) else {
+                    continue;
+                };
+                let Some(v) = ready.get(seq)? else {
+                    continue;
+                };
+                let entry = decode_unit(seq, v.value())?;
+                out.push(build_unit(&records, seq, entry)?);
+            }
+            Ok(out)
+        })
+    }
+
+    fn expire_groups(&self, now: Timestamp, limit: usize) -> Result<usize, BackendFailure> {
+        // Most calls find nothing due: answer from a snapshot without a write (and fsync).
+        let due = self.file.read(|txn| {
+            let deadlines = txn.open_table(DEADLINES)?;
+            Ok(deadlines.first()?.is_some_and(|(k, _)| k.value().0 <= now.0))
+        })?;
+        if !due || limit == 0 {
+            return Ok(0);
+        }
+        self.file.write(Durability::Immediate, |txn| {
+            let mut t = Tx::open(txn)?;
+            let mut expired = 0;
+            let mut changed = false;
+            while expired < limit {
+                let (deadline, gkb) = match t.deadlines.first()? {
+                    Some((k, _)) => {
+                        let (deadline, gkb) = k.value();
+                        if deadline > now.0 {
+                            break;
+                        }
+                        (deadline, gkb.to_vec())
+                    }
+                    None => break,
+                };
+                t.deadlines.remove((deadline, gkb.as_slice()))?;
+                changed = true;
+                let group = match t.groups.remove(gkb.as_slice())? {
+                    Some(v) => Some(
+                        envelope::decode::<GroupState>(RecordKind::PendingGroup, v.value())
+                            .map_err(|e| Fail::record("groups", format!("deadline {deadline}"), e))?,
+                    ),
+                    None => None,
+                };
+                if let Some(group) = group {
+                    let members = group.members();
+                    if let Some(first) = members.first().copied() {
+                        t.make_ready(first, Disposition::Expired, members, group.receipts)?;
+                    }
+                    expired += 1;
+                }
+            }
+            if changed {
+                t.save_counters()?;
+            }
+            Ok((expired, changed))
+        })
+    }
+
+    fn complete(&self, ids: Vec<UnitId>) -> Result<(), BackendFailure> {
+        self.file.write(Durability::Immediate, |txn| {
+            let mut t = Tx::open(txn)?;
+            let mut changed = false;
+            for id in ids {
+                let Some(seq) = t.unit_seq.remove(&id.to_bytes())?.map(|g| g.value()) else {
+                    continue;
+                };
+                changed = true;
+                let entry = match t.ready.remove(seq)? {
+                    Some(v) => Some(decode_unit(seq, v.value())?),
+                    None => None,
+                };
+                if let Some(entry) = entry {
+                    for m in entry.members {
+                        t.records.remove(&m.to_bytes())?;
+                    }
+                    t.receipts = t.receipts.saturating_sub(entry.receipts);
+                }
+            }
+            if changed {
+                t.save_counters()?;
+            }
+            Ok(((), changed))
+        })
+    }
+
+    fn stats(&self) -> Result<PendingStats, BackendFailure> {
+        self.file.read(|txn| {
+            let records = txn.open_table(RECORDS)?;
+            let meta = txn.open_table(META)?;
+            let oldest = match records.first()? {
+                Some((k, v)) => Some(decode_record(MessageId::from_bytes(*k.value()), v.value())?.accepted_at),
+                None => None,
+            };
+            Ok(PendingStats {
+                records: records.len()?,
+                ready_units: txn.open_table(UNIT_SEQ)?.len()?,
+                incomplete_groups: txn.open_table(GROUPS)?.len()?,
+                receipt_requests: get_counter(&meta, RECEIPTS)?,
+                oldest_accepted_at: oldest,
+            })
+        })
+    }
+}
+
+#[async_trait]
+impl PendingStore for FilePendingStore {
+    fn backend(&self) -> StageBackend {
+        StageBackend::File
+    }
+
+    async fn admit(&self, batch: Vec<PendingRecord>) -> Result<Vec<AdmitOutcome>, PendingError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.run(move |i| i.admit(batch)).await
+    }
+
+    async fn ready_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<ReadyUnit>, PendingError> {
+        self.run(move |i| i.ready_after(after, limit)).await
+    }
+
+    async fn units(&self, ids: &[UnitId]) -> Result<Vec<ReadyUnit>, PendingError> {
+        let ids = ids.to_vec();
+        self.run(move |i| i.units(&ids)).await
+    }
+
+    async fn expire_groups(&self, now: Timestamp, limit: usize) -> Result<usize, PendingError> {
+        self.run(move |i| i.expire_groups(now, limit)).await
+    }
+
+    async fn complete(&self, ids: &[UnitId]) -> Result<(), PendingError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let ids = ids.to_vec();
+        self.run(move |i| i.complete(ids)).await
+    }
+
+    async fn stats(&self) -> Result<PendingStats, PendingError> {
+        self.run(|i| i.stats()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::FailureKind;
+
+    #[test]
+    fn a_record_of_a_newer_major_version_stops_the_open() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = Arc::new(DataDir::open(tmp.path()).unwrap());
+        drop(FilePendingStore::open(&dir, PendingLimits::default()).unwrap());
+        // What a future Sendium with record major version 99 would have written.
+        let value = ciborium::Value::Map(vec![
+            (ciborium::Value::Text("v".into()), ciborium::Value::Integer(99.into())),
+            (ciborium::Value::Text("vm".into()), ciborium::Value::Integer(0.into())),
+            (ciborium::Value::Text("whatever".into()), ciborium::Value::Bool(true)),
+        ]);
+        let mut bytes = Vec::new();
+        ciborium::into_writer(&value, &mut bytes).unwrap();
+        let bytes = crate::envelope::seal(bytes);
+        {
+            let db = redb::Database::create(dir.pending_path()).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(RECORDS)
+                .unwrap()
+                .insert(&[0xff; 16], bytes.as_slice())
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        let err = FilePendingStore::open(&dir, PendingLimits::default()).err().unwrap();
+        assert_eq!(err.kind, FailureKind::UnsupportedVersion, "{err}");
+        assert!(
+            err.location.contains("pending.redb table records key ffffffff-ffff"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("major version 99"), "{err}");
+    }
+
+    #[test]
+    fn a_newer_table_layout_stops_the_open() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = Arc::new(DataDir::open(tmp.path()).unwrap());
+        drop(FilePendingStore::open(&dir, PendingLimits::default()).unwrap());
+        {
+            let db = redb::Database::create(dir.pending_path()).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(META)
+                .unwrap()
+                .insert(super::super::db::LAYOUT_KEY, 7)
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        let err = FilePendingStore::open(&dir, PendingLimits::default()).err().unwrap();
+        assert_eq!(err.kind, FailureKind::UnsupportedVersion, "{err}");
+    }
+
+    #[test]
+    fn group_keys_encode_unambiguously() {
+        let gk = |a: &str, s: &str| GroupKey {
+            account: a.into(),
+            source: s.into(),
+            destination: "d".into(),
+            reference: 1,
+            total: 2,
+        };
+        assert_ne!(group_key_bytes(&gk("ab", "c")), group_key_bytes(&gk("a", "bc")));
+    }
+}

@@ -1,0 +1,191 @@
+//! File-backed router-queue stage (`<dir>/router-queue.redb`).
+//!
+//! Same semantics as [`MemoryRouterQueueStore`](crate::memory::MemoryRouterQueueStore).
+//! `stage` writes the batch (by seq and by id) and the advanced cursor in one durable
+//! transaction, so after SIGKILL the batch is restored without selecting again and
+//! selection resumes after it.
+//!
+//! | table | key | value |
+//! |---|---|---|
+//! | `staged` | ready seq | staged unit envelope (unit id) |
+//! | `staged_ids` | unit id | ready seq |
+//! | `meta` | name | `layout`, `cursor` |
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use redb::{Durability, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
+
+use super::db::{Fail, FileOptions, META, StoreFile, blocking, check_layout, get_counter};
+use super::dir::{DataDir, ROUTER_QUEUE_FILE};
+use super::records::StagedRecord;
+use crate::backend::StageBackend;
+use crate::envelope::{self, RecordKind};
+use crate::error::{BackendFailure, RouterQueueError};
+use crate::ids::{ReadySeq, UnitId};
+use crate::router_queue::{RouterQueueStats, RouterQueueStore, StagedUnit};
+
+const STAGED: TableDefinition<u64, &[u8]> = TableDefinition::new("staged");
+const STAGED_IDS: TableDefinition<&[u8; 16], u64> = TableDefinition::new("staged_ids");
+const LAYOUT: u64 = 1;
+const CURSOR: &str = "cursor";
+
+/// The file-backed router-queue store.
+#[derive(Clone)]
+pub struct FileRouterQueueStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    file: StoreFile,
+}
+
+impl FileRouterQueueStore {
+    /// Open (or create) `<dir>/router-queue.redb` with [`FileOptions::stage`]. Blocking.
+    pub fn open(dir: &Arc<DataDir>) -> Result<Self, BackendFailure> {
+        Self::open_with(dir, FileOptions::stage())
+    }
+
+    pub fn open_with(dir: &Arc<DataDir>, options: FileOptions) -> Result<Self, BackendFailure> {
+        let file = StoreFile::open(dir, ROUTER_QUEUE_FILE, options, init)?;
+        Ok(Self {
+            inner: Arc::new(Inner { file }),
+        })
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        self.inner.file.path()
+    }
+
+    async fn run<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Inner) -> Result<R, BackendFailure> + Send + 'static,
+    ) -> Result<R, RouterQueueError> {
+        Ok(blocking(&self.inner, |i| &i.file, f).await?)
+    }
+}
+
+fn init(txn: &WriteTransaction) -> Result<(), Fail> {
+    check_layout(txn, LAYOUT)?;
+    let staged = txn.open_table(STAGED)?;
+    txn.open_table(STAGED_IDS)?;
+    for entry in [staged.first()?, staged.last()?].into_iter().flatten() {
+        decode(entry.0.value(), entry.1.value())?;
+    }
+    Ok(())
+}
+
+fn decode(seq: u64, bytes: &[u8]) -> Result<StagedRecord, Fail> {
+    envelope::decode(RecordKind::StagedUnit, bytes).map_err(|e| Fail::record("staged", seq, e))
+}
+
+impl Inner {
+    fn stage(&self, units: Vec<StagedUnit>, cursor: ReadySeq) -> Result<(), BackendFailure> {
+        self.file.write(Durability::Immediate, |txn| {
+            let mut staged = txn.open_table(STAGED)?;
+            let mut ids = txn.open_table(STAGED_IDS)?;
+            let mut meta = txn.open_table(META)?;
+            let mut changed = false;
+            for u in &units {
+                // Staging a unit again keeps its one entry.
+                if ids.get(&u.id.to_bytes())?.is_some() {
+                    continue;
+                }
+                ids.insert(&u.id.to_bytes(), u.seq.0)?;
+                let bytes = envelope::encode(RecordKind::StagedUnit, &StagedRecord { id: u.id })
+                    .map_err(|e| Fail::record("staged", u.seq.0, e))?;
+                staged.insert(u.seq.0, bytes.as_slice())?;
+                changed = true;
+            }
+            // The cursor never moves backwards.
+            if cursor.0 > get_counter(&meta, CURSOR)? {
+                meta.insert(CURSOR, cursor.0)?;
+                changed = true;
+            }
+            Ok(((), changed))
+        })
+    }
+
+    /// `Durability::None`: see [`RouterQueueStore::release`] on [`FileRouterQueueStore`].
+    fn release(&self, release: Vec<UnitId>) -> Result<(), BackendFailure> {
+        self.file.write(Durability::None, |txn| {
+            let mut staged = txn.open_table(STAGED)?;
+            let mut ids = txn.open_table(STAGED_IDS)?;
+            let mut changed = false;
+            for id in release {
+                let Some(seq) = ids.remove(&id.to_bytes())?.map(|g| g.value()) else {
+                    continue;
+                };
+                staged.remove(seq)?;
+                changed = true;
+            }
+            Ok(((), changed))
+        })
+    }
+
+    fn staged_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<StagedUnit>, BackendFailure> {
+        self.file.read(|txn| {
+            let staged = txn.open_table(STAGED)?;
+            let mut out = Vec::with_capacity(limit.min(1024));
+            for item in staged.range(after.0.saturating_add(1)..)?.take(limit) {
+                let (k, v) = item?;
+                let seq = k.value();
+                out.push(StagedUnit {
+                    id: decode(seq, v.value())?.id,
+                    seq: ReadySeq(seq),
+                });
+            }
+            Ok(out)
+        })
+    }
+
+    fn stats(&self) -> Result<RouterQueueStats, BackendFailure> {
+        self.file.read(|txn| {
+            let meta = txn.open_table(META)?;
+            Ok(RouterQueueStats {
+                staged: txn.open_table(STAGED_IDS)?.len()?,
+                cursor: ReadySeq(get_counter(&meta, CURSOR)?),
+            })
+        })
+    }
+}
+
+#[async_trait]
+impl RouterQueueStore for FileRouterQueueStore {
+    fn backend(&self) -> StageBackend {
+        StageBackend::File
+    }
+
+    /// One durable transaction: the batch and the cursor together, or neither.
+    async fn stage(&self, units: &[StagedUnit], cursor: ReadySeq) -> Result<(), RouterQueueError> {
+        let units = units.to_vec();
+        self.run(move |i| i.stage(units, cursor)).await
+    }
+
+    /// Committed with `Durability::None` (no fsync): releasing is cleanup whose loss is
+    /// harmless. If the process dies before a later durable commit (or a clean close)
+    /// persists it, the unit is simply still staged after the restart, and restore
+    /// repairs that by stable id: a unit whose source completed is skipped (the pending
+    /// store no longer has it), and one a durable routed-work stage already holds is
+    /// dropped by the Router. Saving the fsync here keeps the Selector's per-batch cost
+    /// at one durable commit.
+    async fn release(&self, ids: &[UnitId]) -> Result<(), RouterQueueError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let ids = ids.to_vec();
+        self.run(move |i| i.release(ids)).await
+    }
+
+    async fn staged_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<StagedUnit>, RouterQueueError> {
+        self.run(move |i| i.staged_after(after, limit)).await
+    }
+
+    async fn cursor(&self) -> Result<ReadySeq, RouterQueueError> {
+        Ok(self.run(|i| i.stats()).await?.cursor)
+    }
+
+    async fn stats(&self) -> Result<RouterQueueStats, RouterQueueError> {
+        self.run(|i| i.stats()).await
+    }
+}
