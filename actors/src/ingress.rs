@@ -324,9 +324,11 @@ impl Actor for Ingress {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         args: IngressArgs,
     ) -> Result<IngressState, ActorProcessingErr> {
+        // Reachable before startup work runs: replies to what pre_start sends must not be lost.
+        args.shared.dir.ingress.install(myself);
         Ok(IngressState {
             shared: args.shared,
             store: args.store,

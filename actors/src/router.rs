@@ -135,6 +135,8 @@ struct Tracked {
     /// Branches whose completion is queued for, or in, a routed-work write.
     closing: Vec<u16>,
     completion_sent: bool,
+    /// When the source completion was last asked for (re-asked if no answer came).
+    completion_asked: Option<Instant>,
 }
 
 impl Tracked {
@@ -198,6 +200,8 @@ pub struct Router;
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// A handoff the DLR correlator has not confirmed in this long is sent again.
 const HANDOFF_RESEND: Duration = Duration::from_secs(30);
+/// A source completion not confirmed in this long is asked for again.
+const COMPLETION_RESEND: Duration = Duration::from_secs(10);
 
 fn failure_state(f: &BranchFailure) -> DlrState {
     match f {
@@ -284,7 +288,7 @@ impl RouterState {
     }
 
     async fn route(&mut self, units: Vec<ReadyUnit>) {
-        let mut known = 0;
+        let mut known = Vec::new();
         let mut fresh = Vec::with_capacity(units.len());
         for ru in units {
             let id = ru.unit.id;
@@ -293,14 +297,19 @@ impl RouterState {
                 || self.to_record.iter().any(|(u, _)| u.id == id)
                 || self.retry_record.iter().any(|(u, _)| u.id == id)
             {
-                known += 1;
+                known.push(id);
                 continue;
             }
             let routed = self.plan(&ru.unit);
             fresh.push((Arc::new(ru.unit), routed));
         }
-        if known > 0 {
-            self.shared.dir.selector.send(SelectorMsg::Credit(known));
+        if !known.is_empty() {
+            self.shared.dir.selector.send(SelectorMsg::Credit(known.len()));
+            // Staged again after a restart but already recorded here: with a durable
+            // routed-work stage their staged entries are done with.
+            if self.store.backend().is_durable() {
+                self.shared.dir.selector.send(SelectorMsg::Routed(known));
+            }
         }
         self.to_record.extend(fresh);
         self.start_record();
@@ -374,6 +383,7 @@ impl RouterState {
                 awaiting_handoff: HashMap::new(),
                 closing: Vec::new(),
                 completion_sent: false,
+                completion_asked: None,
             },
         );
         for no in open {
@@ -572,6 +582,7 @@ impl RouterState {
             return;
         }
         t.completion_sent = true;
+        t.completion_asked = Some(Instant::now());
         self.shared.dir.ingress.send(IngressMsg::Complete(vec![id]));
     }
 
@@ -635,6 +646,7 @@ impl RouterState {
                 if t.routed.is_complete() && t.awaiting_handoff.is_empty() && t.closing.is_empty() && !t.completion_sent
                 {
                     t.completion_sent = true;
+                    t.completion_asked = Some(Instant::now());
                     finished.push(d.unit);
                 }
             }
@@ -786,6 +798,23 @@ impl RouterState {
             }
         }
         self.handoffs.extend(resend);
+        // Source completions whose answer never came (lost while Ingress or this actor
+        // restarted): ask again; completion is idempotent.
+        let again: Vec<UnitId> = self
+            .units
+            .values_mut()
+            .filter(|t| {
+                t.completion_asked
+                    .is_some_and(|at| now.duration_since(at) > COMPLETION_RESEND)
+            })
+            .map(|t| {
+                t.completion_asked = Some(now);
+                t.unit.id
+            })
+            .collect();
+        if !again.is_empty() {
+            self.shared.dir.ingress.send(IngressMsg::Complete(again));
+        }
         let names: Vec<String> = self.dests.keys().cloned().collect();
         for n in names {
             self.pump(&n);
@@ -841,9 +870,12 @@ impl Actor for Router {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         args: RouterArgs,
     ) -> Result<RouterState, ActorProcessingErr> {
+        // Reachable before the restore runs: replies to what it sends (source completions,
+        // worker outcomes) must not be lost.
+        args.shared.dir.router.install(myself);
         let dests = args
             .worker_capacity
             .iter()

@@ -188,10 +188,14 @@ impl SelectorState {
             if !gone.is_empty() {
                 self.release(&gone).await;
             }
-            let restored: Vec<ReadyUnit> = units
-                .into_iter()
-                .filter(|u| !self.exclude.contains(&u.unit.id))
-                .collect();
+            let (held, restored): (Vec<ReadyUnit>, Vec<ReadyUnit>) =
+                units.into_iter().partition(|u| self.exclude.contains(&u.unit.id));
+            // Already recorded in a durable routed-work stage: their staged entries are
+            // done with (a release lost in the crash is repaired here).
+            if self.release_on_routed && !held.is_empty() {
+                let ids: Vec<UnitId> = held.iter().map(|u| u.unit.id).collect();
+                self.release(&ids).await;
+            }
             self.credit = self.credit.saturating_sub(restored.len());
             self.restored_total += restored.len() as u64;
             metrics::counter!("sendium_staged_restored_total").increment(restored.len() as u64);
@@ -209,9 +213,11 @@ impl Actor for Selector {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         args: SelectorArgs,
     ) -> Result<SelectorState, ActorProcessingErr> {
+        // Reachable before startup work runs: replies to what pre_start sends must not be lost.
+        args.shared.dir.selector.install(myself);
         let cursor = args.store.cursor().await?;
         Ok(SelectorState {
             shared: args.shared,

@@ -122,7 +122,6 @@ impl SupervisorState {
                     accepting: spec.accepting,
                 };
                 let (r, _) = Actor::spawn_linked(name, Ingress, args, cell).await?;
-                shared.dir.ingress.install(r.clone());
                 r.get_cell()
             }
             ChildKind::Selector => {
@@ -133,7 +132,6 @@ impl SupervisorState {
                     release_on_routed: spec.stores.routed_work.backend().is_durable(),
                 };
                 let (r, _) = Actor::spawn_linked(name, Selector, args, cell).await?;
-                shared.dir.selector.install(r.clone());
                 r.get_cell()
             }
             ChildKind::Router => {
@@ -146,7 +144,6 @@ impl SupervisorState {
                     dlr_enabled: shared.dlr_enabled,
                 };
                 let (r, _) = Actor::spawn_linked(name, Router, args, cell).await?;
-                shared.dir.router.install(r.clone());
                 r.get_cell()
             }
             ChildKind::DlrCorrelator => {
@@ -159,7 +156,6 @@ impl SupervisorState {
                     callback_timeout: spec.callback_timeout,
                 };
                 let (r, _) = Actor::spawn_linked(name, DlrCorrelator, args, cell).await?;
-                shared.dir.dlr.install(r.clone());
                 r.get_cell()
             }
             ChildKind::Worker(dest) => {
@@ -173,9 +169,6 @@ impl SupervisorState {
                     provider: d.provider(),
                 };
                 let (r, _) = Actor::spawn_linked(name, DestinationWorker, args, cell).await?;
-                if let Some(mb) = shared.dir.worker(dest) {
-                    mb.install(r.clone());
-                }
                 r.get_cell()
             }
         };

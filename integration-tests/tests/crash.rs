@@ -357,15 +357,35 @@ async fn named_failpoint(profile: Profile, failpoint: &str) {
     // Nothing is left behind once everything is delivered.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let pending = rig.metric("sendium_stage_records", "stage=\"pending\"").await;
+        let mut left = Vec::new();
+        for stage in ["pending", "router-queue", "routed-work"] {
+            let n = rig.metric("sendium_stage_records", &format!("stage=\"{stage}\"")).await;
+            if n > 0.0 {
+                left.push(format!("{stage}: {n}"));
+            }
+        }
         // Parts of multipart groups cut off by the crash wait for their deadline (3 s).
-        if pending == 0.0 {
+        if left.is_empty() {
             break;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{} at {failpoint}: {pending} pending records never completed",
-            profile.name
+            "{} at {failpoint}: records never completed ({})\n{}",
+            profile.name,
+            left.join(", "),
+            rig.gw
+                .admin_get("/metrics")
+                .await
+                .1
+                .lines()
+                .filter(|l| !l.starts_with('#')
+                    && (l.contains("routed")
+                        || l.contains("router")
+                        || l.contains("destination_")
+                        || l.contains("handoff")
+                        || l.contains("retries")))
+                .collect::<Vec<_>>()
+                .join("\n")
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -327,7 +327,8 @@ impl Actor for DlrCorrelator {
     type State = DlrState;
     type Arguments = DlrArgs;
 
-    async fn pre_start(&self, _myself: ActorRef<Self::Msg>, args: DlrArgs) -> Result<DlrState, ActorProcessingErr> {
+    async fn pre_start(&self, myself: ActorRef<Self::Msg>, args: DlrArgs) -> Result<DlrState, ActorProcessingErr> {
+        args.shared.dir.dlr.install(myself);
         let http = reqwest::Client::builder()
             .timeout(args.callback_timeout)
             .user_agent(concat!("sendium/", env!("CARGO_PKG_VERSION")))

@@ -417,9 +417,13 @@ impl Actor for DestinationWorker {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         args: WorkerArgs,
     ) -> Result<WorkerState, ActorProcessingErr> {
+        // Reachable before the session starts: its first events must not be lost.
+        if let Some(mb) = args.shared.dir.worker(&args.name) {
+            mb.install(myself);
+        }
         let (provider, up) = match args.provider {
             ProviderSpec::Smpp(cfg) => {
                 let sink = Arc::new(EventSink {
