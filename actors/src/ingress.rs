@@ -89,11 +89,7 @@ pub enum IngressMsg {
     },
     /// Every branch and DLR handoff of these units is terminal: remove their sources.
     Complete(Vec<UnitId>),
-    /// A completion write finished (sent by its write task).
-    Completed {
-        ids: Vec<UnitId>,
-        result: Result<(), PendingError>,
-    },
+
     Tick,
     Status(RpcReplyPort<IngressStatus>),
 }
@@ -101,6 +97,8 @@ pub enum IngressMsg {
 /// Requests in one store write, with what was decided before writing.
 pub struct CommitBatch {
     requests: Vec<Prepared>,
+    /// Units whose sources this write completed.
+    completed: Vec<UnitId>,
     result: Result<Vec<AdmitOutcome>, PendingError>,
 }
 
@@ -138,7 +136,6 @@ pub struct IngressState {
     committing: bool,
     retry_complete: Vec<UnitId>,
     to_complete: Vec<UnitId>,
-    completing: bool,
 }
 
 pub struct Ingress;
@@ -183,40 +180,57 @@ impl IngressState {
     }
 
     /// Start one store write with everything waiting.
+    /// Start one store write with everything waiting: admissions and source
+    /// completions share the commit (and its fsync).
     fn start_commit(&mut self) {
-        if self.committing || self.waiting.is_empty() {
+        if self.committing || (self.waiting.is_empty() && self.to_complete.is_empty()) {
             return;
         }
         let waiting = std::mem::take(&mut self.waiting);
+        let completed = std::mem::take(&mut self.to_complete);
         let mut records = Vec::new();
         let requests: Vec<Prepared> = waiting.into_iter().map(|r| self.prepare(r, &mut records)).collect();
         self.committing = true;
         let store = self.store.clone();
         let shared = self.shared.clone();
         tokio::spawn(async move {
-            let result = if records.is_empty() {
+            if !completed.is_empty() {
+                failpoint::hit("before-source-completion");
+            }
+            let result = if records.is_empty() && completed.is_empty() {
                 Ok(Vec::new())
             } else {
-                store.admit(records).await
+                store.commit(records, &completed).await
             };
             // Stored (or not) but nobody has been told yet.
             failpoint::hit("after-admit");
-            shared
-                .dir
-                .ingress
-                .send(IngressMsg::Committed(Box::new(CommitBatch { requests, result })));
+            shared.dir.ingress.send(IngressMsg::Committed(Box::new(CommitBatch {
+                requests,
+                completed,
+                result,
+            })));
         });
     }
 
     fn finish_commit(&mut self, batch: CommitBatch) {
         self.committing = false;
+        let completed = batch.completed;
         let mut outcomes = match batch.result {
             Ok(o) => {
                 self.shared.health.pending.ok();
+                if !completed.is_empty() {
+                    metrics::counter!("sendium_sources_completed_total").increment(completed.len() as u64);
+                    self.shared
+                        .dir
+                        .router
+                        .send(crate::router::RouterMsg::SourcesCompleted(completed));
+                }
                 Some(o.into_iter())
             }
             Err(e) => {
                 self.shared.health.pending.failed("pending", &e);
+                // Retried on the tick, so a failing store is not hammered.
+                self.retry_complete.extend(completed);
                 None
             }
         };
@@ -263,46 +277,10 @@ impl IngressState {
         self.start_commit();
     }
 
-    /// Queue source completions and write them, unless a write is in flight: like
-    /// admissions, completions are group committed so an fsync never stalls the mailbox.
+    /// Queue source completions; they go with the next commit.
     fn complete(&mut self, ids: Vec<UnitId>) {
         self.to_complete.extend(ids);
-        self.start_complete();
-    }
-
-    fn start_complete(&mut self) {
-        if self.completing || self.to_complete.is_empty() {
-            return;
-        }
-        let ids = std::mem::take(&mut self.to_complete);
-        self.completing = true;
-        let store = self.store.clone();
-        let shared = self.shared.clone();
-        tokio::spawn(async move {
-            failpoint::hit("before-source-completion");
-            let result = store.complete(&ids).await;
-            shared.dir.ingress.send(IngressMsg::Completed { ids, result });
-        });
-    }
-
-    fn completed(&mut self, ids: Vec<UnitId>, result: Result<(), PendingError>) {
-        self.completing = false;
-        match result {
-            Ok(()) => {
-                self.shared.health.pending.ok();
-                metrics::counter!("sendium_sources_completed_total").increment(ids.len() as u64);
-                self.shared
-                    .dir
-                    .router
-                    .send(crate::router::RouterMsg::SourcesCompleted(ids));
-                self.start_complete();
-            }
-            Err(e) => {
-                // Retried on the tick, so a failing store is not hammered.
-                self.shared.health.pending.failed("pending", &e);
-                self.retry_complete.extend(ids);
-            }
-        }
+        self.start_commit();
     }
 
     async fn expire(&mut self) {
@@ -339,7 +317,6 @@ impl Actor for Ingress {
             committing: false,
             retry_complete: Vec::new(),
             to_complete: Vec::new(),
-            completing: false,
         })
     }
 
@@ -364,7 +341,6 @@ impl Actor for Ingress {
                 let _ = reply.send(state.store.units(&ids).await);
             }
             IngressMsg::Complete(ids) => state.complete(ids),
-            IngressMsg::Completed { ids, result } => state.completed(ids, result),
             IngressMsg::Tick => {
                 state.expire().await;
                 let retry = std::mem::take(&mut state.retry_complete);

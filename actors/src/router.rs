@@ -75,10 +75,10 @@ pub enum RouterMsg {
     HandedOff(Vec<BranchKey>),
     /// The DLR store could not take them now (retryable): try again later.
     HandoffFailed(Vec<BranchKey>),
-    /// A routed-work `record` write finished (sent by its write task).
-    Recorded(Box<RecordWrite>),
-    /// A routed-work `complete` write finished (sent by its write task).
-    BranchesRecorded(Box<CompleteWrite>),
+    /// A routed-work write finished (sent by its write task).
+    Written(Box<Written>),
+    /// The pacing gap before the next routed-work write has passed.
+    WriteDue,
     SourcesCompleted(Vec<UnitId>),
     DestinationState {
         name: String,
@@ -99,15 +99,12 @@ pub struct RouterStatus {
     pub destinations: Vec<(String, bool, u64)>,
 }
 
-/// Units whose routes were being recorded, and how the write went.
-pub struct RecordWrite {
+/// One routed-work write — routes recorded, branches completed, units removed — and
+/// how it went.
+pub struct Written {
     batch: Vec<(Arc<Unit>, RoutedUnit)>,
-    result: Result<(), sendium_storage::RoutedWorkError>,
-}
-
-/// Branch completions being recorded, and how the write went.
-pub struct CompleteWrite {
-    batch: Vec<BranchDone>,
+    done: Vec<BranchDone>,
+    removed: Vec<UnitId>,
     result: Result<(), sendium_storage::RoutedWorkError>,
 }
 
@@ -186,7 +183,9 @@ pub struct RouterState {
     // during an fsync; what arrives meanwhile goes into the next write (group commit).
     to_record: Vec<(Arc<Unit>, RoutedUnit)>,
     recording: Option<std::collections::HashSet<UnitId>>,
-    completing: bool,
+    to_remove: Vec<UnitId>,
+    last_write: Option<Instant>,
+    write_timer: bool,
     retry_remove: Vec<UnitId>,
     retry_handoff: Vec<BranchKey>,
     // Per-turn outputs, flushed at the end of every handled message.
@@ -200,6 +199,8 @@ pub struct Router;
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// A handoff the DLR correlator has not confirmed in this long is sent again.
 const HANDOFF_RESEND: Duration = Duration::from_secs(30);
+/// Least time between the starts of two durable routed-work writes.
+const WRITE_GAP: Duration = Duration::from_millis(3);
 /// A source completion not confirmed in this long is asked for again.
 const COMPLETION_RESEND: Duration = Duration::from_secs(10);
 
@@ -312,38 +313,83 @@ impl RouterState {
             }
         }
         self.to_record.extend(fresh);
-        self.start_record();
+        self.start_write();
     }
 
-    /// Write everything waiting to be recorded, unless a write is in flight.
-    fn start_record(&mut self) {
-        if self.recording.is_some() || self.to_record.is_empty() {
+    /// One routed-work write with everything waiting — new routes, branch completions,
+    /// removals — unless a write is in flight (then they go into the next one).
+    fn start_write(&mut self) {
+        if self.recording.is_some()
+            || self.write_timer
+            || (self.to_record.is_empty() && self.done.is_empty() && self.to_remove.is_empty())
+        {
             return;
         }
+        // Pace durable writes: nothing acknowledged waits on them, and at moderate rates
+        // back-to-back commits of a few units each would spend the CPU and disk the
+        // acknowledging commits need. A short gap gathers bigger batches.
+        if self.store.backend().is_durable()
+            && let Some(last) = self.last_write
+        {
+            let since = last.elapsed();
+            if since < WRITE_GAP {
+                self.write_timer = true;
+                let shared = self.shared.clone();
+                let wait = WRITE_GAP - since;
+                tokio::spawn(async move {
+                    tokio::time::sleep(wait).await;
+                    shared.dir.router.send(RouterMsg::WriteDue);
+                });
+                return;
+            }
+        }
+        self.last_write = Some(Instant::now());
         let batch = std::mem::take(&mut self.to_record);
+        let done = std::mem::take(&mut self.done);
+        let removed = std::mem::take(&mut self.to_remove);
         self.recording = Some(batch.iter().map(|(u, _)| u.id).collect());
         let store = self.store.clone();
         let shared = self.shared.clone();
         tokio::spawn(async move {
-            let records: Vec<RoutedUnit> = batch.iter().map(|(_, r)| r.clone()).collect();
-            let result = store.record(records).await;
-            if result.is_ok() {
+            if !done.is_empty() {
+                failpoint::hit("before-branch-completion");
+            }
+            let write = sendium_storage::RoutedWrite {
+                record: batch.iter().map(|(_, r)| r.clone()).collect(),
+                complete: done.clone(),
+                remove: removed.clone(),
+            };
+            let result = store.apply(write).await;
+            if result.is_ok() && !batch.is_empty() {
                 failpoint::hit("after-routing");
             }
-            shared
-                .dir
-                .router
-                .send(RouterMsg::Recorded(Box::new(RecordWrite { batch, result })));
+            shared.dir.router.send(RouterMsg::Written(Box::new(Written {
+                batch,
+                done,
+                removed,
+                result,
+            })));
         });
     }
 
-    fn recorded(&mut self, w: RecordWrite) {
+    fn written(&mut self, w: Written) {
         self.recording = None;
-        let fresh = w.batch;
-        if let Err(e) = w.result {
-            self.shared.health.routed_work.failed("routed-work", &e);
+        let ok = w.result.is_ok();
+        if let Err(e) = &w.result {
+            self.shared.health.routed_work.failed("routed-work", e);
+        }
+        self.recorded(w.batch, ok);
+        self.branches_recorded(w.done, ok);
+        self.removed(w.removed, ok);
+        self.start_write();
+    }
+
+    fn recorded(&mut self, fresh: Vec<(Arc<Unit>, RoutedUnit)>, ok: bool) {
+        if fresh.is_empty() {
+            return;
+        }
+        if !ok {
             self.retry_record.extend(fresh);
-            self.start_record();
             return;
         }
         self.shared.health.routed_work.ok();
@@ -361,7 +407,6 @@ impl RouterState {
         for (unit, routed) in fresh {
             self.track(unit, routed);
         }
-        self.start_record();
     }
 
     /// Take a recorded unit into the projection and dispatch its open branches.
@@ -594,7 +639,7 @@ impl RouterState {
                 // Not running: the reconciliation after its restart re-sends.
             }
         }
-        self.start_complete();
+        self.start_write();
         for (name, jobs) in std::mem::take(&mut self.jobs) {
             if let Some(mb) = self.shared.dir.worker(&name)
                 && !mb.send(WorkerMsg::Dispatch(jobs))
@@ -606,36 +651,18 @@ impl RouterState {
         }
     }
 
-    /// Write the branch completions gathered so far, unless a write is in flight.
-    fn start_complete(&mut self) {
-        if self.completing || self.done.is_empty() {
+    fn branches_recorded(&mut self, batch: Vec<BranchDone>, ok: bool) {
+        if batch.is_empty() {
             return;
         }
-        let batch = std::mem::take(&mut self.done);
-        self.completing = true;
-        let store = self.store.clone();
-        let shared = self.shared.clone();
-        tokio::spawn(async move {
-            failpoint::hit("before-branch-completion");
-            let result = store.complete(batch.clone()).await;
-            shared
-                .dir
-                .router
-                .send(RouterMsg::BranchesRecorded(Box::new(CompleteWrite { batch, result })));
-        });
-    }
-
-    fn branches_recorded(&mut self, w: CompleteWrite) {
-        self.completing = false;
-        if let Err(e) = w.result {
-            self.shared.health.routed_work.failed("routed-work", &e);
+        if !ok {
             // Retried on the tick (a failing store is not hammered).
-            self.retry_done.extend(w.batch);
+            self.retry_done.extend(batch);
             return;
         }
         self.shared.health.routed_work.ok();
         let mut finished = Vec::new();
-        for d in w.batch {
+        for d in batch {
             if let Some(t) = self.units.get_mut(&d.unit) {
                 t.closing.retain(|b| *b != d.branch);
                 if let Some(b) = t.routed.branches.iter_mut().find(|b| b.no == d.branch)
@@ -654,30 +681,26 @@ impl RouterState {
         if !finished.is_empty() {
             self.shared.dir.ingress.send(IngressMsg::Complete(finished));
         }
-        self.start_complete();
     }
 
-    async fn sources_completed(&mut self, mut ids: Vec<UnitId>) {
-        if !self.retry_remove.is_empty() {
-            ids.append(&mut self.retry_remove);
-        }
+    fn sources_completed(&mut self, ids: Vec<UnitId>) {
+        self.to_remove.extend(ids);
+        self.start_write();
+    }
+
+    fn removed(&mut self, ids: Vec<UnitId>, ok: bool) {
         if ids.is_empty() {
             return;
         }
-        match self.store.remove(&ids).await {
-            Ok(()) => {
-                self.shared.health.routed_work.ok();
-                for id in &ids {
-                    self.units.remove(id);
-                }
-                metrics::counter!("sendium_completed_total").increment(ids.len() as u64);
-                self.shared.dir.selector.send(SelectorMsg::Completed(ids));
-            }
-            Err(e) => {
-                self.shared.health.routed_work.failed("routed-work", &e);
-                self.retry_remove = ids;
-            }
+        if !ok {
+            self.retry_remove.extend(ids);
+            return;
         }
+        for id in &ids {
+            self.units.remove(id);
+        }
+        metrics::counter!("sendium_completed_total").increment(ids.len() as u64);
+        self.shared.dir.selector.send(SelectorMsg::Completed(ids));
     }
 
     fn destination_state(&mut self, name: &str, up: bool) {
@@ -772,10 +795,11 @@ impl RouterState {
     async fn tick(&mut self) {
         let record = std::mem::take(&mut self.retry_record);
         self.to_record.extend(record);
-        self.start_record();
+        self.start_write();
         let done = std::mem::take(&mut self.retry_done);
         self.done.extend(done);
-        self.sources_completed(Vec::new()).await;
+        let remove = std::mem::take(&mut self.retry_remove);
+        self.to_remove.extend(remove);
         let retry: Vec<BranchKey> = std::mem::take(&mut self.retry_handoff);
         let now = Instant::now();
         let mut resend = Vec::new();
@@ -904,7 +928,9 @@ impl Actor for Router {
             retry_done: Vec::new(),
             to_record: Vec::new(),
             recording: None,
-            completing: false,
+            to_remove: Vec::new(),
+            last_write: None,
+            write_timer: false,
             retry_remove: Vec::new(),
             retry_handoff: Vec::new(),
             done: Vec::new(),
@@ -950,9 +976,12 @@ impl Actor for Router {
             RouterMsg::Outcomes(outcomes) => state.worker_outcomes(outcomes),
             RouterMsg::HandedOff(keys) => state.handed_off(keys),
             RouterMsg::HandoffFailed(keys) => state.retry_handoff.extend(keys),
-            RouterMsg::Recorded(w) => state.recorded(*w),
-            RouterMsg::BranchesRecorded(w) => state.branches_recorded(*w),
-            RouterMsg::SourcesCompleted(ids) => state.sources_completed(ids).await,
+            RouterMsg::Written(w) => state.written(*w),
+            RouterMsg::WriteDue => {
+                state.write_timer = false;
+                state.start_write();
+            }
+            RouterMsg::SourcesCompleted(ids) => state.sources_completed(ids),
             RouterMsg::DestinationState { name, up } => state.destination_state(&name, up),
             RouterMsg::Reconcile(peer) => state.reconcile(peer),
             RouterMsg::Tick => state.tick().await,

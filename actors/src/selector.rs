@@ -75,6 +75,7 @@ pub struct SelectorState {
     restored_total: u64,
     /// Set when the Router has not told us its capacity yet: no selection until it does.
     waiting_for_router: bool,
+    last_stage: Option<std::time::Instant>,
 }
 
 pub struct Selector;
@@ -82,6 +83,8 @@ pub struct Selector;
 /// Selection batches per handled message before yielding the mailbox.
 const MAX_BATCHES_PER_TURN: usize = 8;
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Least time between two durable select-and-stage commits.
+const STAGE_GAP: Duration = Duration::from_millis(3);
 
 impl SelectorState {
     /// Run select-and-stage while there is credit and ready work.
@@ -121,6 +124,15 @@ impl SelectorState {
                     seq: u.seq,
                 })
                 .collect();
+            // Pace durable stage commits like the Router's writes: a short gap gathers
+            // bigger batches at moderate rates (nothing acknowledged waits on them).
+            if self.store.backend().is_durable()
+                && let Some(at) = self.last_stage
+                && at.elapsed() < STAGE_GAP
+            {
+                tokio::time::sleep(STAGE_GAP - at.elapsed()).await;
+            }
+            self.last_stage = Some(std::time::Instant::now());
             if let Err(e) = self.store.stage(&staged, last).await {
                 self.shared.health.router_queue.failed("router-queue", &e);
                 return;
@@ -230,6 +242,7 @@ impl Actor for Selector {
             selected_total: 0,
             restored_total: 0,
             waiting_for_router: true,
+            last_stage: None,
         })
     }
 

@@ -513,8 +513,8 @@ async fn load_at(addr: std::net::SocketAddr, tag: &str, n: usize) -> Vec<Sent> {
 /// Each fires well into the load, after the first receipts came back, so completed and
 /// in-flight work both exist at the crash.
 const FAILPOINTS: [&str; 7] = [
-    "after-admit@60",
-    "after-ack@60",
+    "after-admit@25",
+    "after-ack@25",
     "mid-select-and-stage@40",
     "after-routing@40",
     "after-provider-submit@80",

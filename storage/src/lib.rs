@@ -43,5 +43,6 @@ pub use pending::{AdmitOutcome, Disposition, PendingStats, PendingStore, ReadyUn
 pub use record::{Address, Channel, GroupKey, PartInfo, PendingRecord};
 pub use routed_work::{
     Branch, BranchDone, BranchFailure, BranchKind, BranchOutcome, RoutedUnit, RoutedWorkStats, RoutedWorkStore,
+    RoutedWrite,
 };
 pub use router_queue::{RouterQueueStats, RouterQueueStore, StagedUnit};

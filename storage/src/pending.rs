@@ -133,5 +133,12 @@ pub trait PendingStore: Send + Sync + 'static {
     /// Remove completed units and their source records. Idempotent: unknown ids are ignored.
     async fn complete(&self, ids: &[UnitId]) -> Result<(), PendingError>;
 
+    /// Admit a batch and complete units in one durable transition (the file backend
+    /// shares one fsync between them). Outcomes are for `admit`, as in [`Self::admit`].
+    async fn commit(&self, admit: Vec<PendingRecord>, complete: &[UnitId]) -> Result<Vec<AdmitOutcome>, PendingError> {
+        self.complete(complete).await?;
+        self.admit(admit).await
+    }
+
     async fn stats(&self) -> Result<PendingStats, PendingError>;
 }

@@ -103,6 +103,20 @@ pub struct RoutedWorkStats {
     pub open_branches: u64,
 }
 
+/// Several routed-work changes to make in one transition.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RoutedWrite {
+    pub record: Vec<RoutedUnit>,
+    pub complete: Vec<BranchDone>,
+    pub remove: Vec<UnitId>,
+}
+
+impl RoutedWrite {
+    pub fn is_empty(&self) -> bool {
+        self.record.is_empty() && self.complete.is_empty() && self.remove.is_empty()
+    }
+}
+
 /// The routed-work stage contract.
 #[async_trait]
 pub trait RoutedWorkStore: Send + Sync + 'static {
@@ -122,6 +136,14 @@ pub trait RoutedWorkStore: Send + Sync + 'static {
 
     /// Recorded units with `id > after` in id order, at most `limit`.
     async fn load_after(&self, after: Option<UnitId>, limit: usize) -> Result<Vec<RoutedUnit>, RoutedWorkError>;
+
+    /// Record, complete and remove in one transition (the file backend shares one
+    /// commit between them); the same semantics as the three calls in that order.
+    async fn apply(&self, write: RoutedWrite) -> Result<(), RoutedWorkError> {
+        self.record(write.record).await?;
+        self.complete(write.complete).await?;
+        self.remove(&write.remove).await
+    }
 
     async fn stats(&self) -> Result<RoutedWorkStats, RoutedWorkError>;
 }

@@ -148,7 +148,7 @@ backend = "memory"
 dir = "{data_dir}""#,
         needs_data_dir: true,
         needs_pg_url: false,
-        supported: false,
+        supported: true,
     },
     Profile {
         name: "file-file-memory",
@@ -164,7 +164,7 @@ backend = "memory"
 dir = "{data_dir}""#,
         needs_data_dir: true,
         needs_pg_url: false,
-        supported: false,
+        supported: true,
     },
     Profile {
         name: "file-memory-file",
@@ -180,7 +180,7 @@ backend = "memory"
 dir = "{data_dir}""#,
         needs_data_dir: true,
         needs_pg_url: false,
-        supported: false,
+        supported: true,
     },
     Profile {
         name: "file-file-file",
@@ -196,7 +196,7 @@ backend = "memory"
 dir = "{data_dir}""#,
         needs_data_dir: true,
         needs_pg_url: false,
-        supported: false,
+        supported: true,
     },
     Profile {
         name: "memory+dlr-file",

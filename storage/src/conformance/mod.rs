@@ -109,10 +109,12 @@ macro_rules! sms_cases {
             pending::completes_units_idempotently,
             pending::pages_ready_units_with_a_cursor,
             pending::reports_stats,
+            pending::commits_admissions_and_completions_together,
             router_queue::stages_batches_with_cursor,
             router_queue::releases_idempotently,
             routed_work::records_once_and_completes_first_outcome,
             routed_work::pages_and_removes,
+            routed_work::applies_record_complete_and_remove_together,
         );
     };
 }

@@ -189,3 +189,19 @@ pub(crate) async fn reports_stats(f: &dyn Factory) {
     s.complete(&[a.id]).await.unwrap();
     assert_eq!(s.stats().await.unwrap().receipt_requests, 0);
 }
+
+pub(crate) async fn commits_admissions_and_completions_together(f: &dyn Factory) {
+    let s = f.pending(limits()).await;
+    let a = record("a", "1", "1");
+    s.admit(vec![a.clone()]).await.unwrap();
+    let b = record("a", "2", "2");
+    let out = s.commit(vec![b.clone()], &[a.id]).await.unwrap();
+    assert_eq!(out, vec![AdmitOutcome::Admitted]);
+    let ready = s.ready_after(ReadySeq(0), 10).await.unwrap();
+    assert_eq!(ready.iter().map(|u| u.unit.id).collect::<Vec<_>>(), vec![b.id]);
+    assert_eq!(s.stats().await.unwrap().records, 1);
+    // Completion only, and nothing at all, are fine too.
+    assert!(s.commit(Vec::new(), &[b.id]).await.unwrap().is_empty());
+    assert!(s.commit(Vec::new(), &[]).await.unwrap().is_empty());
+    assert_eq!(s.stats().await.unwrap().records, 0);
+}

@@ -102,3 +102,31 @@ pub(crate) async fn pages_and_removes(f: &dyn Factory) {
         .collect();
     assert_eq!(left, vec![units[1].id, units[2].id, units[4].id]);
 }
+
+pub(crate) async fn applies_record_complete_and_remove_together(f: &dyn Factory) {
+    let s = f.routed_work().await;
+    let a = unit(1);
+    let b = unit(1);
+    s.record(vec![a.clone()]).await.unwrap();
+    s.apply(crate::routed_work::RoutedWrite {
+        record: vec![b.clone()],
+        complete: vec![BranchDone {
+            unit: b.id,
+            branch: 0,
+            outcome: submitted("pb"),
+        }],
+        remove: vec![a.id],
+    })
+    .await
+    .unwrap();
+    let all = s.load_after(None, 10).await.unwrap();
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].id, b.id);
+    assert_eq!(
+        all[0].branches[0].outcome,
+        Some(submitted("pb")),
+        "a unit recorded and completed in one write"
+    );
+    let st = s.stats().await.unwrap();
+    assert_eq!((st.units, st.open_branches), (1, 0));
+}

@@ -27,7 +27,7 @@
 //!
 //! # Quick repair
 //!
-//! Every write transaction sets `set_quick_repair(true)`: the commit saves redb's
+//! Write transactions set `set_quick_repair(options.quick_repair)` (on for pending): the commit saves redb's
 //! allocator state and uses two-phase commit, so reopening after SIGKILL does not walk
 //! the whole file to rebuild it. A restart with a million-message backlog is then ready
 //! in milliseconds, not in the minutes a full repair of a multi-GiB file takes.
@@ -61,6 +61,13 @@ pub struct FileOptions {
     /// who suspects the file was damaged outside Sendium turns it on. A file that fails
     /// the check does not open.
     pub verify_on_open: bool,
+    /// redb quick-repair: every commit saves the allocator state and commits in two
+    /// phases (two fdatasyncs), so reopening after a crash is instant however large the
+    /// file. Worth it for the pending stage, whose backlog can be millions of records;
+    /// router-queue and routed-work hold only in-flight work (bounded by
+    /// `max-in-flight`), so their full repair after a crash is fast, and one fdatasync per
+    /// commit keeps their writes from crowding the disk that acknowledgements wait on.
+    pub quick_repair: bool,
 }
 
 impl FileOptions {
@@ -73,6 +80,7 @@ impl FileOptions {
         Self {
             cache_size: Self::PENDING_CACHE,
             verify_on_open: false,
+            quick_repair: true,
         }
     }
 
@@ -80,6 +88,7 @@ impl FileOptions {
         Self {
             cache_size: Self::STAGE_CACHE,
             verify_on_open: false,
+            quick_repair: false,
         }
     }
 }
@@ -260,7 +269,7 @@ impl StoreFile {
             }
             let mut txn = db.begin_write()?;
             txn.set_durability(Durability::Immediate)?;
-            txn.set_quick_repair(true);
+            txn.set_quick_repair(self.options.quick_repair);
             (self.init)(&txn)?;
             txn.commit()?;
             Ok(db)
@@ -371,10 +380,11 @@ impl StoreFile {
         f: impl FnOnce(&WriteTransaction) -> Result<(R, bool), Fail>,
     ) -> Result<R, BackendFailure> {
         let db = self.database()?;
+        let quick_repair = self.options.quick_repair;
         let run = || -> Result<R, Fail> {
             let mut txn = db.begin_write()?;
             txn.set_durability(durability)?;
-            txn.set_quick_repair(true);
+            txn.set_quick_repair(quick_repair);
             let (out, changed) = f(&txn)?;
             if changed {
                 txn.commit()?;

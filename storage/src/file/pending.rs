@@ -359,13 +359,42 @@ impl<'t> Tx<'t> {
     }
 }
 
+/// Remove completed units and their records inside a write transaction. Returns
+/// whether anything changed.
+fn complete_in(t: &mut Tx<'_>, ids: Vec<UnitId>) -> Result<bool, Fail> {
+    let mut changed = false;
+    for id in ids {
+        let Some(seq) = t.unit_seq.remove(&id.to_bytes())?.map(|g| g.value()) else {
+            continue;
+        };
+        changed = true;
+        let entry = match t.ready.remove(seq)? {
+            Some(v) => Some(decode_unit(seq, v.value())?),
+            None => None,
+        };
+        if let Some(entry) = entry {
+            for m in entry.members {
+                t.records.remove(&m.to_bytes())?;
+            }
+            t.receipts = t.receipts.saturating_sub(entry.receipts);
+        }
+    }
+    Ok(changed)
+}
+
 impl Inner {
     fn admit(&self, batch: Vec<PendingRecord>) -> Result<Vec<AdmitOutcome>, BackendFailure> {
+        self.commit(batch, Vec::new())
+    }
+
+    /// Admissions and source completions in one write transaction: one fsync for both.
+    fn commit(&self, batch: Vec<PendingRecord>, complete: Vec<UnitId>) -> Result<Vec<AdmitOutcome>, BackendFailure> {
         let now = Timestamp::now();
         let idem_expiry = now.saturating_add(self.limits.idempotency_retention);
         self.file.write(Durability::Immediate, |txn| {
             let mut t = Tx::open(txn)?;
-            let mut changed = t.forget_idempotency(now)?;
+            let mut changed = complete_in(&mut t, complete)?;
+            changed |= t.forget_idempotency(now)?;
             let mut count = t.records.len()?;
             let mut outcomes = Vec::with_capacity(batch.len());
             for record in batch {
@@ -475,30 +504,7 @@ impl Inner {
     }
 
     fn complete(&self, ids: Vec<UnitId>) -> Result<(), BackendFailure> {
-        self.file.write(Durability::Immediate, |txn| {
-            let mut t = Tx::open(txn)?;
-            let mut changed = false;
-            for id in ids {
-                let Some(seq) = t.unit_seq.remove(&id.to_bytes())?.map(|g| g.value()) else {
-                    continue;
-                };
-                changed = true;
-                let entry = match t.ready.remove(seq)? {
-                    Some(v) => Some(decode_unit(seq, v.value())?),
-                    None => None,
-                };
-                if let Some(entry) = entry {
-                    for m in entry.members {
-                        t.records.remove(&m.to_bytes())?;
-                    }
-                    t.receipts = t.receipts.saturating_sub(entry.receipts);
-                }
-            }
-            if changed {
-                t.save_counters()?;
-            }
-            Ok(((), changed))
-        })
+        self.commit(Vec::new(), ids).map(|_| ())
     }
 
     fn stats(&self) -> Result<PendingStats, BackendFailure> {
@@ -552,6 +558,14 @@ impl PendingStore for FilePendingStore {
         }
         let ids = ids.to_vec();
         self.run(move |i| i.complete(ids)).await
+    }
+
+    async fn commit(&self, admit: Vec<PendingRecord>, complete: &[UnitId]) -> Result<Vec<AdmitOutcome>, PendingError> {
+        if admit.is_empty() && complete.is_empty() {
+            return Ok(Vec::new());
+        }
+        let complete = complete.to_vec();
+        self.run(move |i| i.commit(admit, complete)).await
     }
 
     async fn stats(&self) -> Result<PendingStats, PendingError> {

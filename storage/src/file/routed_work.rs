@@ -22,7 +22,7 @@ use crate::backend::StageBackend;
 use crate::envelope::{self, RecordKind};
 use crate::error::{BackendFailure, RoutedWorkError};
 use crate::ids::{MessageId, UnitId};
-use crate::routed_work::{BranchDone, RoutedUnit, RoutedWorkStats, RoutedWorkStore};
+use crate::routed_work::{BranchDone, RoutedUnit, RoutedWorkStats, RoutedWorkStore, RoutedWrite};
 
 const UNITS: TableDefinition<&[u8; 16], &[u8]> = TableDefinition::new("units");
 const LAYOUT: u64 = 1;
@@ -84,88 +84,110 @@ fn open_count(unit: &RoutedUnit) -> u64 {
     unit.branches.iter().filter(|b| b.outcome.is_none()).count() as u64
 }
 
+type UnitsTable<'t> = redb::Table<'t, &'static [u8; 16], &'static [u8]>;
+
+fn record_in(table: &mut UnitsTable<'_>, open: &mut u64, units: Vec<RoutedUnit>) -> Result<bool, Fail> {
+    let mut changed = false;
+    for unit in units {
+        // Routing decisions are not redone: the first record stays.
+        if table.get(&unit.id.to_bytes())?.is_some() {
+            continue;
+        }
+        table.insert(&unit.id.to_bytes(), encode(&unit)?.as_slice())?;
+        *open += open_count(&unit);
+        changed = true;
+    }
+    Ok(changed)
+}
+
+fn complete_in(table: &mut UnitsTable<'_>, open: &mut u64, done: Vec<BranchDone>) -> Result<bool, Fail> {
+    // Each touched unit is decoded and re-encoded once, however many of its branches
+    // complete in this batch.
+    let mut touched: BTreeMap<UnitId, Option<RoutedUnit>> = BTreeMap::new();
+    let mut closed = 0u64;
+    for d in done {
+        if let std::collections::btree_map::Entry::Vacant(slot) = touched.entry(d.unit) {
+            let unit = match table.get(&d.unit.to_bytes())? {
+                Some(v) => Some(decode(d.unit, v.value())?),
+                None => None,
+            };
+            slot.insert(unit);
+        }
+        let Some(Some(unit)) = touched.get_mut(&d.unit) else {
+            continue;
+        };
+        if let Some(branch) = unit.branches.iter_mut().find(|b| b.no == d.branch)
+            && branch.outcome.is_none()
+        {
+            branch.outcome = Some(d.outcome);
+            closed += 1;
+        }
+    }
+    if closed == 0 {
+        return Ok(false);
+    }
+    for unit in touched.into_values().flatten() {
+        table.insert(&unit.id.to_bytes(), encode(&unit)?.as_slice())?;
+    }
+    *open = open.saturating_sub(closed);
+    Ok(true)
+}
+
+fn remove_in(table: &mut UnitsTable<'_>, open: &mut u64, ids: Vec<UnitId>) -> Result<bool, Fail> {
+    let mut changed = false;
+    for id in ids {
+        let removed = match table.remove(&id.to_bytes())? {
+            Some(v) => Some(decode(id, v.value())?),
+            None => None,
+        };
+        if let Some(unit) = removed {
+            *open = open.saturating_sub(open_count(&unit));
+            changed = true;
+        }
+    }
+    Ok(changed)
+}
+
 impl Inner {
-    fn record(&self, units: Vec<RoutedUnit>) -> Result<(), BackendFailure> {
-        self.file.write(Durability::Immediate, |txn| {
+    /// Records, completions and removals in one write transaction. Durable when it
+    /// records routes or completions; a removal alone commits without fsync (its loss
+    /// in a crash is repaired by the Router's restore, which drops units whose sources
+    /// are gone).
+    fn apply(
+        &self,
+        record: Vec<RoutedUnit>,
+        complete: Vec<BranchDone>,
+        remove: Vec<UnitId>,
+    ) -> Result<(), BackendFailure> {
+        let durability = if record.is_empty() && complete.is_empty() {
+            Durability::None
+        } else {
+            Durability::Immediate
+        };
+        self.file.write(durability, |txn| {
             let mut table = txn.open_table(UNITS)?;
             let mut meta = txn.open_table(META)?;
             let mut open = get_counter(&meta, OPEN_BRANCHES)?;
-            let mut changed = false;
-            for unit in units {
-                // Routing decisions are not redone: the first record stays.
-                if table.get(&unit.id.to_bytes())?.is_some() {
-                    continue;
-                }
-                table.insert(&unit.id.to_bytes(), encode(&unit)?.as_slice())?;
-                open += open_count(&unit);
-                changed = true;
-            }
+            let mut changed = record_in(&mut table, &mut open, record)?;
+            changed |= complete_in(&mut table, &mut open, complete)?;
+            changed |= remove_in(&mut table, &mut open, remove)?;
             if changed {
                 meta.insert(OPEN_BRANCHES, open)?;
             }
             Ok(((), changed))
         })
+    }
+
+    fn record(&self, units: Vec<RoutedUnit>) -> Result<(), BackendFailure> {
+        self.apply(units, Vec::new(), Vec::new())
     }
 
     fn complete(&self, done: Vec<BranchDone>) -> Result<(), BackendFailure> {
-        self.file.write(Durability::Immediate, |txn| {
-            let mut table = txn.open_table(UNITS)?;
-            let mut meta = txn.open_table(META)?;
-            // Each touched unit is decoded and re-encoded once, however many of its
-            // branches complete in this batch.
-            let mut touched: BTreeMap<UnitId, Option<RoutedUnit>> = BTreeMap::new();
-            let mut closed = 0u64;
-            for d in done {
-                if let std::collections::btree_map::Entry::Vacant(slot) = touched.entry(d.unit) {
-                    let unit = match table.get(&d.unit.to_bytes())? {
-                        Some(v) => Some(decode(d.unit, v.value())?),
-                        None => None,
-                    };
-                    slot.insert(unit);
-                }
-                let Some(Some(unit)) = touched.get_mut(&d.unit) else {
-                    continue;
-                };
-                if let Some(branch) = unit.branches.iter_mut().find(|b| b.no == d.branch)
-                    && branch.outcome.is_none()
-                {
-                    branch.outcome = Some(d.outcome);
-                    closed += 1;
-                }
-            }
-            if closed == 0 {
-                return Ok(((), false));
-            }
-            for unit in touched.into_values().flatten() {
-                table.insert(&unit.id.to_bytes(), encode(&unit)?.as_slice())?;
-            }
-            let open = get_counter(&meta, OPEN_BRANCHES)?.saturating_sub(closed);
-            meta.insert(OPEN_BRANCHES, open)?;
-            Ok(((), true))
-        })
+        self.apply(Vec::new(), done, Vec::new())
     }
 
     fn remove(&self, ids: Vec<UnitId>) -> Result<(), BackendFailure> {
-        self.file.write(Durability::None, |txn| {
-            let mut table = txn.open_table(UNITS)?;
-            let mut meta = txn.open_table(META)?;
-            let mut open = get_counter(&meta, OPEN_BRANCHES)?;
-            let mut changed = false;
-            for id in ids {
-                let removed = match table.remove(&id.to_bytes())? {
-                    Some(v) => Some(decode(id, v.value())?),
-                    None => None,
-                };
-                if let Some(unit) = removed {
-                    open = open.saturating_sub(open_count(&unit));
-                    changed = true;
-                }
-            }
-            if changed {
-                meta.insert(OPEN_BRANCHES, open)?;
-            }
-            Ok(((), changed))
-        })
+        self.apply(Vec::new(), Vec::new(), ids)
     }
 
     fn load_after(&self, after: Option<UnitId>, limit: usize) -> Result<Vec<RoutedUnit>, BackendFailure> {
@@ -230,6 +252,14 @@ impl RoutedWorkStore for FileRoutedWorkStore {
         }
         let ids = ids.to_vec();
         self.run(move |i| i.remove(ids)).await
+    }
+
+    async fn apply(&self, write: RoutedWrite) -> Result<(), RoutedWorkError> {
+        if write.is_empty() {
+            return Ok(());
+        }
+        self.run(move |i| i.apply(write.record, write.complete, write.remove))
+            .await
     }
 
     async fn load_after(&self, after: Option<UnitId>, limit: usize) -> Result<Vec<RoutedUnit>, RoutedWorkError> {
