@@ -23,6 +23,7 @@ pub mod file;
 pub mod ids;
 pub mod memory;
 pub mod pending;
+pub mod postgresql;
 pub mod record;
 pub mod routed_work;
 pub mod router_queue;

@@ -4,6 +4,7 @@
 //! expands into one `#[tokio::test]` per contract case.
 
 pub(crate) mod dlr;
+mod postgresql;
 pub(crate) mod pending;
 pub(crate) mod routed_work;
 pub(crate) mod router_queue;
@@ -92,6 +93,13 @@ macro_rules! conformance_suite {
             #[allow(unused_imports)]
             use super::*;
             $crate::conformance::sms_cases!($factory);
+        }
+    };
+    ($name:ident, $factory:expr; dlr) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::conformance::dlr_cases!($factory);
         }
     };
 }

@@ -26,6 +26,7 @@
 pub(crate) mod backend;
 pub(crate) mod db;
 pub mod dir;
+mod dlr;
 pub mod manifest;
 mod pending;
 pub(crate) mod records;
@@ -37,6 +38,7 @@ mod tests;
 
 pub use db::FileOptions;
 pub use dir::DataDir;
+pub use dlr::FileDlrStore;
 pub use manifest::Manifest;
 pub use pending::FilePendingStore;
 pub use routed_work::FileRoutedWorkStore;

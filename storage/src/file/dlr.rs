@@ -1,0 +1,5 @@
+//! The file DLR store (being written).
+
+/// Placeholder until the store lands.
+#[derive(Debug)]
+pub struct FileDlrStore;

@@ -1,0 +1,1 @@
+//! PostgreSQL backends (the DLR store). Being written.
