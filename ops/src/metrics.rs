@@ -81,4 +81,5 @@ pub fn publish(s: &Snapshot, actors: &[ActorEntry], ready: bool) {
         metrics::gauge!("sendium_actor_restarts", "actor" => a.name.clone()).set(a.restarts as f64);
     }
     metrics::gauge!("sendium_smpp_bound_sessions").set(s.smpp_sessions as f64);
+    metrics::counter!("sendium_storage_fsyncs_total").absolute(sendium_storage::file::fsyncs());
 }

@@ -851,6 +851,7 @@ impl Bench {
         let hwm_reset = reset_peak_rss(pid);
         let before = sample_proc(pid);
         let smsc_before = smsc.stats();
+        let fsyncs_before = fetch_metrics(&self.ctl, gw).and_then(|m| m.get("sendium_storage_fsyncs_total").copied());
         match rate {
             Some(r) => eprintln!(
                 "  [{label}] {} messages at {r:.0} msg/s, {} sessions × window {}",
@@ -942,6 +943,15 @@ impl Bench {
             errors,
         };
         let mut notes = Vec::new();
+        let fsyncs_after = metrics.as_ref().and_then(|m| m.get("sendium_storage_fsyncs_total").copied());
+        if let (Some(b), Some(a)) = (fsyncs_before, fsyncs_after)
+            && a > 0.0
+            && report.messages > 0
+        {
+            // Scraped before and after the phase: fdatasyncs of every store file.
+            notes.push(format!("{:.4} fsyncs/msg", (a - b) / report.messages as f64));
+            detail["fsyncs"] = json!(a - b);
+        }
         if !report.statuses.is_empty() {
             let list: Vec<String> = report.statuses.iter().map(|(k, v)| format!("{k}={v}")).collect();
             notes.push(format!("non-OK: {}", list.join(" ")));

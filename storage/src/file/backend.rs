@@ -79,6 +79,7 @@ impl StorageBackend for FaultBackend {
 
     fn sync_data(&self) -> Result<(), io::Error> {
         self.check_io()?;
+        FSYNCS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.inner.sync_data()
     }
 
@@ -115,4 +116,14 @@ impl StorageBackend for FaultBackend {
     fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
         self.inner.query_lock_range(start, end)
     }
+}
+
+/// fdatasync calls made by every store file of the process (exported as
+/// `sendium_storage_fsyncs_total`: fsyncs per acknowledged message is how group commit
+/// is judged).
+static FSYNCS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// fdatasync calls so far, all store files together.
+pub fn fsyncs() -> u64 {
+    FSYNCS.load(std::sync::atomic::Ordering::Relaxed)
 }

@@ -36,6 +36,7 @@ mod router_queue;
 #[cfg(test)]
 mod tests;
 
+pub use backend::fsyncs;
 pub use db::FileOptions;
 pub use dir::DataDir;
 pub use dlr::FileDlrStore;
