@@ -44,6 +44,13 @@ pub enum RecordKind {
     StagedUnit,
     /// [`crate::RoutedUnit`]: routing decisions and branch outcomes.
     RoutedUnit,
+    /// A branch awaiting (or resolved from) provider receipts in the file DLR store: its
+    /// provider parts with their final states, receipt targets, first failure, expiry.
+    DlrTrack,
+    /// A provider receipt not (yet) correlated, with its expiry.
+    DlrOrphan,
+    /// A pending downstream receipt delivery (target, outcome, creation and expiry).
+    DlrDelivery,
 }
 
 impl RecordKind {
@@ -55,6 +62,9 @@ impl RecordKind {
             RecordKind::IdempotencyKey => "idempotency key",
             RecordKind::StagedUnit => "staged unit",
             RecordKind::RoutedUnit => "routed unit",
+            RecordKind::DlrTrack => "dlr track",
+            RecordKind::DlrOrphan => "dlr orphan receipt",
+            RecordKind::DlrDelivery => "dlr delivery",
         }
     }
 
@@ -66,7 +76,10 @@ impl RecordKind {
             | RecordKind::PendingGroup
             | RecordKind::IdempotencyKey
             | RecordKind::StagedUnit
-            | RecordKind::RoutedUnit => (1, 0),
+            | RecordKind::RoutedUnit
+            | RecordKind::DlrTrack
+            | RecordKind::DlrOrphan
+            | RecordKind::DlrDelivery => (1, 0),
         }
     }
 }

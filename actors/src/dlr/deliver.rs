@@ -65,6 +65,7 @@ pub async fn smpp(registry: &SessionRegistry, account: &str, deliveries: &[Deliv
     let pdus = deliveries.iter().map(deliver_sm).collect();
     let outcomes = registry.deliver(account, pdus).await;
     let now = Timestamp::now();
+    metrics::counter!("sendium_receipt_delivery_attempts_total", "channel" => "smpp").increment(deliveries.len() as u64);
     deliveries
         .iter()
         .zip(outcomes)
@@ -104,6 +105,7 @@ pub fn callback_body(d: &Delivery) -> serde_json::Value {
 
 /// POST one receipt; 2xx is delivered, anything else (or no answer) is retried.
 pub async fn http(client: &reqwest::Client, url: &str, d: &Delivery) -> DeliveryFinish {
+    metrics::counter!("sendium_receipt_delivery_attempts_total", "channel" => "http").increment(1);
     let ok = match client.post(url).json(&callback_body(d)).send().await {
         Ok(resp) => resp.status().is_success(),
         Err(_) => false,
@@ -111,7 +113,7 @@ pub async fn http(client: &reqwest::Client, url: &str, d: &Delivery) -> Delivery
     let result = if ok {
         DeliveryResult::Delivered
     } else {
-        metrics::counter!("sendium_receipt_callback_failures_total").increment(1);
+        metrics::counter!("sendium_receipt_delivery_failures_total", "channel" => "http", "reason" => "callback").increment(1);
         give_up_or(
             d,
             retry_at(

@@ -1,0 +1,173 @@
+//! DLR backends across restarts: with the file (and postgresql) DLR store, receipts
+//! that arrive after a SIGKILL and restart are still correlated and delivered, and
+//! receipts waiting for an ESME or a callback survive; with the memory DLR store they
+//! are lost, exactly as documented. Also: an unanswered deliver_sm is redelivered on the
+//! next bind.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use sendium_integration_tests::{
+    BindKind, CallbackServer, DlrReply, EsmeOptions, GatewayProcess, SmscConfig, SubmitSpec, TestEsme, TestSmsc,
+};
+use support::*;
+
+/// file/file/file with the given DLR backend section.
+pub fn durable_config(dlr: &str) -> String {
+    format!(
+        "[sms.pending]\nbackend = \"file\"\n[sms.router-queue]\nbackend = \"file\"\n[sms.routed-work]\nbackend = \"file\"\n\
+         [storage.file]\ndir = \"{{data_dir}}\"\n{dlr}\n{}",
+        memory_config()
+    )
+}
+
+pub const DLR_FILE: &str = "[dlr]\nbackend = \"file\"";
+pub const DLR_MEMORY: &str = "[dlr]\nbackend = \"memory\"";
+
+async fn slow_receipt_smsc() -> TestSmsc {
+    TestSmsc::start(SmscConfig {
+        receipt_delay: Duration::from_secs(2),
+        ..SmscConfig::default()
+    })
+    .await
+}
+
+/// Submit `n` receipt-requesting messages and wait until their sources completed (the
+/// DLR store alone owns the receipts now).
+async fn submit_and_hand_off(gw: &GatewayProcess, esme: &TestEsme, n: usize, tag: &str) -> HashSet<String> {
+    let specs: Vec<SubmitSpec> = (0..n)
+        .map(|i| SubmitSpec::gsm("1", &format!("44{tag}{i:04}"), "receipt later").dlr())
+        .collect();
+    let ids: HashSet<String> = esme
+        .submit_pipelined(&specs, 20)
+        .await
+        .into_iter()
+        .map(|o| {
+            assert!(o.is_ok());
+            o.message_id
+        })
+        .collect();
+    assert!(
+        wait_metric(gw, "sendium_stage_records", "stage=\"pending\"", |v| v == 0.0).await,
+        "sources completed after handoff"
+    );
+    ids
+}
+
+/// Receipts that arrive after a restart find their correlations (file DLR).
+pub async fn receipts_after_restart_are_delivered(dlr: &str, durable: bool) {
+    let smsc = slow_receipt_smsc().await;
+    let mut gw = gateway(&durable_config(dlr), &smsc).await;
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver).await.unwrap();
+    let ids = submit_and_hand_off(&gw, &esme, 50, "30").await;
+    gw.kill();
+    drop(esme);
+    gw.restart().await;
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver).await.unwrap();
+    // The SMSC holds the receipts while nobody is bound and sends them to the new session.
+    assert!(smsc.wait_receipts_acked(50, WAIT).await, "the provider's receipts reached the gateway");
+    if durable {
+        let receipts = esme.wait_receipts(50, WAIT).await;
+        one_receipt_per_id(&receipts, &ids);
+    } else {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(esme.receipts().is_empty(), "memory DLR: correlations are lost on restart");
+        assert!(wait_metric(&gw, "sendium_receipts_unmatched_total", "", |v| v >= 50.0).await);
+    }
+}
+
+/// Receipts waiting for an ESME to bind survive a restart (file DLR).
+pub async fn held_receipts_survive_restart(dlr: &str, durable: bool) {
+    let smsc = TestSmsc::start(SmscConfig::default()).await;
+    let mut gw = gateway(&durable_config(dlr), &smsc).await;
+    let tx = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transmitter).await.unwrap();
+    let ids = submit_and_hand_off(&gw, &tx, 20, "31").await;
+    assert!(smsc.wait_receipts_acked(20, WAIT).await);
+    assert!(
+        wait_metric(&gw, "sendium_dlr_pending_receipts", "", |v| v == 20.0).await,
+        "held for the account"
+    );
+    gw.kill();
+    drop(tx);
+    gw.restart().await;
+    let rx = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Receiver).await.unwrap();
+    if durable {
+        let receipts = rx.wait_receipts(20, WAIT).await;
+        one_receipt_per_id(&receipts, &ids);
+    } else {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(rx.receipts().is_empty());
+    }
+}
+
+/// Callbacks that could not be delivered before a restart are delivered after it.
+pub async fn failing_callbacks_survive_restart(dlr: &str) {
+    let smsc = TestSmsc::start(SmscConfig::default()).await;
+    let mut gw = gateway(&durable_config(dlr), &smsc).await;
+    let cb = CallbackServer::start().await;
+    cb.set_status(Some(503));
+    let mut ids = HashSet::new();
+    for i in 0..10 {
+        let body = serde_json::json!({"from": "Shop", "to": format!("4432{i:03}"), "text": "cb", "callback_url": cb.url("/dlr")});
+        let r = gw.post_message("key-1", &body.to_string()).await.unwrap();
+        assert_eq!(r.status, 202);
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        ids.insert(v["id"].as_str().unwrap().to_string());
+    }
+    assert!(cb.wait_requests(10, WAIT).await, "first attempts failed");
+    gw.kill();
+    cb.heal();
+    gw.restart().await;
+    assert!(cb.wait_accepted(10, Duration::from_secs(60)).await, "accepted {}", cb.accepted().len());
+    let got: HashSet<String> = cb.receipts().into_iter().map(|r| r.id).collect();
+    assert_eq!(got, ids);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_dlr_delivers_receipts_that_arrive_after_a_restart() {
+    receipts_after_restart_are_delivered(DLR_FILE, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_dlr_loses_correlations_on_restart_as_documented() {
+    receipts_after_restart_are_delivered(DLR_MEMORY, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_dlr_keeps_receipts_held_for_an_unbound_esme() {
+    held_receipts_survive_restart(DLR_FILE, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_dlr_loses_held_receipts_on_restart_as_documented() {
+    held_receipts_survive_restart(DLR_MEMORY, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_dlr_keeps_undelivered_callbacks() {
+    failing_callbacks_survive_restart(DLR_FILE).await;
+}
+
+/// A deliver_sm the ESME never answers is delivered again when it binds again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unanswered_deliver_sm_is_redelivered_on_the_next_bind() {
+    let smsc = TestSmsc::start(SmscConfig::default()).await;
+    let config = durable_config(DLR_FILE).replace("[smpp]\n", "[smpp]\ndeliver-timeout = \"1s\"\n");
+    let gw = gateway(&config, &smsc).await;
+    let opts = EsmeOptions {
+        dlr_reply: DlrReply::NoAnswer,
+        ..EsmeOptions::default()
+    };
+    let mute = TestEsme::bind_with(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver, opts)
+        .await
+        .unwrap();
+    let r = mute.submit(&SubmitSpec::gsm("1", "443300", "answer me").dlr()).await.unwrap();
+    assert!(!mute.wait_receipts(1, WAIT).await.is_empty(), "the receipt was sent");
+    mute.close().await;
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Receiver).await.unwrap();
+    let receipts = esme.wait_receipts(1, WAIT).await;
+    assert_eq!(receipts[0].message_id(), Some(r.message_id.as_str()));
+}
