@@ -142,7 +142,12 @@ pub const IMPLEMENTED_OUTBOUND: &[(StageBackend, StageBackend, StageBackend)] = 
 
 /// DLR backends this release implements. Each implemented outbound profile
 /// combines with each of them.
-pub const IMPLEMENTED_DLR: &[DlrBackend] = &[DlrBackend::Memory, DlrBackend::Disabled];
+pub const IMPLEMENTED_DLR: &[DlrBackend] = &[
+    DlrBackend::Memory,
+    DlrBackend::File,
+    DlrBackend::Postgresql,
+    DlrBackend::Disabled,
+];
 
 /// What a selected profile promises across a restart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -210,9 +215,31 @@ pub fn check_supported(p: &StorageProfile) -> Result<Guarantee, ConfigError> {
         // tests rule out: better refuse than run without a documented guarantee.
         _ => Err(ConfigError::UnsupportedProfile {
             requested: *p,
-            supported: implemented_profiles().iter().map(ToString::to_string).collect(),
+            supported: vec![supported_summary()],
         }),
     }
+}
+
+/// Every accepted choice in one sentence: each implemented outbound profile combines
+/// with each implemented DLR backend.
+pub fn supported_summary() -> String {
+    fn or_list(words: &[String]) -> String {
+        match words.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            Some((last, _)) => last.clone(),
+            None => String::new(),
+        }
+    }
+    let outbound: Vec<String> = IMPLEMENTED_OUTBOUND
+        .iter()
+        .map(|&(a, b, c)| format!("{a}/{b}/{c}"))
+        .collect();
+    let dlr: Vec<String> = IMPLEMENTED_DLR.iter().map(|d| d.to_string()).collect();
+    format!(
+        "sms profiles {}, each with dlr.backend {}",
+        or_list(&outbound),
+        or_list(&dlr)
+    )
 }
 
 /// The accepted profiles and their restart guarantees as Markdown tables,
@@ -280,8 +307,7 @@ mod tests {
                 for &c in all_stage {
                     for &d in DlrBackend::ALL {
                         let p = profile(a, b, c, d);
-                        let accepted = IMPLEMENTED_OUTBOUND.contains(&(a, b, c))
-                            && matches!(d, DlrBackend::Memory | DlrBackend::Disabled);
+                        let accepted = IMPLEMENTED_OUTBOUND.contains(&(a, b, c)) && IMPLEMENTED_DLR.contains(&d);
                         match check_supported(&p) {
                             Ok(_) => assert!(accepted, "{p} accepted"),
                             Err(e) => {
@@ -303,21 +329,20 @@ mod tests {
                 }
             }
         }
-        assert_eq!(refused, 27 * 4 - 5 * 2);
+        assert_eq!(refused, 27 * 4 - 5 * 4);
     }
 
     #[test]
     fn refusal_wording() {
         let e = check_supported(&profile(Memory, File, Memory, DlrBackend::Memory)).unwrap_err();
-        assert!(
-            e.to_string().starts_with(
-                "unsupported storage profile memory/file/memory + dlr memory \
-                 (sms.pending.backend = \"memory\", sms.router-queue.backend = \"file\", \
-                 sms.routed-work.backend = \"memory\", dlr.backend = \"memory\"); \
-                 this release supports: memory/memory/memory + dlr memory, \
-                 memory/memory/memory + dlr disabled, file/memory/memory + dlr memory"
-            ),
-            "{e}"
+        assert_eq!(
+            e.to_string(),
+            "unsupported storage profile memory/file/memory + dlr memory \
+             (sms.pending.backend = \"memory\", sms.router-queue.backend = \"file\", \
+             sms.routed-work.backend = \"memory\", dlr.backend = \"memory\"); \
+             this release supports: sms profiles memory/memory/memory, file/memory/memory, \
+             file/file/memory, file/memory/file or file/file/file, each with dlr.backend memory, \
+             file, postgresql or disabled"
         );
     }
 
@@ -352,6 +377,6 @@ mod tests {
         assert!(t.contains("| disabled | no Sendium-owned"));
         assert!(t.contains("| file/file/file | selected batch and recorded destinations restored |"));
         assert!(!t.contains("postgresql/postgresql/postgresql"));
-        assert!(!t.contains("| postgresql |"));
+        assert!(t.contains("| postgresql | provider correlations"));
     }
 }
