@@ -4,8 +4,8 @@
 //! expands into one `#[tokio::test]` per contract case.
 
 pub(crate) mod dlr;
-mod postgresql;
 pub(crate) mod pending;
+mod postgresql;
 pub(crate) mod routed_work;
 pub(crate) mod router_queue;
 
@@ -213,7 +213,15 @@ impl Factory for FileFactory {
     }
 }
 
-conformance_suite!(file, FileFactory::default(); sms);
+#[async_trait]
+impl DlrFactory for FileFactory {
+    /// `capacity` is the memory store's bound; the file store has none.
+    async fn dlr(&self, _capacity: u64, retention: DlrRetention) -> Arc<dyn DlrStore> {
+        Arc::new(crate::file::FileDlrStore::open(&self.dir(), retention).expect("open dlr"))
+    }
+}
+
+conformance_suite!(file, FileFactory::default());
 
 #[tokio::test]
 async fn memory_dlr_refuses_reservations_beyond_capacity() {

@@ -1,1 +1,666 @@
-//! The DLR conformance suite against the postgresql backend (filled in with the backend).
+//! The DLR conformance suite against the postgresql backend, and the cases only a
+//! shared database has: two stores on one database stand for two Sendium processes
+//! (two pools, two sets of connections).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::DlrFactory;
+use crate::dlr::{DlrRetention, DlrStore};
+use crate::postgresql::PostgresDlrStore;
+use crate::postgresql::test_cluster::TestCluster;
+
+/// Every case gets a fresh database on the test binary's shared cluster.
+pub(crate) struct PgFactory;
+
+#[async_trait]
+impl DlrFactory for PgFactory {
+    async fn dlr(&self, _capacity: u64, retention: DlrRetention) -> Arc<dyn DlrStore> {
+        let url = TestCluster::shared().fresh_database();
+        Arc::new(PostgresDlrStore::connect(&url, 4, retention).await.expect("connect"))
+    }
+}
+
+/// What `conformance_suite!(postgresql, PgFactory; dlr)` expands to. That macro is not
+/// reachable from here: it is textual-scoped and defined after `mod postgresql;` in
+/// conformance/mod.rs, and only `dlr_cases!` is re-exported by path.
+mod suite {
+    use super::PgFactory;
+    crate::conformance::dlr_cases!(PgFactory);
+}
+
+// ---------------------------------------------------------------------------------
+// PostgreSQL-only cases: several processes on one database, restarts, migrations.
+// ---------------------------------------------------------------------------------
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use crate::dlr::{
+    Delivery, DeliveryFinish, DeliveryResult, DlrState, Handoff, HandoffOutcome, ProviderReceipt, ReceiptMatch,
+    ReceiptOutcome, ReceiptTarget, ReplyPath,
+};
+use crate::error::FailureKind;
+use crate::ids::{MessageId, Timestamp, UnitId};
+use crate::postgresql::PgDlrOptions;
+use crate::record::Address;
+
+const LEASE: Duration = Duration::from_secs(30);
+
+fn target(account: &str) -> ReceiptTarget {
+    ReceiptTarget {
+        submit_id: MessageId::generate(),
+        account: account.into(),
+        reply: ReplyPath::Smpp,
+        source: Address::new(5, 0, "Sendium"),
+        destination: Address::new(1, 1, "447700900123"),
+        submitted_at: Timestamp::now(),
+        failure_only: false,
+    }
+}
+
+fn handoff(unit: UnitId, keys: Vec<String>, targets: Vec<ReceiptTarget>) -> Handoff {
+    Handoff {
+        unit,
+        branch: 0,
+        destination: "up".into(),
+        outcome: HandoffOutcome::Submitted { provider_keys: keys },
+        targets,
+        handed_off_at: Timestamp::now(),
+    }
+}
+
+fn delivered(key: &str) -> ProviderReceipt {
+    ProviderReceipt {
+        destination: "up".into(),
+        keys: vec![key.into()],
+        outcome: ReceiptOutcome {
+            state: DlrState::Delivered,
+            error: "000".into(),
+            done_at: Timestamp::now(),
+        },
+    }
+}
+
+fn retention() -> DlrRetention {
+    super::retention()
+}
+
+fn kind(e: &crate::error::DlrError) -> FailureKind {
+    let crate::error::DlrError::Backend(f) = e;
+    f.kind
+}
+
+/// Two stores on one fresh database: two processes.
+async fn two_processes() -> (String, PostgresDlrStore, PostgresDlrStore) {
+    let url = TestCluster::shared().fresh_database();
+    let a = PostgresDlrStore::connect(&url, 4, retention()).await.unwrap();
+    let b = PostgresDlrStore::connect(&url, 4, retention()).await.unwrap();
+    (url, a, b)
+}
+
+async fn sql_count(url: &str, sql: &'static str) -> i64 {
+    let pool = sqlx::PgPool::connect(url).await.unwrap();
+    let n: i64 = sqlx::query_scalar(sql).fetch_one(&pool).await.unwrap();
+    pool.close().await;
+    n
+}
+
+/// `n` resolved messages with one SMPP target each: `n` pending deliveries.
+async fn resolved_messages(s: &PostgresDlrStore, n: usize) {
+    let tag = MessageId::generate();
+    let keys: Vec<String> = (0..n).map(|i| format!("{tag}-{i}")).collect();
+    for chunk in keys.chunks(500) {
+        let hs = chunk
+            .iter()
+            .map(|k| handoff(MessageId::generate(), vec![k.clone()], vec![target("esme1")]))
+            .collect();
+        s.hand_off(hs).await.unwrap();
+        s.record_receipts(chunk.iter().map(|k| delivered(k)).collect())
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_processes_never_claim_the_same_delivery() {
+    let (_url, a, b) = two_processes().await;
+    resolved_messages(&a, 2_000).await;
+    let stores = [Arc::new(a), Arc::new(b)];
+    let now = Timestamp::now().saturating_add(Duration::from_secs(1));
+    let mut tasks = Vec::new();
+    for w in 0..6 {
+        let s = stores[w % 2].clone();
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let got = s.claim_due(now, LEASE, 37).await.unwrap();
+                if got.is_empty() {
+                    return mine;
+                }
+                s.finish(
+                    got.iter()
+                        .map(|d| DeliveryFinish {
+                            id: d.id,
+                            attempt: d.attempt,
+                            result: DeliveryResult::Delivered,
+                        })
+                        .collect(),
+                )
+                .await
+                .unwrap();
+                mine.extend(got.into_iter().map(|d| (d.id, d.attempt)));
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let distinct: HashSet<_> = all.iter().map(|(id, _)| *id).collect();
+    assert_eq!(all.len(), 2_000, "every delivery claimed once");
+    assert_eq!(distinct.len(), 2_000, "no delivery claimed twice");
+    assert!(all.iter().all(|(_, attempt)| *attempt == 1));
+    assert_eq!(stores[1].stats().await.unwrap().pending_deliveries, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_receipts_from_two_processes_resolve_each_message_once() {
+    const MESSAGES: usize = 300;
+    const PARTS: usize = 3;
+    let (url, a, b) = two_processes().await;
+    let tag = MessageId::generate();
+    let mut handoffs = Vec::new();
+    let mut receipts = Vec::new();
+    for m in 0..MESSAGES {
+        let keys: Vec<String> = (0..PARTS).map(|p| format!("{tag}-{m}-{p}")).collect();
+        receipts.extend(keys.iter().map(|k| delivered(k)));
+        handoffs.push(handoff(
+            MessageId::generate(),
+            keys,
+            vec![target("esme1"), target("esme2")],
+        ));
+    }
+    for chunk in handoffs.chunks(100) {
+        a.hand_off(chunk.to_vec()).await.unwrap();
+    }
+    // Every receipt reaches both processes (an SMSC resending to another session),
+    // one in order and one in reverse, in batches: the same messages' parts race.
+    let forward = receipts.clone();
+    let mut backward = receipts;
+    backward.reverse();
+    let (a, b) = (Arc::new(a), Arc::new(b));
+    let run = |s: Arc<PostgresDlrStore>, rs: Vec<ProviderReceipt>| {
+        tokio::spawn(async move {
+            let mut out = Vec::new();
+            for chunk in rs.chunks(50) {
+                let m = s.record_receipts(chunk.to_vec()).await.unwrap();
+                out.extend(chunk.iter().map(|r| r.keys[0].clone()).zip(m));
+            }
+            out
+        })
+    };
+    let ta = run(a.clone(), forward);
+    let tb = run(b.clone(), backward);
+    let mut results = ta.await.unwrap();
+    results.extend(tb.await.unwrap());
+
+    let mut per_key: HashMap<String, (u32, u32)> = HashMap::new();
+    let mut resolutions: HashMap<UnitId, u32> = HashMap::new();
+    for (key, m) in &results {
+        let e = per_key.entry(key.clone()).or_default();
+        match m {
+            ReceiptMatch::Matched { unit, resolved } => {
+                e.0 += 1;
+                if *resolved {
+                    *resolutions.entry(*unit).or_default() += 1;
+                }
+            }
+            ReceiptMatch::Duplicate { .. } => e.1 += 1,
+            ReceiptMatch::Orphaned => panic!("{key} was correlated"),
+        }
+    }
+    assert!(
+        per_key.values().all(|&(m, d)| m == 1 && d == 1),
+        "each part accepted once"
+    );
+    assert_eq!(resolutions.len(), MESSAGES);
+    assert!(resolutions.values().all(|&n| n == 1), "each message resolved once");
+
+    let later = Timestamp::now().saturating_add(Duration::from_secs(1));
+    let mut claimed: Vec<Delivery> = Vec::new();
+    loop {
+        let got = b.claim_due(later, LEASE, 500).await.unwrap();
+        if got.is_empty() {
+            break;
+        }
+        claimed.extend(got);
+    }
+    assert_eq!(claimed.len(), MESSAGES * 2, "one delivery per receipt target");
+    let targets: HashSet<MessageId> = claimed.iter().map(|d| d.target.submit_id).collect();
+    assert_eq!(targets.len(), MESSAGES * 2, "no target got two deliveries");
+
+    // The maintained counters agree with the tables.
+    let st = a.stats().await.unwrap();
+    assert_eq!(st.awaiting_receipts, 0);
+    assert_eq!(st.pending_deliveries, (MESSAGES * 2) as u64);
+    assert_eq!(
+        st.correlations as i64,
+        sql_count(&url, "SELECT count(*) FROM dlr_correlations WHERE unit IS NOT NULL").await
+    );
+    assert_eq!(
+        st.pending_deliveries as i64,
+        sql_count(&url, "SELECT count(*) FROM dlr_deliveries").await
+    );
+}
+
+#[tokio::test]
+async fn a_stale_attempt_from_another_process_is_ignored() {
+    let (_url, a, b) = two_processes().await;
+    resolved_messages(&a, 1).await;
+    let t0 = Timestamp::now().saturating_add(Duration::from_secs(1));
+    let first = a.claim_due(t0, LEASE, 10).await.unwrap();
+    assert_eq!(first.len(), 1);
+    // Process A stalls past its lease; B claims the delivery again.
+    let t1 = t0.saturating_add(LEASE).saturating_add(Duration::from_secs(1));
+    let second = b.claim_due(t1, LEASE, 10).await.unwrap();
+    assert_eq!(second.len(), 1);
+    assert_eq!((second[0].id, second[0].attempt), (first[0].id, 2));
+    a.finish(vec![DeliveryFinish {
+        id: first[0].id,
+        attempt: first[0].attempt,
+        result: DeliveryResult::Dead,
+    }])
+    .await
+    .unwrap();
+    assert_eq!(
+        b.stats().await.unwrap().pending_deliveries,
+        1,
+        "A's stale result is ignored"
+    );
+    b.finish(vec![DeliveryFinish {
+        id: second[0].id,
+        attempt: second[0].attempt,
+        result: DeliveryResult::Delivered,
+    }])
+    .await
+    .unwrap();
+    assert_eq!(a.stats().await.unwrap().pending_deliveries, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrations_applied_by_several_processes_at_once() {
+    let url = TestCluster::shared().fresh_database();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let url = url.clone();
+        tasks.push(tokio::spawn(async move {
+            PostgresDlrStore::connect(&url, 1, retention()).await.map(|_| ())
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    // And again, as a restart would.
+    let s = PostgresDlrStore::connect(&url, 1, retention()).await.unwrap();
+    s.hand_off(vec![handoff(
+        MessageId::generate(),
+        vec!["m".into()],
+        vec![target("e")],
+    )])
+    .await
+    .unwrap();
+    assert_eq!(sql_count(&url, "SELECT count(*) FROM _sqlx_migrations").await, 1);
+    assert_eq!(s.stats().await.unwrap().awaiting_receipts, 1);
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_unavailable_without_leaking_the_password() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("postgres://sendium:hunter2@127.0.0.1:{port}/dlr");
+    let started = Instant::now();
+    let e = PostgresDlrStore::connect(&url, 1, retention()).await.unwrap_err();
+    assert_eq!(e.kind, FailureKind::Unavailable);
+    assert_eq!(e.location, format!("postgresql 127.0.0.1:{port}/dlr"));
+    assert!(!e.to_string().contains("hunter2"), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+/// A dedicated cluster (the shared one must stay up): the server crashes and comes
+/// back; committed state survives, the same store reconnects by itself, and while the
+/// server is down every call answers Unavailable within the acquire timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn survives_a_server_crash_and_is_unavailable_while_down() {
+    let cluster = TestCluster::start();
+    let url = cluster.fresh_database();
+    let mut options = PgDlrOptions::new(2, retention());
+    options.acquire_timeout = Duration::from_millis(500);
+    let s = PostgresDlrStore::connect_with(&url, options).await.unwrap();
+    let unit = MessageId::generate();
+    s.hand_off(vec![handoff(
+        unit,
+        vec!["c1".into(), "c2".into()],
+        vec![target("esme1")],
+    )])
+    .await
+    .unwrap();
+    s.record_receipts(vec![delivered("c1")]).await.unwrap();
+
+    cluster.stop_server().unwrap();
+    let started = Instant::now();
+    let e = s.stats().await.unwrap_err();
+    assert_eq!(kind(&e), FailureKind::Unavailable, "{e}");
+    let e = s.record_receipts(vec![delivered("c2")]).await.unwrap_err();
+    assert_eq!(kind(&e), FailureKind::Unavailable, "{e}");
+    let e = s.claim_due(Timestamp::now(), LEASE, 10).await.unwrap_err();
+    assert_eq!(kind(&e), FailureKind::Unavailable, "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "no hang: {:?}",
+        started.elapsed()
+    );
+
+    cluster.start_server().unwrap();
+    // The pool drops its dead connections and reconnects.
+    let st = s.stats().await.unwrap();
+    assert_eq!(
+        (st.awaiting_receipts, st.correlations),
+        (1, 2),
+        "committed state survived the crash"
+    );
+    let m = s.record_receipts(vec![delivered("c2")]).await.unwrap();
+    assert_eq!(m, vec![ReceiptMatch::Matched { unit, resolved: true }]);
+    let m = s.record_receipts(vec![delivered("c1")]).await.unwrap();
+    assert_eq!(
+        m,
+        vec![ReceiptMatch::Duplicate { unit }],
+        "c1 was recorded before the crash"
+    );
+    // A new process sees the same.
+    let other = PostgresDlrStore::connect(&url, 1, retention()).await.unwrap();
+    let due = other
+        .claim_due(Timestamp::now().saturating_add(Duration::from_secs(1)), LEASE, 10)
+        .await
+        .unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].outcome.state, DlrState::Delivered);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn receipts_racing_their_handoffs_in_another_process_are_never_stranded() {
+    const MESSAGES: usize = 1_000;
+    let (_url, a, b) = two_processes().await;
+    let tag = MessageId::generate();
+    let keys: Vec<String> = (0..MESSAGES).map(|i| format!("{tag}-{i}")).collect();
+    let handoffs: Vec<Handoff> = keys
+        .iter()
+        .map(|k| handoff(MessageId::generate(), vec![k.clone()], vec![target("esme1")]))
+        .collect();
+    // Receipts in another order than the handoffs, so some come first and some race.
+    let mut receipts: Vec<ProviderReceipt> = keys.iter().map(|k| delivered(k)).collect();
+    receipts.reverse();
+    let (a, b) = (Arc::new(a), Arc::new(b));
+    let ha = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            for c in handoffs.chunks(50) {
+                a.hand_off(c.to_vec()).await.unwrap();
+            }
+        })
+    };
+    let rb = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            for c in receipts.chunks(50) {
+                b.record_receipts(c.to_vec()).await.unwrap();
+            }
+        })
+    };
+    ha.await.unwrap();
+    rb.await.unwrap();
+    let st = a.stats().await.unwrap();
+    assert_eq!(st.orphans, 0, "every early receipt was adopted by its handoff");
+    assert_eq!(st.awaiting_receipts, 0, "every message resolved");
+    assert_eq!(st.pending_deliveries, MESSAGES as u64, "exactly one delivery each");
+}
+
+#[tokio::test]
+async fn earlier_provider_ids_keep_matching_after_a_resubmission() {
+    let (_url, a, b) = two_processes().await;
+    let unit = MessageId::generate();
+    let h = handoff(unit, vec!["first".into()], vec![target("esme1")]);
+    a.hand_off(vec![h.clone()]).await.unwrap();
+    let mut again = h;
+    again.outcome = HandoffOutcome::Submitted {
+        provider_keys: vec!["second".into()],
+    };
+    b.hand_off(vec![again]).await.unwrap();
+    // The first submission's receipt is recognised (not an orphan) but does not decide.
+    let m = a.record_receipts(vec![delivered("first")]).await.unwrap();
+    assert_eq!(m, vec![ReceiptMatch::Matched { unit, resolved: false }]);
+    assert_eq!(a.stats().await.unwrap().orphans, 0);
+    let m = b.record_receipts(vec![delivered("second")]).await.unwrap();
+    assert_eq!(m, vec![ReceiptMatch::Matched { unit, resolved: true }]);
+    let m = a.record_receipts(vec![delivered("first")]).await.unwrap();
+    assert_eq!(m, vec![ReceiptMatch::Duplicate { unit }]);
+    let due = a
+        .claim_due(Timestamp::now().saturating_add(Duration::from_secs(1)), LEASE, 10)
+        .await
+        .unwrap();
+    assert_eq!(due.len(), 1);
+}
+
+#[tokio::test]
+async fn a_correlation_without_its_branch_does_not_wedge_receipts() {
+    let (url, a, _b) = two_processes().await;
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    // Not producible through the store; written by hand to prove the fallback.
+    sqlx::query(
+        "INSERT INTO dlr_correlations (destination, provider_key, unit, branch, part, gen)
+         VALUES ('up', 'dangling', gen_random_uuid(), 0, 0, 1)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    let m = a.record_receipts(vec![delivered("dangling")]).await.unwrap();
+    assert_eq!(m, vec![ReceiptMatch::Orphaned]);
+    // A handoff of that id takes the row over and matches normally.
+    let unit = MessageId::generate();
+    a.hand_off(vec![handoff(unit, vec!["dangling".into()], vec![target("esme1")])])
+        .await
+        .unwrap();
+    let m = a.record_receipts(vec![delivered("dangling")]).await.unwrap();
+    assert_eq!(m, vec![ReceiptMatch::Matched { unit, resolved: true }]);
+}
+
+#[tokio::test]
+async fn a_batch_repeating_one_branch_and_one_receipt_many_times() {
+    let (_url, a, _b) = two_processes().await;
+    let unit = MessageId::generate();
+    let h = handoff(unit, vec!["r1".into(), "r2".into()], vec![target("esme1")]);
+    a.hand_off(vec![h; 40]).await.unwrap();
+    assert_eq!(a.stats().await.unwrap().awaiting_receipts, 1);
+    let mut batch = vec![delivered("r1"); 40];
+    batch.push(delivered("r2"));
+    let m = a.record_receipts(batch).await.unwrap();
+    assert_eq!(m[0], ReceiptMatch::Matched { unit, resolved: false });
+    assert!(m[1..40].iter().all(|x| *x == ReceiptMatch::Duplicate { unit }));
+    assert_eq!(m[40], ReceiptMatch::Matched { unit, resolved: true });
+    assert_eq!(a.stats().await.unwrap().pending_deliveries, 1);
+}
+
+/// Throughput on the shared test cluster (fsync on). Not a unit test:
+/// `cargo test -p sendium-storage --release bench_postgresql_dlr -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "benchmark: run explicitly with --ignored --nocapture"]
+async fn bench_postgresql_dlr() {
+    const MESSAGES: usize = 40_000;
+    println!("postgresql DLR store, fsync=on, {MESSAGES} messages (1 provider part, 1 receipt target) per row");
+    println!("| batch | writers | handoffs/s | receipts/s | claim+finish/s |");
+    println!("|---:|---:|---:|---:|---:|");
+    for (batch, writers) in [(100, 1), (1000, 1), (100, 4), (1000, 4)] {
+        let url = TestCluster::shared().fresh_database();
+        let s = Arc::new(PostgresDlrStore::connect(&url, 8, retention()).await.unwrap());
+        let tag = MessageId::generate();
+        let keys: Vec<String> = (0..MESSAGES).map(|i| format!("{tag}-{i}")).collect();
+        let handoffs: Vec<Handoff> = keys
+            .iter()
+            .map(|k| handoff(MessageId::generate(), vec![k.clone()], vec![target("esme1")]))
+            .collect();
+        let receipts: Vec<ProviderReceipt> = keys.iter().map(|k| delivered(k)).collect();
+
+        // Split the work into `writers` interleaved shares of `batch`-sized batches.
+        async fn parallel<T: Clone + Send + Sync + 'static, F, Fut>(
+            items: &[T],
+            batch: usize,
+            writers: usize,
+            f: F,
+        ) -> f64
+        where
+            F: Fn(Vec<T>) -> Fut + Send + Sync + Clone + 'static,
+            Fut: std::future::Future<Output = ()> + Send,
+        {
+            let chunks: Vec<Vec<T>> = items.chunks(batch).map(|c| c.to_vec()).collect();
+            let mut shares: Vec<Vec<Vec<T>>> = vec![Vec::new(); writers];
+            for (i, c) in chunks.into_iter().enumerate() {
+                shares[i % writers].push(c);
+            }
+            let started = Instant::now();
+            let tasks: Vec<_> = shares
+                .into_iter()
+                .map(|share| {
+                    let f = f.clone();
+                    tokio::spawn(async move {
+                        for c in share {
+                            f(c).await;
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+            items.len() as f64 / started.elapsed().as_secs_f64()
+        }
+
+        let st = s.clone();
+        let h = parallel(&handoffs, batch, writers, move |c| {
+            let st = st.clone();
+            async move { st.hand_off(c).await.unwrap() }
+        })
+        .await;
+        let st = s.clone();
+        let r = parallel(&receipts, batch, writers, move |c| {
+            let st = st.clone();
+            async move {
+                st.record_receipts(c).await.unwrap();
+            }
+        })
+        .await;
+        // Claimers: each claims `batch` and finishes them, until nothing is due.
+        let now = Timestamp::now().saturating_add(Duration::from_secs(1));
+        let started = Instant::now();
+        let tasks: Vec<_> = (0..writers)
+            .map(|_| {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let mut n = 0usize;
+                    loop {
+                        let got = s.claim_due(now, LEASE, batch).await.unwrap();
+                        if got.is_empty() {
+                            return n;
+                        }
+                        n += got.len();
+                        s.finish(
+                            got.iter()
+                                .map(|d| DeliveryFinish {
+                                    id: d.id,
+                                    attempt: d.attempt,
+                                    result: DeliveryResult::Delivered,
+                                })
+                                .collect(),
+                        )
+                        .await
+                        .unwrap();
+                    }
+                })
+            })
+            .collect();
+        let mut claimed = 0;
+        for t in tasks {
+            claimed += t.await.unwrap();
+        }
+        let c = claimed as f64 / started.elapsed().as_secs_f64();
+        assert_eq!(claimed, MESSAGES);
+        println!("| {batch} | {writers} | {h:.0} | {r:.0} | {c:.0} |");
+        s.close().await;
+    }
+
+    // End to end through the store, the stages running at once as in the gateway:
+    // handoffs, receipts for what was handed off, claims + finishes of what resolved.
+    for batch in [100, 500] {
+        let url = TestCluster::shared().fresh_database();
+        let s = Arc::new(PostgresDlrStore::connect(&url, 8, retention()).await.unwrap());
+        let tag = MessageId::generate();
+        let keys: Vec<String> = (0..MESSAGES).map(|i| format!("{tag}-{i}")).collect();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<String>>();
+        let started = Instant::now();
+        let handing = {
+            let s = s.clone();
+            let keys = keys.clone();
+            tokio::spawn(async move {
+                for c in keys.chunks(batch) {
+                    let hs = c
+                        .iter()
+                        .map(|k| handoff(MessageId::generate(), vec![k.clone()], vec![target("esme1")]))
+                        .collect();
+                    s.hand_off(hs).await.unwrap();
+                    tx.send(c.to_vec()).unwrap();
+                }
+            })
+        };
+        let receiving = {
+            let s = s.clone();
+            tokio::spawn(async move {
+                while let Some(c) = rx.recv().await {
+                    s.record_receipts(c.iter().map(|k| delivered(k)).collect())
+                        .await
+                        .unwrap();
+                }
+            })
+        };
+        let mut done = 0;
+        while done < MESSAGES {
+            let got = s.claim_due(Timestamp::now(), LEASE, batch).await.unwrap();
+            if got.is_empty() {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                continue;
+            }
+            done += got.len();
+            s.finish(
+                got.iter()
+                    .map(|d| DeliveryFinish {
+                        id: d.id,
+                        attempt: d.attempt,
+                        result: DeliveryResult::Delivered,
+                    })
+                    .collect(),
+            )
+            .await
+            .unwrap();
+        }
+        handing.await.unwrap();
+        receiving.await.unwrap();
+        println!(
+            "end to end (handoff -> receipt -> claim -> finish, stages concurrent), batch {batch}: {:.0} messages/s",
+            MESSAGES as f64 / started.elapsed().as_secs_f64()
+        );
+        s.close().await;
+    }
+}

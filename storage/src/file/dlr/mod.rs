@@ -1,5 +1,321 @@
-//! The file DLR store (being written).
+//! The file DLR store (`<dir>/dlr.redb`): provider correlations and pending downstream
+//! receipts that survive a restart, for the database-free single-process deployment.
+//!
+//! Its own redb file in the [`DataDir`], so the DLR store has its own namespace and
+//! lifecycle, separate from the SMS stages (and its commits do not queue behind theirs).
+//!
+//! # Semantics
+//!
+//! Those of [`MemoryDlrStore`](crate::memory::MemoryDlrStore) (the conformance suite runs
+//! against both), except where being durable and unbounded lets it do better:
+//!
+//! * A resolved branch keeps its track and correlations until its retention ends (the
+//!   memory store forgets them at once to stay within its bound). A late duplicate
+//!   receipt therefore finds its branch and is answered [`ReceiptMatch::Duplicate`] (never
+//!   a second delivery, and never an orphan), and a repeated handoff of a resolved branch
+//!   is recognised and ignored however long after resolution it comes.
+//! * A resubmission's earlier provider ids stay correlated to the branch (the contract:
+//!   "earlier ids keep matching"): a receipt for them is answered `Duplicate` — recognised
+//!   as this message's, without deciding it — where the memory store orphans it.
+//! * No reservations: the store is bounded by the disk, not by a count
+//!   ([`DlrStore::reservations`] is `None`).
+//!
+//! # Tables
+//!
+//! Keys are big-endian, so byte order is the order each index needs; index values are
+//! fixed-layout bytes; records are [envelopes](crate::envelope) (versioned CBOR + CRC).
+//!
+//! | table | key | value |
+//! |---|---|---|
+//! | `tracks` | unit id (16) + branch (2) | track envelope: parts with final outcomes, stale ids, targets, first failure, expiry, resolved |
+//! | `track_expiry` | expiry ms (8) + track key | — |
+//! | `correlations` | dest len (4) + dest + provider id | track key (18 bytes) |
+//! | `orphans` | same as `correlations` | orphan envelope: outcome, expiry |
+//! | `orphan_expiry` | expiry ms (8) + orphan key | — |
+//! | `deliveries` | delivery id (u64) | fixed header (attempt, due, lease end, expiry, SMPP account) + delivery envelope (target, outcome, created) |
+//! | `due` | due ms (8) + delivery id (8) | — |
+//! | `smpp_by_account` | (account, delivery id) | — (SMPP deliveries after a retry: the only ones a wake can change) |
+//! | `meta` | name | `layout`, `awaiting`, `next_delivery` |
+//!
+//! Nothing scans: a receipt is a point lookup in `correlations` (per candidate id, best
+//! first), `claim_due` reads the first keys of `due` up to `now`, `wake_account` ranges
+//! over one account's keys of `smpp_by_account`, `expire` reads the first keys of the three
+//! expiry indexes, and `stats` is O(log n): table lengths are kept by redb in each tree's
+//! header (O(1), updated by the same transactions, so they cannot drift), branches still
+//! awaiting receipts are a counter in `meta` updated in the same transactions, and the
+//! oldest pending delivery is the first key of `deliveries` — delivery ids come from a
+//! persisted counter, so id order is creation order.
+//!
+//! A claim rewrites only the 20-byte state and its `due` key, not the delivery record.
+//!
+//! # Durability
+//!
+//! Every mutating call is one write transaction for its whole batch. A call that changed
+//! nothing is aborted (no fsync): a repeated handoff, a batch of duplicate receipts, a
+//! claim with nothing due.
+//!
+//! * `hand_off` and `record_receipts`: `Durability::Immediate`. The source SMS is
+//!   completed only after `hand_off` returns, and the provider's `deliver_sm_resp` is sent
+//!   only after `record_receipts` returns; from then on this file is the only copy.
+//! * `finish`: `Durability::Immediate`. A lost "delivered" would send an acknowledged
+//!   receipt again after a crash, and a lost retry/park would forget the backoff; one
+//!   fsync per result batch is cheap next to the deliveries it reports.
+//! * `claim_due`: `Durability::None` (no fsync). A claim lost in a crash leaves the
+//!   delivery exactly as it was before the claim — due, with the previous attempt number
+//!   — so after the restart it is claimed again and sent again: at least once downstream,
+//!   which a lapsed lease already implies. The lost attempt number cannot confuse the
+//!   fencing: the only results quoting it belonged to the process that crashed. Any later
+//!   durable commit (a handoff, a receipt, a `finish`) makes the claim durable too, and a
+//!   `finish` always follows its claim, so no result is ever applied to a claim that is
+//!   then rolled back.
+//! * `wake_account`, `expire`: `Durability::Immediate` (rare calls; a lost wake would
+//!   also be harmless, the correlator wakes bound accounts when it starts).
+//!
+//! # Quick repair
+//!
+//! Off by default ([`FileDlrStore::default_options`]), chosen by measurement (the
+//! `bench_dlr_reopen_after_sigkill` test; numbers in the report of #340 and in
+//! `docs/benchmarks.md` when it is updated): reopening after SIGKILL with 1M correlations
+//! (a ~0.9 GB file) takes REOPEN_NUMBERS without quick repair, while quick repair's
+//! second fsync per commit costs QR_COST on every handoff and receipt batch. See
+//! [`FileDlrStore::default_options`].
+//!
+//! # Blocking
+//!
+//! redb is blocking: every call runs on tokio's blocking pool (see
+//! [`crate::file::db`]), once per batch.
 
-/// Placeholder until the store lands.
-#[derive(Debug)]
-pub struct FileDlrStore;
+mod records;
+mod tx;
+
+#[cfg(test)]
+mod tests;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redb::{Durability, ReadableTable, ReadableTableMetadata};
+
+use self::tx::{AWAITING, CORRELATIONS, DELIVERIES, ORPHANS, Tx, decode_delivery};
+use super::db::{Fail, FileOptions, META, StoreFile, blocking, get_counter};
+use super::dir::{DLR_FILE, DataDir};
+use crate::backend::DlrBackend;
+use crate::dlr::{
+    Delivery, DeliveryFinish, DlrRetention, DlrStats, DlrStore, ExpiryReport, Handoff, ProviderReceipt, ReceiptMatch,
+};
+use crate::error::{BackendFailure, DlrError};
+use crate::ids::Timestamp;
+
+/// SMPP deliveries of one account woken per transaction: an account that was unbound
+/// for a day may have a million parked receipts, and one transaction re-indexing all of
+/// them would hold that many dirty pages in memory.
+#[cfg(not(test))]
+const WAKE_BATCH: usize = 10_000;
+/// Small in tests, so they walk several batches.
+#[cfg(test)]
+const WAKE_BATCH: usize = 4;
+
+/// The file-backed DLR store. Cheap to clone (one shared file).
+#[derive(Clone)]
+pub struct FileDlrStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    file: StoreFile,
+    retention: DlrRetention,
+}
+
+impl std::fmt::Debug for FileDlrStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileDlrStore")
+            .field("file", &self.inner.file.location())
+            .field("retention", &self.inner.retention)
+            .finish()
+    }
+}
+
+impl FileDlrStore {
+    /// 64 MiB of page cache: receipts look tracks up at random over the retention
+    /// window, and the hot end (recent handoffs, due deliveries) should stay cached.
+    pub const CACHE: usize = 64 << 20;
+
+    /// The options [`FileDlrStore::open`] uses: a bounded cache, no verification on
+    /// open, no quick repair (see the module docs for the measurement behind that).
+    pub fn default_options() -> FileOptions {
+        FileOptions {
+            cache_size: Self::CACHE,
+            verify_on_open: false,
+            quick_repair: false,
+        }
+    }
+
+    /// Open (or create) `<dir>/dlr.redb`. Blocking: call it at startup, before serving.
+    ///
+    /// `retention` applies to what is recorded from now on; stored deadlines are
+    /// absolute and do not move when the configuration changes.
+    pub fn open(dir: &Arc<DataDir>, retention: DlrRetention) -> Result<Self, BackendFailure> {
+        Self::open_with(dir, retention, Self::default_options())
+    }
+
+    pub fn open_with(
+        dir: &Arc<DataDir>,
+        retention: DlrRetention,
+        options: FileOptions,
+    ) -> Result<Self, BackendFailure> {
+        let file = StoreFile::open(dir, DLR_FILE, options, tx::init)?;
+        Ok(Self {
+            inner: Arc::new(Inner { file, retention }),
+        })
+    }
+
+    /// The store file (for logs and `sendium inspect`).
+    pub fn path(&self) -> &Path {
+        self.inner.file.path()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn faults(&self) -> &super::backend::FaultSwitch {
+        &self.inner.file.faults
+    }
+
+    #[cfg(test)]
+    pub(crate) fn file(&self) -> &StoreFile {
+        &self.inner.file
+    }
+
+    async fn run<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Inner) -> Result<R, BackendFailure> + Send + 'static,
+    ) -> Result<R, DlrError> {
+        Ok(blocking(&self.inner, |i| &i.file, f).await?)
+    }
+}
+
+impl Inner {
+    /// Run `f` over the tables in one write transaction committed with `durability`
+    /// (aborted when nothing changed).
+    fn write<R>(
+        &self,
+        durability: Durability,
+        f: impl FnOnce(&mut Tx<'_>) -> Result<R, Fail>,
+    ) -> Result<R, BackendFailure> {
+        let retention = self.retention;
+        self.file.write(durability, |txn| {
+            let mut tx = Tx::open(txn, retention)?;
+            let out = f(&mut tx)?;
+            let changed = tx.flush()?;
+            Ok((out, changed))
+        })
+    }
+
+    fn stats(&self) -> Result<DlrStats, BackendFailure> {
+        self.file.read(|txn| {
+            let meta = txn.open_table(META)?;
+            let deliveries = txn.open_table(DELIVERIES)?;
+            let oldest = match deliveries.first()? {
+                Some((k, v)) => Some(decode_delivery(k.value(), v.value())?.1.created_at),
+                None => None,
+            };
+            Ok(DlrStats {
+                awaiting_receipts: get_counter(&meta, AWAITING)?,
+                correlations: txn.open_table(CORRELATIONS)?.len()?,
+                pending_deliveries: deliveries.len()?,
+                oldest_pending_delivery: oldest,
+                orphans: txn.open_table(ORPHANS)?.len()?,
+            })
+        })
+    }
+}
+
+#[async_trait]
+impl DlrStore for FileDlrStore {
+    fn backend(&self) -> DlrBackend {
+        DlrBackend::File
+    }
+
+    /// One durable transaction for the batch; returns once it is on disk.
+    async fn hand_off(&self, batch: Vec<Handoff>) -> Result<(), DlrError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.run(move |i| {
+            i.write(Durability::Immediate, |tx| {
+                let now = Timestamp::now();
+                for h in batch {
+                    tx.hand_off(h, now)?;
+                }
+                Ok(())
+            })
+        })
+        .await
+    }
+
+    /// One durable transaction for the batch; the provider may be acknowledged when it
+    /// returns.
+    async fn record_receipts(&self, batch: Vec<ProviderReceipt>) -> Result<Vec<ReceiptMatch>, DlrError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.run(move |i| {
+            i.write(Durability::Immediate, |tx| {
+                let now = Timestamp::now();
+                batch.into_iter().map(|r| tx.record_receipt(r, now)).collect()
+            })
+        })
+        .await
+    }
+
+    /// Committed without fsync: see the module docs for why a lost claim is harmless.
+    async fn claim_due(&self, now: Timestamp, lease: Duration, limit: usize) -> Result<Vec<Delivery>, DlrError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.run(move |i| i.write(Durability::None, |tx| tx.claim_due(now, lease, limit)))
+            .await
+    }
+
+    /// Durable: an acknowledged delivery is never sent again because its result was lost.
+    async fn finish(&self, results: Vec<DeliveryFinish>) -> Result<(), DlrError> {
+        if results.is_empty() {
+            return Ok(());
+        }
+        self.run(move |i| i.write(Durability::Immediate, |tx| tx.finish(results)))
+            .await
+    }
+
+    /// In transactions of at most [`WAKE_BATCH`] deliveries (each durable); a crash
+    /// between them leaves the rest parked until the correlator wakes the account again.
+    async fn wake_account(&self, account: &str, now: Timestamp) -> Result<u64, DlrError> {
+        let account = account.to_string();
+        self.run(move |i| {
+            let mut total = 0;
+            let mut after = None;
+            loop {
+                let (woken, last, more) = i.write(Durability::Immediate, |tx| {
+                    tx.wake_account(&account, now, after, WAKE_BATCH)
+                })?;
+                total += woken;
+                if !more {
+                    return Ok(total);
+                }
+                after = last;
+            }
+        })
+        .await
+    }
+
+    async fn expire(&self, now: Timestamp, limit: usize) -> Result<ExpiryReport, DlrError> {
+        if limit == 0 {
+            return Ok(ExpiryReport::default());
+        }
+        self.run(move |i| i.write(Durability::Immediate, |tx| tx.expire(now, limit)))
+            .await
+    }
+
+    async fn stats(&self) -> Result<DlrStats, DlrError> {
+        self.run(|i| i.stats()).await
+    }
+}

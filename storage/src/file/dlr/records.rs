@@ -3,52 +3,143 @@
 //! fixed, big-endian layouts (so byte order is the order an index needs).
 //!
 //! Fields added later to a record must be `#[serde(default)]` (a new minor version).
-//! The records embed the contract's [`ReceiptTarget`] and [`ReceiptOutcome`]: a change to
-//! those types' serde shape is a change to this file format.
+//! Field names are one or two letters: the file keeps every resolved branch for the
+//! retention window (72 h by default), so bytes per record are disk and page cache, and
+//! shorter maps decode faster. The contract's [`ReceiptTarget`] and [`ReceiptOutcome`]
+//! are stored through short-named mirrors ([`StoredTarget`], [`StoredOutcome`]), so a
+//! change to the contract types does not silently change this file format.
 
 use serde::{Deserialize, Serialize};
 
-use crate::dlr::{DlrState, ReceiptOutcome, ReceiptTarget};
+use crate::dlr::{DlrState, ReceiptOutcome, ReceiptTarget, ReplyPath};
 use crate::ids::{MessageId, Timestamp, UnitId};
+use crate::record::Address;
+
+/// A [`ReceiptOutcome`] as stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct StoredOutcome {
+    #[serde(rename = "s")]
+    pub state: DlrState,
+    #[serde(rename = "e")]
+    pub error: String,
+    #[serde(rename = "t")]
+    pub done_at: Timestamp,
+}
+
+impl From<ReceiptOutcome> for StoredOutcome {
+    fn from(o: ReceiptOutcome) -> Self {
+        Self {
+            state: o.state,
+            error: o.error,
+            done_at: o.done_at,
+        }
+    }
+}
+
+impl From<StoredOutcome> for ReceiptOutcome {
+    fn from(o: StoredOutcome) -> Self {
+        Self {
+            state: o.state,
+            error: o.error,
+            done_at: o.done_at,
+        }
+    }
+}
+
+/// A [`ReceiptTarget`] as stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct StoredTarget {
+    #[serde(rename = "i")]
+    pub submit_id: MessageId,
+    #[serde(rename = "a")]
+    pub account: String,
+    #[serde(rename = "r")]
+    pub reply: ReplyPath,
+    #[serde(rename = "s")]
+    pub source: Address,
+    #[serde(rename = "d")]
+    pub destination: Address,
+    #[serde(rename = "t")]
+    pub submitted_at: Timestamp,
+    #[serde(rename = "f")]
+    pub failure_only: bool,
+}
+
+impl From<ReceiptTarget> for StoredTarget {
+    fn from(t: ReceiptTarget) -> Self {
+        Self {
+            submit_id: t.submit_id,
+            account: t.account,
+            reply: t.reply,
+            source: t.source,
+            destination: t.destination,
+            submitted_at: t.submitted_at,
+            failure_only: t.failure_only,
+        }
+    }
+}
+
+impl From<StoredTarget> for ReceiptTarget {
+    fn from(t: StoredTarget) -> Self {
+        Self {
+            submit_id: t.submit_id,
+            account: t.account,
+            reply: t.reply,
+            source: t.source,
+            destination: t.destination,
+            submitted_at: t.submitted_at,
+            failure_only: t.failure_only,
+        }
+    }
+}
 
 /// One provider part of a tracked branch: its canonical provider id and, once received,
 /// its final outcome (accepted once).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct PartState {
+    #[serde(rename = "k")]
     pub key: String,
-    pub outcome: Option<ReceiptOutcome>,
+    #[serde(rename = "o")]
+    pub outcome: Option<StoredOutcome>,
 }
 
 /// A branch's correlation state, stored under its [`TrackKey`].
 ///
-/// Kept after resolution (with `resolved` set and its targets dropped) until
-/// `expires_at`, together with its correlations: a late duplicate receipt then still
-/// finds its branch and is answered `Duplicate`, and a repeated handoff of a resolved
-/// branch is recognised and ignored.
+/// Kept after resolution until `expires_at`, together with its correlations: a late
+/// duplicate receipt then still finds its branch and is answered `Duplicate`, and a
+/// repeated handoff of a resolved branch is recognised and ignored. Resolution strips it
+/// to what that needs (destination, provider ids, expiry): the targets live on in the
+/// deliveries, the outcomes are no longer needed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct TrackRecord {
     /// Destination the current provider ids belong to.
+    #[serde(rename = "d")]
     pub destination: String,
     /// Expected provider parts, in part order.
+    #[serde(rename = "p")]
     pub parts: Vec<PartState>,
     /// `(destination, provider id)` of earlier submissions of this branch that a
     /// resubmission replaced. Their correlations still point here (a receipt for them is
     /// recognised, not orphaned) and are dropped with the track.
-    #[serde(default)]
+    #[serde(rename = "x", default, skip_serializing_if = "Vec::is_empty")]
     pub stale: Vec<(String, String)>,
     /// Submissions owed a receipt; emptied at resolution (the deliveries hold them then).
-    pub targets: Vec<ReceiptTarget>,
-    pub first_failure: Option<ReceiptOutcome>,
+    #[serde(rename = "t", default, skip_serializing_if = "Vec::is_empty")]
+    pub targets: Vec<StoredTarget>,
+    #[serde(rename = "f", default, skip_serializing_if = "Option::is_none")]
+    pub first_failure: Option<StoredOutcome>,
     /// Absolute: handed-off time plus retention, so a restart does not move it.
+    #[serde(rename = "e")]
     pub expires_at: Timestamp,
     /// The message's state is decided and its deliveries were created.
+    #[serde(rename = "r")]
     pub resolved: bool,
 }
 
 impl TrackRecord {
     /// The whole message's state once known: the first final failure, or DELIVRD when
     /// every provider part is delivered (the memory store's rule, exactly).
-    pub(crate) fn resolution(&self) -> Option<ReceiptOutcome> {
+    pub(crate) fn resolution(&self) -> Option<StoredOutcome> {
         if let Some(f) = &self.first_failure {
             return Some(f.clone());
         }
@@ -57,7 +148,7 @@ impl TrackRecord {
             let o = part.outcome.as_ref()?;
             done_at = done_at.max(o.done_at);
         }
-        Some(ReceiptOutcome {
+        Some(StoredOutcome {
             state: DlrState::Delivered,
             error: "000".to_string(),
             done_at,
@@ -77,17 +168,23 @@ impl TrackRecord {
 /// [`corr_key`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct OrphanRecord {
-    pub outcome: ReceiptOutcome,
+    #[serde(rename = "o")]
+    pub outcome: StoredOutcome,
+    #[serde(rename = "e")]
     pub expires_at: Timestamp,
 }
 
-/// The immutable part of a pending delivery, stored under its delivery id. What changes
-/// per attempt lives in [`DeliveryState`], so a claim rewrites 20 bytes, not the target.
+/// The record of a pending delivery: what it delivers. Stored after a
+/// [`DeliveryHeader`] in the `deliveries` value (see [`delivery_value`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct DeliveryRecord {
-    pub target: ReceiptTarget,
-    pub outcome: ReceiptOutcome,
+    #[serde(rename = "t")]
+    pub target: StoredTarget,
+    #[serde(rename = "o")]
+    pub outcome: StoredOutcome,
+    #[serde(rename = "c")]
     pub created_at: Timestamp,
+    #[serde(rename = "e")]
     pub expires_at: Timestamp,
 }
 
@@ -157,74 +254,147 @@ pub(crate) fn orphan_expiry_key(expires_at: Timestamp, corr: &[u8]) -> Vec<u8> {
     k
 }
 
-/// `due` and `delivery_expiry` key: a time (ms) then the delivery id, both big-endian.
-pub(crate) fn time_id_key(at: Timestamp, id: u64) -> [u8; 16] {
+/// `due` key: the due time (ms) then the delivery id, both big-endian.
+pub(crate) fn due_key(at: Timestamp, id: u64) -> [u8; 16] {
     let mut k = [0u8; 16];
     k[..8].copy_from_slice(&at.0.to_be_bytes());
     k[8..].copy_from_slice(&id.to_be_bytes());
     k
 }
 
-pub(crate) fn time_id_of(k: &[u8; 16]) -> (Timestamp, u64) {
-    let mut at = [0u8; 8];
+pub(crate) fn due_key_id(k: &[u8; 16]) -> u64 {
     let mut id = [0u8; 8];
-    at.copy_from_slice(&k[..8]);
     id.copy_from_slice(&k[8..]);
-    (Timestamp(u64::from_be_bytes(at)), u64::from_be_bytes(id))
+    u64::from_be_bytes(id)
 }
 
-/// The mutable, per-attempt state of a delivery, fixed layout (20 bytes, big-endian):
-/// attempt (u32), due time (u64 ms), lease end (u64 ms; 0 = not leased).
+/// The mutable, per-attempt state of a delivery and what its removal needs, at the start
+/// of its `deliveries` value. Fixed layout, big-endian:
+///
+/// ```text
+/// 0..4    attempt (u32)
+/// 4..12   due time, ms: when it is next claimable (first due, retry time, or lease end)
+/// 12..20  lease end, ms (0 = not leased)
+/// 20..28  expiry, ms: given up (dead) from then on
+/// 28      0 = HTTP; 1 = SMPP; 2 = SMPP with an smpp_by_account entry
+/// 29..33  length n of the account name (u32)
+/// 33..    the account name (n bytes), then the DeliveryRecord envelope
+/// ```
+///
+/// Why one value and not a state table beside the records: a claim is then one lookup
+/// that rewrites the header in place, and a finish is one removal that needs no
+/// decoding (the header names the index entries to drop), which halves the B-tree
+/// operations per receipt delivered. The envelope keeps its own CRC; the header is
+/// checked structurally when read.
+///
+/// An SMPP delivery enters `smpp_by_account` only when an attempt ends in a retry (the
+/// correlator parks receipts for unbound accounts that way): only then can it be idle and
+/// not yet due, which is all `wake_account` changes. A receipt delivered at its first
+/// attempt — the usual case — never touches that index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct DeliveryState {
+pub(crate) struct DeliveryHeader {
     pub attempt: u32,
-    /// When it is next claimable: its first due time, a retry time, or its lease end.
     pub due_at: Timestamp,
     pub leased_until: Option<Timestamp>,
+    pub expires_at: Timestamp,
+    /// An SMPP delivery with an `smpp_by_account` entry.
+    pub indexed: bool,
 }
 
-impl DeliveryState {
-    pub(crate) fn to_bytes(self) -> [u8; 20] {
-        let mut b = [0u8; 20];
-        b[..4].copy_from_slice(&self.attempt.to_be_bytes());
-        b[4..12].copy_from_slice(&self.due_at.0.to_be_bytes());
-        b[12..].copy_from_slice(&self.leased_until.map_or(0, |t| t.0).to_be_bytes());
-        b
-    }
+const HEADER_FIXED: usize = 33;
 
-    pub(crate) fn from_bytes(b: &[u8; 20]) -> Self {
-        let mut attempt = [0u8; 4];
-        let mut due = [0u8; 8];
-        let mut lease = [0u8; 8];
-        attempt.copy_from_slice(&b[..4]);
-        due.copy_from_slice(&b[4..12]);
-        lease.copy_from_slice(&b[12..]);
-        let lease = u64::from_be_bytes(lease);
-        Self {
-            attempt: u32::from_be_bytes(attempt),
-            due_at: Timestamp(u64::from_be_bytes(due)),
-            leased_until: (lease != 0).then_some(Timestamp(lease)),
+impl DeliveryHeader {
+    /// Overwrite the mutable fields at the start of a stored value.
+    pub(crate) fn write_into(self, value: &mut [u8]) {
+        if value.len() >= 28 {
+            value[..4].copy_from_slice(&self.attempt.to_be_bytes());
+            value[4..12].copy_from_slice(&self.due_at.0.to_be_bytes());
+            value[12..20].copy_from_slice(&self.leased_until.map_or(0, |t| t.0).to_be_bytes());
+            value[20..28].copy_from_slice(&self.expires_at.0.to_be_bytes());
+        }
+        if let Some(kind) = value.get_mut(28)
+            && *kind != 0
+        {
+            *kind = 1 + u8::from(self.indexed);
         }
     }
+}
+
+/// A parsed `deliveries` value.
+#[derive(Debug)]
+pub(crate) struct DeliveryValue<'a> {
+    pub header: DeliveryHeader,
+    /// The account of an SMPP delivery (its `smpp_by_account` key); `None` for HTTP.
+    pub smpp_account: Option<&'a str>,
+    /// The [`DeliveryRecord`] envelope.
+    pub record: &'a [u8],
+}
+
+fn be_u64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(b);
+    u64::from_be_bytes(a)
+}
+
+/// Parse a `deliveries` value; `None` when it is malformed (truncated, bad flag or
+/// account name).
+pub(crate) fn parse_delivery(value: &[u8]) -> Option<DeliveryValue<'_>> {
+    let fixed = value.get(..HEADER_FIXED)?;
+    let attempt = u32::from_be_bytes([fixed[0], fixed[1], fixed[2], fixed[3]]);
+    let lease = be_u64(&fixed[12..20]);
+    let header = DeliveryHeader {
+        attempt,
+        due_at: Timestamp(be_u64(&fixed[4..12])),
+        leased_until: (lease != 0).then_some(Timestamp(lease)),
+        expires_at: Timestamp(be_u64(&fixed[20..28])),
+        indexed: fixed[28] == 2,
+    };
+    let len = usize::try_from(u32::from_be_bytes([fixed[29], fixed[30], fixed[31], fixed[32]])).ok()?;
+    let end = HEADER_FIXED.checked_add(len)?;
+    let account = std::str::from_utf8(value.get(HEADER_FIXED..end)?).ok()?;
+    let smpp_account = match fixed[28] {
+        0 => None,
+        1 | 2 => Some(account),
+        _ => return None,
+    };
+    Some(DeliveryValue {
+        header,
+        smpp_account,
+        record: value.get(end..)?,
+    })
+}
+
+/// Build a `deliveries` value: header, account (SMPP only), record envelope.
+pub(crate) fn delivery_value(header: DeliveryHeader, smpp_account: Option<&str>, record: &[u8]) -> Vec<u8> {
+    let account = smpp_account.unwrap_or_default();
+    let mut v = vec![0u8; HEADER_FIXED];
+    header.write_into(&mut v);
+    v[28] = match smpp_account {
+        None => 0,
+        Some(_) => 1 + u8::from(header.indexed),
+    };
+    v[29..33].copy_from_slice(&u32::try_from(account.len()).unwrap_or(u32::MAX).to_be_bytes());
+    v.reserve(account.len() + record.len());
+    v.extend_from_slice(account.as_bytes());
+    v.extend_from_slice(record);
+    v
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dlr::ReplyPath;
     use crate::envelope::{self, RecordKind};
-    use crate::record::Address;
 
-    fn outcome(state: DlrState) -> ReceiptOutcome {
-        ReceiptOutcome {
+    fn outcome(state: DlrState) -> StoredOutcome {
+        StoredOutcome {
             state,
             error: "045".into(),
             done_at: Timestamp(7),
         }
     }
 
-    fn target() -> ReceiptTarget {
-        ReceiptTarget {
+    fn target() -> StoredTarget {
+        StoredTarget {
             submit_id: MessageId::generate(),
             account: "esme1".into(),
             reply: ReplyPath::Http {
@@ -258,13 +428,19 @@ mod tests {
             resolved: false,
         };
         let bytes = envelope::encode(RecordKind::DlrTrack, &track).unwrap();
-        assert_eq!(envelope::decode::<TrackRecord>(RecordKind::DlrTrack, &bytes).unwrap(), track);
+        assert_eq!(
+            envelope::decode::<TrackRecord>(RecordKind::DlrTrack, &bytes).unwrap(),
+            track
+        );
         let orphan = OrphanRecord {
             outcome: outcome(DlrState::Expired),
             expires_at: Timestamp(3),
         };
         let bytes = envelope::encode(RecordKind::DlrOrphan, &orphan).unwrap();
-        assert_eq!(envelope::decode::<OrphanRecord>(RecordKind::DlrOrphan, &bytes).unwrap(), orphan);
+        assert_eq!(
+            envelope::decode::<OrphanRecord>(RecordKind::DlrOrphan, &bytes).unwrap(),
+            orphan
+        );
         let d = DeliveryRecord {
             target: target(),
             outcome: outcome(DlrState::Undeliverable),
@@ -272,7 +448,10 @@ mod tests {
             expires_at: Timestamp(2),
         };
         let bytes = envelope::encode(RecordKind::DlrDelivery, &d).unwrap();
-        assert_eq!(envelope::decode::<DeliveryRecord>(RecordKind::DlrDelivery, &bytes).unwrap(), d);
+        assert_eq!(
+            envelope::decode::<DeliveryRecord>(RecordKind::DlrDelivery, &bytes).unwrap(),
+            d
+        );
     }
 
     #[test]
@@ -284,24 +463,59 @@ mod tests {
         let e = track_expiry_key(Timestamp(10), &k);
         assert_eq!(track_of_expiry_key(&e), k);
         assert!(track_expiry_key(Timestamp(9), &[0xff; 18]) < e);
-        assert!(time_id_key(Timestamp(1), u64::MAX) < time_id_key(Timestamp(2), 0));
-        assert_eq!(time_id_of(&time_id_key(Timestamp(3), 4)), (Timestamp(3), 4));
+        assert!(due_key(Timestamp(1), u64::MAX) < due_key(Timestamp(2), 0));
+        assert_eq!(due_key_id(&due_key(Timestamp(3), 4)), 4);
         assert_ne!(corr_key("a", "bc"), corr_key("ab", "c"));
         assert_eq!(corr_name(&corr_key("up", "0A1B")), "up/0A1B");
         assert!(orphan_expiry_key(Timestamp(1), &[0xff]) < orphan_expiry_key(Timestamp(2), &[0]));
-        for s in [
-            DeliveryState {
-                attempt: 3,
-                due_at: Timestamp(1_700_000_000_000),
-                leased_until: Some(Timestamp(1_700_000_030_000)),
-            },
-            DeliveryState {
+        for (h, account) in [
+            (
+                DeliveryHeader {
+                    attempt: 3,
+                    due_at: Timestamp(1_700_000_000_000),
+                    leased_until: Some(Timestamp(1_700_000_030_000)),
+                    expires_at: Timestamp(1_700_003_600_000),
+                    indexed: true,
+                },
+                Some("esme1"),
+            ),
+            (
+                DeliveryHeader {
+                    attempt: 0,
+                    due_at: Timestamp(0),
+                    leased_until: None,
+                    expires_at: Timestamp(1),
+                    indexed: false,
+                },
+                None,
+            ),
+        ] {
+            let mut v = delivery_value(h, account, b"record");
+            let p = parse_delivery(&v).unwrap();
+            assert_eq!((p.header, p.smpp_account, p.record), (h, account, b"record".as_slice()));
+            let h2 = DeliveryHeader {
+                attempt: 9,
+                indexed: account.is_some() && !h.indexed,
+                ..h
+            };
+            h2.write_into(&mut v);
+            assert_eq!(parse_delivery(&v).unwrap().header, h2);
+            for cut in 0..v.len() - 6 {
+                assert!(parse_delivery(&v[..cut]).is_none(), "cut at {cut}");
+            }
+        }
+        let mut bad = delivery_value(
+            DeliveryHeader {
                 attempt: 0,
                 due_at: Timestamp(0),
                 leased_until: None,
+                expires_at: Timestamp(0),
+                indexed: false,
             },
-        ] {
-            assert_eq!(DeliveryState::from_bytes(&s.to_bytes()), s);
-        }
+            None,
+            b"",
+        );
+        bad[28] = 7;
+        assert!(parse_delivery(&bad).is_none());
     }
 }
