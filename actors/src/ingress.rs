@@ -39,6 +39,10 @@ pub enum Refusal {
     QueueFull,
     /// The bounded DLR store cannot reserve a receipt (ESME_RMSGQFUL / HTTP 503).
     ReceiptCapacity,
+    /// The DLR store is failing (database down, disk error): a submission asking for a
+    /// receipt is refused until it recovers, rather than piling up sources whose
+    /// handoff cannot complete (ESME_RMSGQFUL / HTTP 503). Others are still admitted.
+    ReceiptStoreUnavailable,
     /// DLR handling is disabled and configured to refuse receipt requests
     /// (ESME_RINVREGDLVFLG / HTTP 400).
     ReceiptsDisabled,
@@ -51,6 +55,7 @@ impl Refusal {
         match self {
             Refusal::QueueFull => "queue_full",
             Refusal::ReceiptCapacity => "receipt_capacity",
+            Refusal::ReceiptStoreUnavailable => "receipt_store_unavailable",
             Refusal::ReceiptsDisabled => "receipts_disabled",
             Refusal::Unavailable => "unavailable",
         }
@@ -160,6 +165,10 @@ impl IngressState {
                     }
                     ReceiptPolicy::AcceptWithoutReceipt => {}
                     ReceiptPolicy::Track => {
+                        if self.shared.health.dlr.is_failing() {
+                            slots.push(Err(Refusal::ReceiptStoreUnavailable));
+                            continue;
+                        }
                         if let Some(gate) = &self.reservations {
                             if !gate.try_reserve(1) {
                                 slots.push(Err(Refusal::ReceiptCapacity));

@@ -19,7 +19,7 @@ pub const ESME_RMSGQFUL: u32 = 0x14;
 
 pub fn refusal_status(r: Refusal) -> u32 {
     match r {
-        Refusal::QueueFull | Refusal::ReceiptCapacity => ESME_RMSGQFUL,
+        Refusal::QueueFull | Refusal::ReceiptCapacity | Refusal::ReceiptStoreUnavailable => ESME_RMSGQFUL,
         Refusal::ReceiptsDisabled => ESME_RINVREGDLVFLG,
         Refusal::Unavailable => ESME_RSYSERR,
     }

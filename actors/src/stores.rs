@@ -15,10 +15,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use sendium_profiles::{Config, DlrBackend, StageBackend};
-use sendium_storage::file::{DataDir, FilePendingStore, FileRoutedWorkStore, FileRouterQueueStore, Manifest};
+use sendium_storage::file::{
+    DataDir, FileDlrStore, FilePendingStore, FileRoutedWorkStore, FileRouterQueueStore, Manifest,
+};
 use sendium_storage::memory::{
     MemoryDlrStore, MemoryPendingStore, MemoryRoutedWorkStore, MemoryRouterQueueStore, PendingLimits,
 };
+use sendium_storage::postgresql::PostgresDlrStore;
 use sendium_storage::{BackendFailure, DlrRetention, DlrStore, PendingStore, RoutedWorkStore, RouterQueueStore};
 
 /// The four stages' stores. They outlive every actor: the supervisor hands the same
@@ -54,6 +57,8 @@ pub enum OpenError {
     },
     #[error("storage.file.dir is required because a stage uses the file backend")]
     NoDataDir,
+    #[error("storage.postgresql.url is required because dlr.backend = \"postgresql\"")]
+    NoDatabase,
 }
 
 fn unavailable(key: &'static str, b: StageBackend) -> OpenError {
@@ -72,6 +77,14 @@ pub fn pending_limits(cfg: &Config) -> PendingLimits {
             .as_ref()
             .map(|h| h.idempotency_retention)
             .unwrap_or(PendingLimits::default().idempotency_retention),
+    }
+}
+
+/// Retention settings of the DLR store.
+pub fn dlr_retention(cfg: &Config) -> DlrRetention {
+    DlrRetention {
+        retention: cfg.dlr.retention,
+        orphan_retention: cfg.dlr.orphan_retention,
     }
 }
 
@@ -105,6 +118,7 @@ pub async fn outstanding(
     dir: &Arc<DataDir>,
     m: &Manifest,
     limits: PendingLimits,
+    retention: DlrRetention,
 ) -> Result<Vec<(&'static str, u64)>, OpenError> {
     let mut out = Vec::new();
     if m.pending == "file" && dir.pending_path().exists() {
@@ -118,6 +132,11 @@ pub async fn outstanding(
     if m.routed_work == "file" && dir.routed_work_path().exists() {
         let s = FileRoutedWorkStore::open(dir)?;
         out.push(("routed-work", s.stats().await.map_err(|e| failure(e.into()))?.units));
+    }
+    if m.dlr == "file" && dir.dlr_path().exists() {
+        let s = FileDlrStore::open(dir, retention)?;
+        let st = s.stats().await.map_err(|e| failure(e.into()))?;
+        out.push(("dlr", st.awaiting_receipts + st.pending_deliveries));
     }
     Ok(out)
 }
@@ -137,12 +156,13 @@ async fn check_profile_change(dir: &Arc<DataDir>, cfg: &Config) -> Result<(), Op
     let at_risk = changed(&previous.pending, &requested.pending)
         || changed(&previous.router_queue, &requested.router_queue)
         || changed(&previous.routed_work, &requested.routed_work)
+        || changed(&previous.dlr, &requested.dlr)
         // With the pending stage moving, everything staged or routed goes with it.
         || (previous.pending != requested.pending && previous.pending == "file");
     if !at_risk {
         return Ok(());
     }
-    let counts = outstanding(dir, &previous, pending_limits(cfg)).await?;
+    let counts = outstanding(dir, &previous, pending_limits(cfg), dlr_retention(cfg)).await?;
     let held: Vec<String> = counts
         .iter()
         .filter(|(_, n)| *n > 0)
@@ -193,21 +213,19 @@ impl Stores {
             StageBackend::File => Arc::new(FileRoutedWorkStore::open(&dir()?)?),
             b => return Err(unavailable("sms.routed-work.backend", b)),
         };
-        let retention = DlrRetention {
-            retention: cfg.dlr.retention,
-            orphan_retention: cfg.dlr.orphan_retention,
-        };
+        let retention = dlr_retention(cfg);
         let dlr: Option<Arc<dyn DlrStore>> = match cfg.dlr.backend {
             DlrBackend::Memory => Some(Arc::new(MemoryDlrStore::new(
                 u64::try_from(cfg.dlr.capacity).unwrap_or(u64::MAX),
                 retention,
             ))),
             DlrBackend::Disabled => None,
-            b => {
-                return Err(OpenError::NotAvailable {
-                    key: "dlr.backend",
-                    backend: b.as_str(),
-                });
+            DlrBackend::File => Some(Arc::new(FileDlrStore::open(&dir()?, retention)?)),
+            DlrBackend::Postgresql => {
+                let url = cfg.storage.postgresql.url.as_ref().ok_or(OpenError::NoDatabase)?;
+                Some(Arc::new(
+                    PostgresDlrStore::connect(url.expose(), cfg.storage.postgresql.max_connections, retention).await?,
+                ))
             }
         };
         if let Some(dir) = &data_dir {

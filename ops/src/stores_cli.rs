@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use sendium_actors::stores::{outstanding, pending_limits};
+use sendium_actors::stores::{dlr_retention, outstanding, pending_limits};
 use sendium_actors::{Gateway, Mode};
 use sendium_profiles::{Config, DlrBackend, StageBackend};
 use sendium_storage::file::{DataDir, FilePendingStore, FileRoutedWorkStore, FileRouterQueueStore, Manifest};
@@ -68,6 +68,18 @@ pub async fn inspect(cfg: &Config) -> Result<String, StoresCliError> {
             st.staged, st.cursor.0
         ));
     }
+    if dir.dlr_path().exists() {
+        let s = sendium_storage::file::FileDlrStore::open(&dir, dlr_retention(cfg)).map_err(storage)?;
+        let st = sendium_storage::DlrStore::stats(&s).await.map_err(storage)?;
+        out.push_str(&format!(
+            "dlr:          {} messages awaiting provider receipts ({} correlations), {} receipts to deliver (oldest {}), {} unmatched receipts\n",
+            st.awaiting_receipts,
+            st.correlations,
+            st.pending_deliveries,
+            age(st.oldest_pending_delivery),
+            st.orphans
+        ));
+    }
     if dir.routed_work_path().exists() {
         let s = FileRoutedWorkStore::open(&dir).map_err(storage)?;
         let st = s.stats().await.map_err(storage)?;
@@ -120,7 +132,9 @@ pub async fn drain(cfg: &Config, timeout: Option<Duration>) -> Result<(), Stores
             println!("drain: {} has no manifest: nothing to drain", path.display());
             return Ok(());
         };
-        let left = outstanding(&dir, &m, pending_limits(cfg)).await.map_err(storage)?;
+        let left = outstanding(&dir, &m, pending_limits(cfg), dlr_retention(cfg))
+            .await
+            .map_err(storage)?;
         if left.iter().all(|(_, n)| *n == 0) {
             println!("drain: every stage in {} is empty already", path.display());
             return Ok(());

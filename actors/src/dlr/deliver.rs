@@ -65,7 +65,8 @@ pub async fn smpp(registry: &SessionRegistry, account: &str, deliveries: &[Deliv
     let pdus = deliveries.iter().map(deliver_sm).collect();
     let outcomes = registry.deliver(account, pdus).await;
     let now = Timestamp::now();
-    metrics::counter!("sendium_receipt_delivery_attempts_total", "channel" => "smpp").increment(deliveries.len() as u64);
+    metrics::counter!("sendium_receipt_delivery_attempts_total", "channel" => "smpp")
+        .increment(deliveries.len() as u64);
     deliveries
         .iter()
         .zip(outcomes)
@@ -113,7 +114,8 @@ pub async fn http(client: &reqwest::Client, url: &str, d: &Delivery) -> Delivery
     let result = if ok {
         DeliveryResult::Delivered
     } else {
-        metrics::counter!("sendium_receipt_delivery_failures_total", "channel" => "http", "reason" => "callback").increment(1);
+        metrics::counter!("sendium_receipt_delivery_failures_total", "channel" => "http", "reason" => "callback")
+            .increment(1);
         give_up_or(
             d,
             retry_at(

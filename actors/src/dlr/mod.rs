@@ -185,7 +185,10 @@ impl DlrState {
         }
         let limit = CLAIM_BATCH.min(MAX_IN_FLIGHT - self.in_flight);
         let claimed = match self.store.claim_due(Timestamp::now(), LEASE, limit).await {
-            Ok(c) => c,
+            Ok(c) => {
+                self.shared.health.dlr.ok();
+                c
+            }
             Err(e) => {
                 self.shared.health.dlr.failed("dlr", &e);
                 return;
