@@ -60,7 +60,9 @@ fn unsupported_profile_is_refused_naming_keys_and_supported_choices() {
         assert_eq!(out.status.code(), Some(2), "{cmd:?}: {stderr}");
         assert!(stderr.contains("sms.pending.backend"), "{stderr}");
         assert!(
-            stderr.contains("memory/memory/memory + dlr memory"),
+            stderr.contains("memory/memory/memory")
+                && stderr.contains("file/file/file")
+                && stderr.contains("dlr.backend memory, file, postgresql or disabled"),
             "lists the supported choices: {stderr}"
         );
     }

@@ -11,7 +11,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use sendium_integration_tests::{
-    BindKind, CallbackServer, DlrReply, EsmeOptions, GatewayProcess, SmscConfig, SubmitSpec, TestEsme, TestSmsc,
+    BindKind, CallbackServer, CommandStatus, DlrReply, EsmeOptions, GatewayProcess, SmscConfig, SubmitSpec, TestEsme,
+    TestSmsc,
 };
 use support::*;
 
@@ -61,20 +62,30 @@ async fn submit_and_hand_off(gw: &GatewayProcess, esme: &TestEsme, n: usize, tag
 pub async fn receipts_after_restart_are_delivered(dlr: &str, durable: bool) {
     let smsc = slow_receipt_smsc().await;
     let mut gw = gateway(&durable_config(dlr), &smsc).await;
-    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver).await.unwrap();
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
+        .await
+        .unwrap();
     let ids = submit_and_hand_off(&gw, &esme, 50, "30").await;
     gw.kill();
     drop(esme);
     gw.restart().await;
-    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver).await.unwrap();
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
+        .await
+        .unwrap();
     // The SMSC holds the receipts while nobody is bound and sends them to the new session.
-    assert!(smsc.wait_receipts_acked(50, WAIT).await, "the provider's receipts reached the gateway");
+    assert!(
+        smsc.wait_receipts_acked(50, WAIT).await,
+        "the provider's receipts reached the gateway"
+    );
     if durable {
         let receipts = esme.wait_receipts(50, WAIT).await;
         one_receipt_per_id(&receipts, &ids);
     } else {
         tokio::time::sleep(Duration::from_secs(2)).await;
-        assert!(esme.receipts().is_empty(), "memory DLR: correlations are lost on restart");
+        assert!(
+            esme.receipts().is_empty(),
+            "memory DLR: correlations are lost on restart"
+        );
         assert!(wait_metric(&gw, "sendium_receipts_unmatched_total", "", |v| v >= 50.0).await);
     }
 }
@@ -83,7 +94,9 @@ pub async fn receipts_after_restart_are_delivered(dlr: &str, durable: bool) {
 pub async fn held_receipts_survive_restart(dlr: &str, durable: bool) {
     let smsc = TestSmsc::start(SmscConfig::default()).await;
     let mut gw = gateway(&durable_config(dlr), &smsc).await;
-    let tx = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transmitter).await.unwrap();
+    let tx = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transmitter)
+        .await
+        .unwrap();
     let ids = submit_and_hand_off(&gw, &tx, 20, "31").await;
     assert!(smsc.wait_receipts_acked(20, WAIT).await);
     assert!(
@@ -93,7 +106,9 @@ pub async fn held_receipts_survive_restart(dlr: &str, durable: bool) {
     gw.kill();
     drop(tx);
     gw.restart().await;
-    let rx = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Receiver).await.unwrap();
+    let rx = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Receiver)
+        .await
+        .unwrap();
     if durable {
         let receipts = rx.wait_receipts(20, WAIT).await;
         one_receipt_per_id(&receipts, &ids);
@@ -121,7 +136,11 @@ pub async fn failing_callbacks_survive_restart(dlr: &str) {
     gw.kill();
     cb.heal();
     gw.restart().await;
-    assert!(cb.wait_accepted(10, Duration::from_secs(60)).await, "accepted {}", cb.accepted().len());
+    assert!(
+        cb.wait_accepted(10, Duration::from_secs(60)).await,
+        "accepted {}",
+        cb.accepted().len()
+    );
     let got: HashSet<String> = cb.receipts().into_iter().map(|r| r.id).collect();
     assert_eq!(got, ids);
 }
@@ -164,10 +183,144 @@ async fn unanswered_deliver_sm_is_redelivered_on_the_next_bind() {
     let mute = TestEsme::bind_with(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver, opts)
         .await
         .unwrap();
-    let r = mute.submit(&SubmitSpec::gsm("1", "443300", "answer me").dlr()).await.unwrap();
+    let r = mute
+        .submit(&SubmitSpec::gsm("1", "443300", "answer me").dlr())
+        .await
+        .unwrap();
     assert!(!mute.wait_receipts(1, WAIT).await.is_empty(), "the receipt was sent");
     mute.close().await;
-    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Receiver).await.unwrap();
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Receiver)
+        .await
+        .unwrap();
     let receipts = esme.wait_receipts(1, WAIT).await;
     assert_eq!(receipts[0].message_id(), Some(r.message_id.as_str()));
+}
+
+// ---- postgresql: the same guarantees, a database shared by several processes, and a
+// database that goes away.
+
+use sendium_storage::postgresql::test_cluster::TestCluster;
+
+fn pg_dlr(url: &str) -> String {
+    format!("[dlr]\nbackend = \"postgresql\"\n[storage.postgresql]\nurl = \"{url}\"")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgresql_dlr_delivers_receipts_that_arrive_after_a_restart() {
+    let url = TestCluster::shared().fresh_database();
+    receipts_after_restart_are_delivered(&pg_dlr(&url), true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgresql_dlr_keeps_receipts_held_for_an_unbound_esme() {
+    let url = TestCluster::shared().fresh_database();
+    held_receipts_survive_restart(&pg_dlr(&url), true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgresql_dlr_keeps_undelivered_callbacks() {
+    let url = TestCluster::shared().fresh_database();
+    failing_callbacks_survive_restart(&pg_dlr(&url)).await;
+}
+
+/// Two gateways (each its own data directory) share one postgresql DLR database and
+/// one provider, which hands receipts to any bound session of the account: a receipt
+/// reaching the gateway that did not submit the message is still correlated, and every
+/// receipt reaches the ESME exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_share_a_postgresql_dlr_store() {
+    let url = TestCluster::shared().fresh_database();
+    let smsc = TestSmsc::start(SmscConfig::default()).await;
+    let a = gateway(&durable_config(&pg_dlr(&url)), &smsc).await;
+    let b = gateway(&durable_config(&pg_dlr(&url)), &smsc).await;
+    assert!(smsc.wait_bound(2, WAIT).await);
+    let rx_a = TestEsme::bind(a.smpp_addr(), "esme1", "secret", BindKind::Receiver)
+        .await
+        .unwrap();
+    let rx_b = TestEsme::bind(b.smpp_addr(), "esme1", "secret", BindKind::Receiver)
+        .await
+        .unwrap();
+    let tx = TestEsme::bind(a.smpp_addr(), "esme1", "secret", BindKind::Transmitter)
+        .await
+        .unwrap();
+    let specs: Vec<SubmitSpec> = (0..60)
+        .map(|i| SubmitSpec::gsm("1", &format!("4434{i:03}"), "shared").dlr())
+        .collect();
+    let ids: HashSet<String> = tx
+        .submit_pipelined(&specs, 20)
+        .await
+        .into_iter()
+        .map(|o| o.message_id)
+        .collect();
+    assert!(smsc.wait_receipts_acked(60, WAIT).await);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
+    loop {
+        let n = rx_a.receipts().len() + rx_b.receipts().len();
+        if n >= 60 || tokio::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut all = rx_a.receipts();
+    all.extend(rx_b.receipts());
+    one_receipt_per_id(&all, &ids);
+}
+
+/// The DLR database goes away: handoffs fail, sources are kept (nothing completes
+/// without its handoff), readiness turns false; when it comes back every receipt is
+/// delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_dlr_database_keeps_the_sources_and_recovers() {
+    let cluster = TestCluster::start();
+    let url = cluster.fresh_database();
+    let smsc = TestSmsc::start(SmscConfig::default()).await;
+    let gw = gateway(&durable_config(&pg_dlr(&url)), &smsc).await;
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
+        .await
+        .unwrap();
+    cluster.stop_server().unwrap();
+    let specs: Vec<SubmitSpec> = (0..20)
+        .map(|i| SubmitSpec::gsm("1", &format!("4435{i:03}"), "db down").dlr())
+        .collect();
+    let ids: HashSet<String> = esme
+        .submit_pipelined(&specs, 20)
+        .await
+        .into_iter()
+        .map(|o| o.message_id)
+        .collect();
+    assert!(
+        smsc.wait_accepted(20, WAIT).await,
+        "the provider still gets the messages"
+    );
+    let (status, body) = gw.admin_get("/readyz").await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut ready = (status, body);
+    while ready.0 == 200 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        ready = gw.admin_get("/readyz").await;
+    }
+    assert_eq!(ready.0, 503, "{}", ready.1);
+    assert!(ready.1.contains("dlr"), "{}", ready.1);
+    assert!(
+        wait_metric(&gw, "sendium_stage_records", "stage=\"pending\"", |v| v == 20.0).await,
+        "sources stay until their handoff is accepted"
+    );
+    // While the DLR store fails, a new submission asking for a receipt is refused
+    // (retryable) instead of piling up; one without a receipt request still goes through.
+    let refused = esme
+        .submit(&SubmitSpec::gsm("1", "4435900", "wants a receipt").dlr())
+        .await
+        .unwrap();
+    assert_eq!(refused.status, CommandStatus::EsmeRmsgqful);
+    let plain = esme
+        .submit(&SubmitSpec::gsm("1", "4435901", "no receipt wanted"))
+        .await
+        .unwrap();
+    assert!(plain.is_ok());
+    cluster.start_server().unwrap();
+    let receipts = esme.wait_receipts(20, Duration::from_secs(90)).await;
+    one_receipt_per_id(&receipts, &ids);
+    assert!(wait_metric(&gw, "sendium_stage_records", "stage=\"pending\"", |v| v == 0.0).await);
+    assert!(wait_metric(&gw, "sendium_ready", "", |v| v == 1.0).await);
 }

@@ -41,6 +41,7 @@ use sendium_integration_tests::gateway::{self, GatewayProcess};
 use sendium_integration_tests::http;
 use sendium_integration_tests::loadgen::{self, LoadConfig, LoadReport, Mix};
 use sendium_integration_tests::smsc::{SmscConfig, SmscStats, TestSmsc};
+use sendium_storage::postgresql::test_cluster::TestCluster;
 use serde_json::{Value, json};
 
 const USAGE: &str = "usage: sendium-bench [--profile NAME]... [--include-unsupported] [--pg-url URL] [--list]
@@ -54,8 +55,9 @@ profile against the test SMSC, driven by the load generator: phase 1 at full spe
 (end-to-end messages/s), phase 2 at half that rate (submit_sm_resp p50/p99).
 Default profiles: those this build supports; --include-unsupported adds the others (a
 profile the gateway refuses at startup is reported, not fatal). --list shows the profiles.
-PostgreSQL profiles need --pg-url (they are skipped without it) and use that database as is:
-give them a fresh one.";
+PostgreSQL profiles use --pg-url as is (give them a fresh database); without it the
+bench starts a throwaway cluster of the machine's PostgreSQL (initdb, fsync on) and gives
+each profile a new database in it.";
 
 /// The ESME account the load generator binds with.
 const ESME_SYSTEM_ID: &str = "bench";
@@ -212,7 +214,7 @@ backend = "file"
 dir = "{data_dir}""#,
         needs_data_dir: true,
         needs_pg_url: false,
-        supported: false,
+        supported: true,
     },
     Profile {
         name: "file-file-file+dlr-file",
@@ -228,7 +230,7 @@ backend = "file"
 dir = "{data_dir}""#,
         needs_data_dir: true,
         needs_pg_url: false,
-        supported: false,
+        supported: true,
     },
     Profile {
         name: "file-file-file+dlr-postgresql",
@@ -246,7 +248,7 @@ dir = "{data_dir}"
 url = "{pg_url}""#,
         needs_data_dir: true,
         needs_pg_url: true,
-        supported: false,
+        supported: true,
     },
     Profile {
         name: "postgresql",
@@ -745,6 +747,8 @@ struct Bench {
     opts: Options,
     ctl: tokio::runtime::Runtime,
     ticks_per_s: u64,
+    /// Started on first use by a PostgreSQL profile when no `--pg-url` was given.
+    pg_cluster: std::sync::OnceLock<Result<TestCluster, String>>,
 }
 
 impl Bench {
@@ -943,7 +947,9 @@ impl Bench {
             errors,
         };
         let mut notes = Vec::new();
-        let fsyncs_after = metrics.as_ref().and_then(|m| m.get("sendium_storage_fsyncs_total").copied());
+        let fsyncs_after = metrics
+            .as_ref()
+            .and_then(|m| m.get("sendium_storage_fsyncs_total").copied());
         if let (Some(b), Some(a)) = (fsyncs_before, fsyncs_after)
             && a > 0.0
             && report.messages > 0
@@ -1013,11 +1019,24 @@ impl Bench {
 
     fn run_profile(&self, profile: &Profile) -> Vec<Row> {
         eprintln!("== profile {} ==", profile.name);
-        if profile.needs_pg_url && self.opts.pg_url.is_none() {
-            let note = "skipped: needs --pg-url".to_owned();
-            eprintln!("  {note}");
-            return vec![Row::note_only(profile.name, note, false)];
-        }
+        let pg_url = match (&self.opts.pg_url, profile.needs_pg_url) {
+            (Some(url), _) => Some(url.clone()),
+            (None, false) => None,
+            (None, true) => match self
+                .pg_cluster
+                .get_or_init(|| TestCluster::try_start().map_err(|e| e.to_string()))
+            {
+                Ok(cluster) => match cluster.try_fresh_database() {
+                    Ok(url) => Some(url),
+                    Err(e) => return vec![Row::note_only(profile.name, format!("no database: {e}"), false)],
+                },
+                Err(e) => {
+                    let note = format!("no PostgreSQL (give --pg-url): {e}");
+                    eprintln!("  {note}");
+                    return vec![Row::note_only(profile.name, note, false)];
+                }
+            },
+        };
         let smsc = TestSmsc::start_in_thread(SmscConfig {
             record: false,
             receipt_delay: self.opts.receipt_delay,
@@ -1029,7 +1048,7 @@ impl Bench {
             .var("smpp_window", &smpp_window.to_string())
             .var("max_binds", &(self.opts.sessions + 8).to_string())
             .ready_timeout(self.opts.ready_timeout);
-        if let Some(url) = &self.opts.pg_url {
+        if let Some(url) = &pg_url {
             builder = builder.var("pg_url", url);
         }
         let mut gw = builder.spawn();
@@ -1399,7 +1418,12 @@ fn main() {
     let ctx = run_context(&opts, bin.clone(), ticks_per_s);
     eprintln!("sendium-bench: {} ({})", ctx.sendium_version, bin.display());
     eprintln!("load: {}", ctx.settings);
-    let bench = Bench { opts, ctl, ticks_per_s };
+    let bench = Bench {
+        opts,
+        ctl,
+        ticks_per_s,
+        pg_cluster: std::sync::OnceLock::new(),
+    };
     let mut rows = Vec::new();
     for profile in &bench.opts.profiles {
         rows.extend(bench.run_profile(profile));
