@@ -186,6 +186,36 @@ pub struct DlrRetention {
     pub orphan_retention: Duration,
 }
 
+/// One step of the correlator's writes, batched while the previous step was being
+/// committed: handoffs first, then provider receipts, then delivery results.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DlrWrite {
+    pub handoffs: Vec<Handoff>,
+    pub receipts: Vec<ProviderReceipt>,
+    pub finishes: Vec<DeliveryFinish>,
+}
+
+impl DlrWrite {
+    pub fn is_empty(&self) -> bool {
+        self.handoffs.is_empty() && self.receipts.is_empty() && self.finishes.is_empty()
+    }
+
+    /// Items held (handoffs + receipts + results).
+    pub fn len(&self) -> usize {
+        self.handoffs.len() + self.receipts.len() + self.finishes.len()
+    }
+}
+
+/// What [`DlrStore::apply`] did with each part of a [`DlrWrite`]. A backend that commits
+/// the whole step in one transaction reports the same outcome for every part.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DlrWriteOutcome {
+    pub handoffs: Result<(), DlrError>,
+    /// One result per receipt, in order.
+    pub receipts: Result<Vec<ReceiptMatch>, DlrError>,
+    pub finishes: Result<(), DlrError>,
+}
+
 /// The DLR store contract. Implementations: memory (bounded), file (redb), postgresql.
 #[async_trait]
 pub trait DlrStore: Send + Sync + 'static {
@@ -218,6 +248,29 @@ pub trait DlrStore: Send + Sync + 'static {
     async fn expire(&self, now: Timestamp, limit: usize) -> Result<ExpiryReport, DlrError>;
 
     async fn stats(&self) -> Result<DlrStats, DlrError>;
+
+    /// Apply a batched step, with the effect of `hand_off`, then `record_receipts`, then
+    /// `finish` (a receipt may match a handoff of the same step). Durable parts are durable
+    /// when it returns. The default runs the three in turn; a backend that can commits
+    /// them together, which is what lets the correlator keep up: its writes coalesce
+    /// while one is being committed, so commits per second stay bounded by the disk or
+    /// database, not by the message rate.
+    async fn apply(&self, step: DlrWrite) -> DlrWriteOutcome {
+        let handoffs = self.hand_off(step.handoffs).await;
+        let receipts = self.record_receipts(step.receipts).await;
+        let finishes = self.finish(step.finishes).await;
+        DlrWriteOutcome {
+            handoffs,
+            receipts,
+            finishes,
+        }
+    }
+
+    /// How many [`DlrStore::apply`] calls the correlator may run at once. One for a
+    /// single-writer store; more where concurrent transactions commit in parallel.
+    fn write_concurrency(&self) -> usize {
+        1
+    }
 }
 
 /// Capacity reservations of a bounded DLR store.

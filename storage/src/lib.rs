@@ -33,9 +33,9 @@ mod conformance;
 
 pub use backend::{DlrBackend, StageBackend};
 pub use dlr::{
-    Delivery, DeliveryFinish, DeliveryId, DeliveryResult, DlrRetention, DlrState, DlrStats, DlrStore, ExpiryReport,
-    Handoff, HandoffOutcome, ProviderReceipt, ReceiptMatch, ReceiptOutcome, ReceiptReservations, ReceiptTarget,
-    ReplyPath,
+    Delivery, DeliveryFinish, DeliveryId, DeliveryResult, DlrRetention, DlrState, DlrStats, DlrStore, DlrWrite,
+    DlrWriteOutcome, ExpiryReport, Handoff, HandoffOutcome, ProviderReceipt, ReceiptMatch, ReceiptOutcome,
+    ReceiptReservations, ReceiptTarget, ReplyPath,
 };
 pub use envelope::{EnvelopeError, RecordKind};
 pub use error::{BackendFailure, DlrError, FailureKind, PendingError, RoutedWorkError, RouterQueueError, StorageError};

@@ -18,7 +18,8 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use sendium_protocols::smpp::client::{Acker, DeliverAck};
 use sendium_storage::failpoint;
 use sendium_storage::{
-    Delivery, DeliveryFinish, DlrStats, DlrStore, Handoff, ProviderReceipt, ReceiptMatch, ReplyPath, Timestamp,
+    Delivery, DeliveryFinish, DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, Handoff, ProviderReceipt, ReceiptMatch,
+    ReplyPath, Timestamp,
 };
 
 use crate::context::Shared;
@@ -71,6 +72,8 @@ pub enum DlrMsg {
     AccountBound(String),
     /// Results of delivery attempts (from delivery tasks).
     Delivered(Vec<DeliveryFinish>),
+    /// A batched write step finished (from its write task).
+    Applied(Box<AppliedStep>),
     Tick,
     Status(RpcReplyPort<DlrStatus>),
 }
@@ -95,6 +98,32 @@ pub struct DlrState {
     in_flight: usize,
     deliver_scheduled: bool,
     ticks: u64,
+    /// Writes gathered while earlier steps are being committed.
+    queued: Step,
+    /// Steps being committed (at most the store's `write_concurrency`).
+    writing: usize,
+    /// When the last delivery round claimed, and whether it was full.
+    last_claim: Option<(std::time::Instant, bool)>,
+}
+
+/// A batched write step and what to do with its outcome. The context travels with
+/// the step, so a step that completes after this actor restarted is still answered.
+#[derive(Default)]
+struct Step {
+    write: DlrWrite,
+    handed_off: Vec<BranchKey>,
+    /// Per provider receipt batch: destination, receipts in the step, acknowledgements.
+    receipt_batches: Vec<(String, usize, Option<ReceiptAcks>)>,
+    /// Delivery results in the step: all, delivered, dead.
+    finished: usize,
+    delivered: u64,
+    dead: u64,
+}
+
+/// A step's outcome, as the write task reports it.
+pub struct AppliedStep {
+    step: Step,
+    outcome: DlrWriteOutcome,
 }
 
 pub struct DlrCorrelator;
@@ -104,78 +133,161 @@ const CLAIM_BATCH: usize = 2_000;
 const MAX_IN_FLIGHT: usize = 20_000;
 /// A claimed delivery not reported back in this long becomes due again.
 const LEASE: Duration = Duration::from_secs(60);
+/// Least time between a partial delivery round and the next.
+const CLAIM_PACE: Duration = Duration::from_millis(10);
 /// Concurrent HTTP callbacks.
 const HTTP_CONCURRENCY: usize = 64;
 
 impl DlrState {
     /// Coalesce delivery rounds: at most one `DeliverDue` waits in the mailbox. (A send
     /// can fail while this actor is still being installed; then nothing is pending.)
+    ///
+    /// Rounds are paced: one that follows a partial round by less than [`CLAIM_PACE`]
+    /// waits for the rest of it, so under load a claim takes the receipts resolved by
+    /// many steps at once instead of one statement (or transaction) per step. After a
+    /// full round the next one starts at once.
     fn schedule_delivery(&mut self) {
-        if !self.deliver_scheduled {
+        if self.deliver_scheduled {
+            return;
+        }
+        let wait = match self.last_claim {
+            Some((at, false)) => CLAIM_PACE.saturating_sub(at.elapsed()),
+            _ => Duration::ZERO,
+        };
+        if wait.is_zero() {
             self.deliver_scheduled = self.shared.dir.dlr.send(DlrMsg::DeliverDue);
+        } else {
+            self.deliver_scheduled = true;
+            let shared = self.shared.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(wait).await;
+                // Without a correlator right now, its successor runs a round at start.
+                let _ = shared.dir.dlr.send(DlrMsg::DeliverDue);
+            });
         }
     }
 
-    async fn hand_off(&mut self, batch: Vec<Handoff>) {
-        let keys: Vec<BranchKey> = batch
-            .iter()
-            .map(|h| BranchKey {
-                unit: h.unit,
-                branch: h.branch,
-            })
-            .collect();
-        match self.store.hand_off(batch).await {
-            Ok(()) => {
-                self.shared.health.dlr.ok();
-                failpoint::hit("after-dlr-handoff");
-                metrics::counter!("sendium_dlr_handoffs_total").increment(keys.len() as u64);
-                self.shared.dir.router.send(RouterMsg::HandedOff(keys));
-                self.schedule_delivery();
-            }
-            Err(e) => {
-                self.shared.health.dlr.failed("dlr", &e);
-                self.shared.dir.router.send(RouterMsg::HandoffFailed(keys));
-            }
-        }
+    fn queue_handoffs(&mut self, batch: Vec<Handoff>) {
+        self.queued.handed_off.extend(batch.iter().map(|h| BranchKey {
+            unit: h.unit,
+            branch: h.branch,
+        }));
+        self.queued.write.handoffs.extend(batch);
+        self.write_queued();
     }
 
-    async fn receipts(&mut self, batch: ReceiptBatch) {
-        let n = batch.receipts.len() as u64;
-        match self.store.record_receipts(batch.receipts).await {
+    fn queue_receipts(&mut self, batch: ReceiptBatch) {
+        let n = batch.receipts.len();
+        self.queued.write.receipts.extend(batch.receipts);
+        self.queued.receipt_batches.push((batch.destination, n, batch.acks));
+        self.write_queued();
+    }
+
+    fn queue_finishes(&mut self, results: Vec<DeliveryFinish>) {
+        use sendium_storage::DeliveryResult::{Dead, Delivered};
+        self.queued.delivered += results.iter().filter(|f| f.result == Delivered).count() as u64;
+        self.queued.dead += results.iter().filter(|f| f.result == Dead).count() as u64;
+        self.queued.finished += results.len();
+        self.queued.write.finishes.extend(results);
+        self.write_queued();
+    }
+
+    /// Start committing what is queued, unless the store is already writing as many
+    /// steps as it takes at once: then the queue grows and goes as one step later
+    /// (group commit).
+    fn write_queued(&mut self) {
+        if self.queued.write.is_empty() || self.writing >= self.store.write_concurrency().max(1) {
+            return;
+        }
+        let mut step = std::mem::take(&mut self.queued);
+        self.writing += 1;
+        let store = self.store.clone();
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            let outcome = store.apply(std::mem::take(&mut step.write)).await;
+            shared
+                .dir
+                .dlr
+                .send(DlrMsg::Applied(Box::new(AppliedStep { step, outcome })));
+        });
+    }
+
+    fn applied(&mut self, applied: AppliedStep) {
+        self.writing = self.writing.saturating_sub(1);
+        let AppliedStep { step, outcome } = applied;
+        let mut due = false;
+        if !step.handed_off.is_empty() {
+            match outcome.handoffs {
+                Ok(()) => {
+                    self.shared.health.dlr.ok();
+                    failpoint::hit("after-dlr-handoff");
+                    metrics::counter!("sendium_dlr_handoffs_total").increment(step.handed_off.len() as u64);
+                    self.shared.dir.router.send(RouterMsg::HandedOff(step.handed_off));
+                    due = true;
+                }
+                Err(e) => {
+                    self.shared.health.dlr.failed("dlr", &e);
+                    self.shared.dir.router.send(RouterMsg::HandoffFailed(step.handed_off));
+                }
+            }
+        }
+        match outcome.receipts {
             Ok(matches) => {
-                self.shared.health.dlr.ok();
-                if let Some(acks) = batch.acks {
-                    acks.ok();
+                if !step.receipt_batches.is_empty() {
+                    self.shared.health.dlr.ok();
                 }
-                let mut resolved = false;
-                let (mut matched, mut duplicate, mut orphaned) = (0u64, 0u64, 0u64);
-                for m in matches {
-                    match m {
-                        ReceiptMatch::Matched { resolved: r, .. } => {
-                            matched += 1;
-                            resolved |= r;
-                        }
-                        ReceiptMatch::Duplicate { .. } => duplicate += 1,
-                        ReceiptMatch::Orphaned => orphaned += 1,
+                let mut matches = matches.into_iter();
+                for (dest, n, acks) in step.receipt_batches {
+                    if let Some(acks) = acks {
+                        acks.ok();
                     }
-                }
-                let dest = batch.destination;
-                metrics::counter!("sendium_receipts_matched_total", "destination" => dest.clone()).increment(matched);
-                metrics::counter!("sendium_receipts_duplicate_total", "destination" => dest.clone())
-                    .increment(duplicate);
-                metrics::counter!("sendium_receipts_unmatched_total", "destination" => dest).increment(orphaned);
-                if resolved {
-                    self.schedule_delivery();
+                    let (mut matched, mut duplicate, mut orphaned) = (0u64, 0u64, 0u64);
+                    for m in matches.by_ref().take(n) {
+                        match m {
+                            ReceiptMatch::Matched { resolved: r, .. } => {
+                                matched += 1;
+                                due |= r;
+                            }
+                            ReceiptMatch::Duplicate { .. } => duplicate += 1,
+                            ReceiptMatch::Orphaned => orphaned += 1,
+                        }
+                    }
+                    metrics::counter!("sendium_receipts_matched_total", "destination" => dest.clone())
+                        .increment(matched);
+                    metrics::counter!("sendium_receipts_duplicate_total", "destination" => dest.clone())
+                        .increment(duplicate);
+                    metrics::counter!("sendium_receipts_unmatched_total", "destination" => dest).increment(orphaned);
                 }
             }
             Err(e) => {
+                let n: usize = step.receipt_batches.iter().map(|(_, n, _)| n).sum();
                 tracing::warn!(receipts = n, error = %e, "could not store provider receipts; the provider will resend");
                 self.shared.health.dlr.failed("dlr", &e);
-                if let Some(acks) = batch.acks {
-                    acks.fail();
+                for (_, _, acks) in step.receipt_batches {
+                    if let Some(acks) = acks {
+                        acks.fail();
+                    }
                 }
             }
         }
+        if step.finished > 0 {
+            match outcome.finishes {
+                Ok(()) => {
+                    metrics::counter!("sendium_receipts_delivered_total").increment(step.delivered);
+                    if step.dead > 0 {
+                        metrics::counter!("sendium_receipts_dead_total").increment(step.dead);
+                    }
+                    // Delivery slots were freed.
+                    due = true;
+                }
+                // The claims lapse and the receipts go again: at least once downstream.
+                Err(e) => self.shared.health.dlr.failed("dlr", &e),
+            }
+        }
+        if due {
+            self.schedule_delivery();
+        }
+        self.write_queued();
     }
 
     async fn deliver_due(&mut self) {
@@ -187,6 +299,7 @@ impl DlrState {
         let claimed = match self.store.claim_due(Timestamp::now(), LEASE, limit).await {
             Ok(c) => {
                 self.shared.health.dlr.ok();
+                self.last_claim = Some((std::time::Instant::now(), c.len() == limit));
                 c
             }
             Err(e) => {
@@ -221,7 +334,7 @@ impl DlrState {
         }
         if !parked.is_empty() {
             self.in_flight -= parked.len();
-            self.finish(parked).await;
+            self.queue_finishes(parked);
         }
         for (account, deliveries) in smpp {
             let shared = self.shared.clone();
@@ -254,26 +367,6 @@ impl DlrState {
         }
         if full {
             self.schedule_delivery();
-        }
-    }
-
-    async fn finish(&mut self, results: Vec<DeliveryFinish>) {
-        let delivered = results
-            .iter()
-            .filter(|r| r.result == sendium_storage::DeliveryResult::Delivered)
-            .count() as u64;
-        let dead = results
-            .iter()
-            .filter(|r| r.result == sendium_storage::DeliveryResult::Dead)
-            .count() as u64;
-        if let Err(e) = self.store.finish(results).await {
-            // The claims lapse and the receipts go again: at least once downstream.
-            self.shared.health.dlr.failed("dlr", &e);
-            return;
-        }
-        metrics::counter!("sendium_receipts_delivered_total").increment(delivered);
-        if dead > 0 {
-            metrics::counter!("sendium_receipts_dead_total").increment(dead);
         }
     }
 
@@ -343,6 +436,9 @@ impl Actor for DlrCorrelator {
             in_flight: 0,
             deliver_scheduled: false,
             ticks: 0,
+            queued: Step::default(),
+            writing: 0,
+            last_claim: None,
         })
     }
 
@@ -364,9 +460,9 @@ impl Actor for DlrCorrelator {
         match msg {
             DlrMsg::HandOff(batch) => {
                 failpoint::hit("actor-dlr-correlator");
-                state.hand_off(batch).await;
+                state.queue_handoffs(batch);
             }
-            DlrMsg::ProviderReceipts(batch) => state.receipts(batch).await,
+            DlrMsg::ProviderReceipts(batch) => state.queue_receipts(batch),
             DlrMsg::DeliverDue => state.deliver_due().await,
             DlrMsg::AccountBound(account) => match state.store.wake_account(&account, Timestamp::now()).await {
                 Ok(n) if n > 0 => state.schedule_delivery(),
@@ -375,9 +471,9 @@ impl Actor for DlrCorrelator {
             },
             DlrMsg::Delivered(results) => {
                 state.in_flight = state.in_flight.saturating_sub(results.len());
-                state.finish(results).await;
-                state.schedule_delivery();
+                state.queue_finishes(results);
             }
+            DlrMsg::Applied(applied) => state.applied(*applied),
             DlrMsg::Tick => state.tick().await,
             DlrMsg::Status(reply) => {
                 let store = state.store.stats().await.ok();

@@ -2,8 +2,8 @@ use std::time::Duration;
 
 use super::{DlrFactory as Factory, retention};
 use crate::dlr::{
-    DeliveryFinish, DeliveryResult, DlrRetention, DlrState, Handoff, HandoffOutcome, ProviderReceipt, ReceiptMatch,
-    ReceiptOutcome, ReceiptTarget, ReplyPath,
+    DeliveryFinish, DeliveryResult, DlrRetention, DlrState, DlrWrite, Handoff, HandoffOutcome, ProviderReceipt,
+    ReceiptMatch, ReceiptOutcome, ReceiptTarget, ReplyPath,
 };
 use crate::ids::{MessageId, Timestamp};
 use crate::record::Address;
@@ -352,4 +352,58 @@ pub(crate) async fn expires_after_retention(f: &dyn Factory) {
         (st.awaiting_receipts, st.pending_deliveries, st.orphans, st.correlations),
         (0, 0, 0, 0)
     );
+}
+
+/// One batched step behaves as its parts in turn: a receipt matches a handoff of the
+/// same step, a repeated receipt is a duplicate, and a delivery result is fenced.
+pub(crate) async fn a_batched_step_equals_its_parts_in_turn(f: &dyn Factory) {
+    let s = f.dlr(100, retention()).await;
+    let done = handoff(&["a1"], vec![target(ReplyPath::Smpp)]);
+    s.hand_off(vec![done]).await.unwrap();
+    s.record_receipts(vec![receipt("a1", DlrState::Delivered)])
+        .await
+        .unwrap();
+    let claimed = s.claim_due(later(), LEASE, 10).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+
+    let t = target(ReplyPath::Smpp);
+    let step = DlrWrite {
+        handoffs: vec![handoff(&["b1", "b2"], vec![t.clone()])],
+        receipts: vec![
+            receipt("b1", DlrState::Delivered),
+            receipt("b1", DlrState::Delivered),
+            receipt("b2", DlrState::Delivered),
+            receipt("nobody", DlrState::Delivered),
+        ],
+        finishes: vec![DeliveryFinish {
+            id: claimed[0].id,
+            attempt: claimed[0].attempt + 1,
+            result: DeliveryResult::Delivered,
+        }],
+    };
+    let out = s.apply(step).await;
+    out.handoffs.unwrap();
+    out.finishes.unwrap();
+    let matches = out.receipts.unwrap();
+    assert_eq!(matches.len(), 4);
+    assert!(
+        matches!(matches[0], ReceiptMatch::Matched { resolved: false, .. }),
+        "{matches:?}"
+    );
+    assert!(matches!(matches[1], ReceiptMatch::Duplicate { .. }), "{matches:?}");
+    assert!(
+        matches!(matches[2], ReceiptMatch::Matched { resolved: true, .. }),
+        "{matches:?}"
+    );
+    assert_eq!(matches[3], ReceiptMatch::Orphaned);
+
+    // The stale result left the first delivery claimed: it comes back after its lease.
+    let after_lease = later().saturating_add(LEASE).saturating_add(Duration::from_secs(1));
+    let due = s.claim_due(after_lease, LEASE, 10).await.unwrap();
+    let targets: Vec<_> = due.iter().map(|d| d.target.submit_id).collect();
+    assert_eq!(due.len(), 2, "the fenced delivery and the new one: {due:?}");
+    assert!(targets.contains(&t.submit_id));
+
+    let empty = s.apply(DlrWrite::default()).await;
+    assert_eq!(empty.receipts.unwrap(), Vec::new());
 }

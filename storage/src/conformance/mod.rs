@@ -141,6 +141,7 @@ macro_rules! dlr_cases {
             dlr::claims_are_leased_and_fenced,
             dlr::wake_account_makes_parked_smpp_receipts_due,
             dlr::expires_after_retention,
+            dlr::a_batched_step_equals_its_parts_in_turn,
         );
     };
 }

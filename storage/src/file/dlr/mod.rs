@@ -103,7 +103,8 @@ use super::db::{Fail, FileOptions, META, StoreFile, blocking, get_counter};
 use super::dir::{DLR_FILE, DataDir};
 use crate::backend::DlrBackend;
 use crate::dlr::{
-    Delivery, DeliveryFinish, DlrRetention, DlrStats, DlrStore, ExpiryReport, Handoff, ProviderReceipt, ReceiptMatch,
+    Delivery, DeliveryFinish, DlrRetention, DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, ExpiryReport, Handoff,
+    ProviderReceipt, ReceiptMatch,
 };
 use crate::error::{BackendFailure, DlrError};
 use crate::ids::Timestamp;
@@ -284,6 +285,47 @@ impl DlrStore for FileDlrStore {
         }
         self.run(move |i| i.write(Durability::Immediate, |tx| tx.finish(results)))
             .await
+    }
+
+    /// The whole step in one durable transaction: one commit (and one fsync) for every
+    /// handoff, receipt and delivery result the correlator gathered meanwhile.
+    async fn apply(&self, step: DlrWrite) -> DlrWriteOutcome {
+        if step.is_empty() {
+            return DlrWriteOutcome {
+                handoffs: Ok(()),
+                receipts: Ok(Vec::new()),
+                finishes: Ok(()),
+            };
+        }
+        let result = self
+            .run(move |i| {
+                i.write(Durability::Immediate, |tx| {
+                    let now = Timestamp::now();
+                    for h in step.handoffs {
+                        tx.hand_off(h, now)?;
+                    }
+                    let matches = step
+                        .receipts
+                        .into_iter()
+                        .map(|r| tx.record_receipt(r, now))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    tx.finish(step.finishes)?;
+                    Ok(matches)
+                })
+            })
+            .await;
+        match result {
+            Ok(matches) => DlrWriteOutcome {
+                handoffs: Ok(()),
+                receipts: Ok(matches),
+                finishes: Ok(()),
+            },
+            Err(e) => DlrWriteOutcome {
+                handoffs: Err(e.clone()),
+                receipts: Err(e.clone()),
+                finishes: Err(e),
+            },
+        }
     }
 
     /// In transactions of at most [`WAKE_BATCH`] deliveries (each durable); a crash
