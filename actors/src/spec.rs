@@ -44,6 +44,7 @@ pub struct GatewaySpec {
     pub selection_batch: usize,
     pub max_in_flight: usize,
     pub callback_timeout: Duration,
+    pub claim_lease: Duration,
     pub multipart_expiry: Duration,
     pub destinations: Vec<DestinationSpec>,
     /// False while draining: Ingress refuses every admission.
@@ -120,6 +121,7 @@ impl GatewaySpec {
             selection_batch: cfg.sms.router_queue.batch_size,
             max_in_flight: cfg.sms.routed_work.max_in_flight,
             callback_timeout: cfg.dlr.callback_timeout,
+            claim_lease: cfg.dlr.claim_lease,
             multipart_expiry: cfg.sms.multipart_expiry,
             destinations,
             accepting: true,

@@ -220,7 +220,22 @@ impl Stores {
                 retention,
             ))),
             DlrBackend::Disabled => None,
-            DlrBackend::File => Some(Arc::new(FileDlrStore::open(&dir()?, retention)?)),
+            DlrBackend::File => {
+                let store = FileDlrStore::open(&dir()?, retention)?;
+                // This process holds the directory's lock: claims in the file are a
+                // killed predecessor's, and their receipts go again now, not after the lease.
+                let released = store
+                    .release_claims(cfg.dlr.claim_lease)
+                    .await
+                    .map_err(|e| failure(e.into()))?;
+                if released > 0 {
+                    tracing::info!(
+                        released,
+                        "receipt deliveries interrupted by the last stop are due again"
+                    );
+                }
+                Some(Arc::new(store))
+            }
             DlrBackend::Postgresql => {
                 let url = cfg.storage.postgresql.url.as_ref().ok_or(OpenError::NoDatabase)?;
                 Some(Arc::new(

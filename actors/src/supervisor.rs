@@ -154,6 +154,7 @@ impl SupervisorState {
                     shared: shared.clone(),
                     store,
                     callback_timeout: spec.callback_timeout,
+                    claim_lease: spec.claim_lease,
                 };
                 let (r, _) = Actor::spawn_linked(name, DlrCorrelator, args, cell).await?;
                 r.get_cell()

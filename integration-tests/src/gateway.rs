@@ -397,7 +397,7 @@ impl GatewayProcess {
         self.starts
     }
 
-    fn try_wait(&mut self) -> Option<ExitStatus> {
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
         self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
     }
 

@@ -483,6 +483,12 @@ pub struct DlrConfig {
     /// because a provider may send the receipt before `submit_sm_resp` is processed.
     #[serde(deserialize_with = "crate::duration::deserialize")]
     pub orphan_retention: Duration,
+    /// How long a claimed receipt delivery stays hidden from other claimers. A claim
+    /// whose result was never recorded (the process died mid-delivery) is delivered again
+    /// after it; with `file` a restart releases such claims at once, with `postgresql`
+    /// (shared by several processes) they wait for the lease.
+    #[serde(deserialize_with = "crate::duration::deserialize")]
+    pub claim_lease: Duration,
 }
 
 impl Default for DlrConfig {
@@ -494,6 +500,7 @@ impl Default for DlrConfig {
             on_receipt_request: OnReceiptRequest::Accept,
             callback_timeout: Duration::from_secs(5),
             orphan_retention: Duration::from_secs(10 * 60),
+            claim_lease: Duration::from_secs(60),
         }
     }
 }

@@ -146,6 +146,15 @@ impl Validator {
         self.nonzero("dlr.retention", d.retention);
         self.nonzero("dlr.callback-timeout", d.callback_timeout);
         self.nonzero("dlr.orphan-retention", d.orphan_retention);
+        if d.claim_lease < d.callback_timeout {
+            self.invalid(
+                "dlr.claim-lease",
+                format!(
+                    "must be at least dlr.callback-timeout ({:?}): a delivery still being attempted would be claimed again",
+                    d.callback_timeout
+                ),
+            );
+        }
         if d.on_receipt_request == OnReceiptRequest::Refuse && d.backend != DlrBackend::Disabled {
             self.invalid(
                 "dlr.on-receipt-request",
@@ -456,6 +465,17 @@ system-id = "sendium"
     #[test]
     fn base_is_valid() {
         assert_eq!(problems(""), Vec::<String>::new());
+    }
+
+    #[test]
+    fn claim_lease_must_outlast_a_callback_attempt() {
+        assert!(
+            one("[dlr]\nclaim-lease = \"2s\"")
+                .starts_with("invalid dlr.claim-lease: must be at least dlr.callback-timeout"),
+            "{}",
+            one("[dlr]\nclaim-lease = \"2s\"")
+        );
+        assert_eq!(problems("[dlr]\nclaim-lease = \"5s\""), Vec::<String>::new());
     }
 
     #[test]

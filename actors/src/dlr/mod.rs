@@ -89,6 +89,8 @@ pub struct DlrArgs {
     pub shared: Arc<Shared>,
     pub store: Arc<dyn DlrStore>,
     pub callback_timeout: Duration,
+    /// `dlr.claim-lease`.
+    pub claim_lease: Duration,
 }
 
 pub struct DlrState {
@@ -102,6 +104,8 @@ pub struct DlrState {
     queued: Step,
     /// Steps being committed (at most the store's `write_concurrency`).
     writing: usize,
+    /// A claimed delivery not reported back in this long becomes due again.
+    lease: Duration,
     /// When the last delivery round claimed, and whether it was full.
     last_claim: Option<(std::time::Instant, bool)>,
 }
@@ -131,8 +135,6 @@ pub struct DlrCorrelator;
 /// Deliveries claimed per round, and at most in flight at once.
 const CLAIM_BATCH: usize = 2_000;
 const MAX_IN_FLIGHT: usize = 20_000;
-/// A claimed delivery not reported back in this long becomes due again.
-const LEASE: Duration = Duration::from_secs(60);
 /// Least time between a partial delivery round and the next.
 const CLAIM_PACE: Duration = Duration::from_millis(10);
 /// Concurrent HTTP callbacks.
@@ -296,7 +298,7 @@ impl DlrState {
             return;
         }
         let limit = CLAIM_BATCH.min(MAX_IN_FLIGHT - self.in_flight);
-        let claimed = match self.store.claim_due(Timestamp::now(), LEASE, limit).await {
+        let claimed = match self.store.claim_due(Timestamp::now(), self.lease, limit).await {
             Ok(c) => {
                 self.shared.health.dlr.ok();
                 self.last_claim = Some((std::time::Instant::now(), c.len() == limit));
@@ -439,6 +441,7 @@ impl Actor for DlrCorrelator {
             queued: Step::default(),
             writing: 0,
             last_claim: None,
+            lease: args.claim_lease,
         })
     }
 

@@ -172,6 +172,16 @@ impl FileDlrStore {
         })
     }
 
+    /// Release the delivery claims a previous process left (it was killed between
+    /// claiming receipts and recording their results): they are due again at once
+    /// instead of after their lease. Only right after open: the data directory is
+    /// exclusively locked, so every claim in the file belongs to a process that is gone.
+    /// One durable transaction; returns how many were released.
+    pub async fn release_claims(&self, lease: Duration) -> Result<u64, DlrError> {
+        self.run(move |i| i.write(Durability::Immediate, |tx| tx.release_claims(Timestamp::now(), lease)))
+            .await
+    }
+
     /// The store file (for logs and `sendium inspect`).
     pub fn path(&self) -> &Path {
         self.inner.file.path()

@@ -960,3 +960,61 @@ fn bench_dlr_reopen_after_sigkill() {
         });
     }
 }
+
+#[test]
+fn claims_left_by_a_previous_process_are_released_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let (dir, s) = open(tmp.path());
+        let smpp_parked = handoff(&["p1"], vec![target(ReplyPath::Smpp)]);
+        let claimed = handoff(&["c1"], vec![target(http())]);
+        s.hand_off(vec![smpp_parked, claimed]).await.unwrap();
+        s.record_receipts(vec![
+            receipt("p1", DlrState::Delivered),
+            receipt("c1", DlrState::Delivered),
+        ])
+        .await
+        .unwrap();
+        let now = Timestamp::now();
+        let first = s.claim_due(now, LEASE, 10).await.unwrap();
+        assert_eq!(first.len(), 2);
+        // The SMPP one is parked far beyond the lease (nobody bound); the HTTP one stays
+        // claimed when the process goes.
+        let smpp = first.iter().find(|d| d.target.reply == ReplyPath::Smpp).unwrap();
+        s.finish(vec![done(
+            smpp.id,
+            smpp.attempt,
+            DeliveryResult::Retry { at: smpp.expires_at },
+        )])
+        .await
+        .unwrap();
+        let http_claim = first
+            .iter()
+            .find(|d| d.target.reply != ReplyPath::Smpp)
+            .unwrap()
+            .clone();
+        drop(s);
+        drop(dir);
+
+        let (_dir, s) = open(tmp.path());
+        assert!(
+            s.claim_due(Timestamp::now(), LEASE, 10).await.unwrap().is_empty(),
+            "still leased"
+        );
+        assert_eq!(
+            s.release_claims(LEASE).await.unwrap(),
+            1,
+            "only the claim, not the parked one"
+        );
+        let again = s.claim_due(Timestamp::now(), LEASE, 10).await.unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].id, http_claim.id);
+        assert_eq!(
+            again[0].attempt,
+            http_claim.attempt + 1,
+            "a new attempt fences the old one"
+        );
+        assert_eq!(s.release_claims(LEASE).await.unwrap(), 1);
+        assert_eq!(s.release_claims(LEASE).await.unwrap(), 0, "idempotent");
+    });
+}

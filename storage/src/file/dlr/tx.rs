@@ -628,6 +628,32 @@ impl<'t> Tx<'t> {
         Ok(out)
     }
 
+    /// Make every delivery claimed within `lease` before `now` due at `now` (claims of a
+    /// process that is gone). A claim's due time is its lease end, so only the due range
+    /// up to `now + lease` is walked, not the parked deliveries behind it.
+    pub(crate) fn release_claims(&mut self, now: Timestamp, lease: Duration) -> Result<u64, Fail> {
+        let lower = due_key(now, 0);
+        let upper = due_key(now.saturating_add(lease), u64::MAX);
+        let mut ids = Vec::new();
+        for item in self.due.range::<&[u8; 16]>(&lower..=&upper)? {
+            ids.push(due_key_id(item?.0.value()));
+        }
+        let mut released = 0;
+        for id in ids {
+            let changed = self.update_delivery(id, false, |h| {
+                h.leased_until.is_some().then_some(DeliveryHeader {
+                    due_at: now,
+                    leased_until: None,
+                    ..h
+                })
+            })?;
+            if changed.is_some() {
+                released += 1;
+            }
+        }
+        Ok(released)
+    }
+
     /// Apply attempt results; a result quoting another attempt than the current one is
     /// stale (the delivery was claimed again since) and ignored.
     pub(crate) fn finish(&mut self, results: Vec<DeliveryFinish>) -> Result<(), Fail> {
