@@ -1,3 +1,5 @@
+//! Conformance cases (test-only: the suite is compiled under `#[cfg(test)]`).
+
 use std::time::Duration;
 
 use super::{DlrFactory as Factory, retention};

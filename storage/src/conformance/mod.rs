@@ -1,3 +1,5 @@
+//! Test-only module: compiled under `#[cfg(test)]` (see its `mod` declaration).
+//!
 //! The storage conformance suite: one set of contract tests, run against every backend.
 //!
 //! A backend joins by implementing [`Factory`] and invoking [`conformance_suite!`], which

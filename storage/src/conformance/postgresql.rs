@@ -1,3 +1,5 @@
+//! Test-only module: compiled under `#[cfg(test)]` (see its `mod` declaration).
+//!
 //! The DLR conformance suite against the postgresql backend, and the cases only a
 //! shared database has: two stores on one database stand for two Sendium processes
 //! (two pools, two sets of connections).

@@ -1,3 +1,5 @@
+//! Conformance cases (test-only: the suite is compiled under `#[cfg(test)]`).
+
 use super::Factory;
 use crate::ids::{MessageId, ReadySeq};
 use crate::router_queue::StagedUnit;

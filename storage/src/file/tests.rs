@@ -1,3 +1,5 @@
+//! Test-only module: compiled under `#[cfg(test)]` (see its `mod` declaration).
+//!
 //! File-backend tests beyond the conformance suite: state surviving a reopen (clean, and
 //! SIGKILL in a child process), fail-closed behaviour on a full or failing disk, damaged
 //! and truncated files, and (ignored) benchmarks.

@@ -1,3 +1,5 @@
+//! Test-only module: compiled under `#[cfg(test)]` (see its `mod` declaration).
+//!
 //! Client sessions against a fake SMSC on 127.0.0.1:0.
 //!
 //! The fake records everything it receives (binds, submits, responses, unbind, EOF) and

@@ -311,6 +311,7 @@ impl DlrStore for FileDlrStore {
             .run(move |i| {
                 i.write(Durability::Immediate, |tx| {
                     let now = Timestamp::now();
+                    tx.reserve(step.handoffs.len() + step.receipts.len());
                     for h in step.handoffs {
                         tx.hand_off(h, now)?;
                     }

@@ -1,3 +1,5 @@
+//! Test-only module: compiled under `#[cfg(test)]` (see its `mod` declaration).
+//!
 //! File DLR store tests beyond the conformance suite: everything surviving a clean
 //! reopen and SIGKILL (in a child process), a large handoff/receipt round, damaged
 //! values, a full disk, and (ignored) benchmarks.

@@ -179,6 +179,12 @@ impl<'t> Tx<'t> {
         })
     }
 
+    /// Make room in the track cache for `n` more tracks (a batch's size), so a large
+    /// step does not rehash it again and again.
+    pub(crate) fn reserve(&mut self, n: usize) {
+        self.cache.reserve(n);
+    }
+
     /// Write back the changed tracks and counters. Call once, before committing.
     pub(crate) fn flush(mut self) -> Result<bool, Fail> {
         for (key, cached) in self.cache.drain() {

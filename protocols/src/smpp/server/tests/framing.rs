@@ -1,3 +1,5 @@
+//! Server tests (test-only: compiled under `#[cfg(test)]`).
+
 use super::*;
 
 /// A submit_sm whose body is cut inside short_message (command_length fixed up).

@@ -1,3 +1,5 @@
+//! Server tests (test-only: compiled under `#[cfg(test)]`).
+
 use super::*;
 
 #[tokio::test]

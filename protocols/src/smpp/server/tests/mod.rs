@@ -1,3 +1,5 @@
+//! Test-only module: compiled under `#[cfg(test)]` (see its `mod` declaration).
+//!
 //! Wire-level tests of the server: a real listener on 127.0.0.1:0, a raw ESME written here
 //! (tokio `TcpStream` + [`frame::codec`] + the `build` helpers) and a fake handler that
 //! records what it was given.

@@ -1,3 +1,5 @@
+//! Server tests (test-only: compiled under `#[cfg(test)]`).
+
 use super::*;
 use crate::multipart::Concat;
 use crate::text::{concat_udh_8bit, concat_udh_16bit};

@@ -1,3 +1,5 @@
+//! Test-only module: compiled under `#[cfg(test)]` (see its `mod` declaration).
+//!
 //! A throughput probe, not a regression test (ignored by default):
 //!
 //! ```text
