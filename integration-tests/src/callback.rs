@@ -48,6 +48,7 @@ struct State {
     fail_until: Option<Instant>,
     fail_next: u64,
     fixed_status: Option<u16>,
+    delay: Duration,
 }
 
 struct Shared {
@@ -127,6 +128,11 @@ impl CallbackServer {
     /// Answer `status` to everything (`None`: 200), unless a failure mode applies.
     pub fn set_status(&self, status: Option<u16>) {
         self.shared.state.lock().fixed_status = status;
+    }
+
+    /// Answer every request only after `delay` (a slow endpoint).
+    pub fn set_delay(&self, delay: Duration) {
+        self.shared.state.lock().delay = delay;
     }
 
     /// Back to answering 200.
@@ -233,6 +239,10 @@ async fn serve(mut stream: TcpStream, shared: Arc<Shared>) {
         let method = parts.next().unwrap_or_default().to_owned();
         let path = parts.next().unwrap_or_default().to_owned();
         let close = header(&message.headers, "connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
+        let delay = shared.state.lock().delay;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         let status = shared.answer_status();
         let json = serde_json::from_slice(&message.body).ok();
         shared.state.lock().requests.push(CallbackRequest {

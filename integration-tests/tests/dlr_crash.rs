@@ -44,7 +44,9 @@ const DLR_FILE: &str = "[dlr]\nbackend = \"file\"";
 /// the claims its predecessor held: they come back after `claim-lease`, kept short here.
 fn dlr_pg() -> String {
     let url = TestCluster::shared().fresh_database();
-    format!("[dlr]\nbackend = \"postgresql\"\nclaim-lease = \"6s\"\n[storage.postgresql]\nurl = \"{url}\"")
+    format!(
+        "[dlr]\nbackend = \"postgresql\"\nclaim-lease = \"6s\"\ncallback-timeout = \"2s\"\n[storage.postgresql]\nurl = \"{url}\""
+    )
 }
 
 /// Messages per round; rounds go on until the failpoint killed the gateway.

@@ -146,11 +146,12 @@ impl Validator {
         self.nonzero("dlr.retention", d.retention);
         self.nonzero("dlr.callback-timeout", d.callback_timeout);
         self.nonzero("dlr.orphan-retention", d.orphan_retention);
-        if d.claim_lease < d.callback_timeout {
+        if d.claim_lease < d.callback_timeout.saturating_mul(2) {
             self.invalid(
                 "dlr.claim-lease",
                 format!(
-                    "must be at least dlr.callback-timeout ({:?}): a delivery still being attempted would be claimed again",
+                    "must be at least twice dlr.callback-timeout ({:?}): a callback starts only while its claim \
+                     has a whole attempt left",
                     d.callback_timeout
                 ),
             );
@@ -470,12 +471,12 @@ system-id = "sendium"
     #[test]
     fn claim_lease_must_outlast_a_callback_attempt() {
         assert!(
-            one("[dlr]\nclaim-lease = \"2s\"")
-                .starts_with("invalid dlr.claim-lease: must be at least dlr.callback-timeout"),
+            one("[dlr]\nclaim-lease = \"9s\"")
+                .starts_with("invalid dlr.claim-lease: must be at least twice dlr.callback-timeout"),
             "{}",
-            one("[dlr]\nclaim-lease = \"2s\"")
+            one("[dlr]\nclaim-lease = \"9s\"")
         );
-        assert_eq!(problems("[dlr]\nclaim-lease = \"5s\""), Vec::<String>::new());
+        assert_eq!(problems("[dlr]\nclaim-lease = \"10s\""), Vec::<String>::new());
     }
 
     #[test]

@@ -106,6 +106,10 @@ pub struct DlrState {
     writing: usize,
     /// A claimed delivery not reported back in this long becomes due again.
     lease: Duration,
+    /// `dlr.callback-timeout`: the longest one HTTP attempt takes.
+    callback_timeout: Duration,
+    /// Callbacks in progress, over every delivery round.
+    http_slots: Arc<tokio::sync::Semaphore>,
     /// When the last delivery round claimed, and whether it was full.
     last_claim: Option<(std::time::Instant, bool)>,
 }
@@ -137,7 +141,7 @@ const CLAIM_BATCH: usize = 2_000;
 const MAX_IN_FLIGHT: usize = 20_000;
 /// Least time between a partial delivery round and the next.
 const CLAIM_PACE: Duration = Duration::from_millis(10);
-/// Concurrent HTTP callbacks.
+/// Concurrent HTTP callbacks (all rounds together).
 const HTTP_CONCURRENCY: usize = 64;
 
 impl DlrState {
@@ -348,12 +352,28 @@ impl DlrState {
         if !http.is_empty() {
             let shared = self.shared.clone();
             let client = self.http.clone();
+            let slots = self.http_slots.clone();
+            // A callback may start only while its claim has time left for a whole attempt:
+            // a round of many slow endpoints can outlast the lease, and a lapsed claim may
+            // already be another round's (a second, concurrent delivery). Those go back
+            // unattempted, due at once, and the next round claims them afresh.
+            let last_start = std::time::Instant::now() + self.lease.saturating_sub(self.callback_timeout);
             tokio::spawn(async move {
                 use futures::StreamExt;
-                let results: Vec<DeliveryFinish> = futures::stream::iter(http)
+                let mut results = futures::stream::iter(http)
                     .map(|d| {
                         let client = client.clone();
+                        let slots = slots.clone();
                         async move {
+                            // At most HTTP_CONCURRENCY callbacks at once, across rounds.
+                            let _slot = slots.acquire_owned().await;
+                            if std::time::Instant::now() > last_start {
+                                return DeliveryFinish {
+                                    id: d.id,
+                                    attempt: d.attempt,
+                                    result: sendium_storage::DeliveryResult::Retry { at: Timestamp::now() },
+                                };
+                            }
                             let url = match &d.target.reply {
                                 ReplyPath::Http { url } => url.clone(),
                                 ReplyPath::Smpp => String::new(),
@@ -362,9 +382,11 @@ impl DlrState {
                         }
                     })
                     .buffer_unordered(HTTP_CONCURRENCY)
-                    .collect()
-                    .await;
-                shared.dir.dlr.send(DlrMsg::Delivered(results));
+                    // Results are recorded as they come, not when the slowest is done.
+                    .ready_chunks(HTTP_CONCURRENCY);
+                while let Some(chunk) = results.next().await {
+                    shared.dir.dlr.send(DlrMsg::Delivered(chunk));
+                }
             });
         }
         if full {
@@ -442,6 +464,8 @@ impl Actor for DlrCorrelator {
             writing: 0,
             last_claim: None,
             lease: args.claim_lease,
+            callback_timeout: args.callback_timeout,
+            http_slots: Arc::new(tokio::sync::Semaphore::new(HTTP_CONCURRENCY)),
         })
     }
 
