@@ -205,6 +205,15 @@ async fn wait_delivered(smsc: &TestSmsc, want: &HashSet<String>, timeout: Durati
     }
 }
 
+/// Wait (up to 5 s) until the SMSC has no bound session left: a killed gateway's
+/// connections are closed once the SMSC has read everything the gateway had sent.
+async fn settled(smsc: &TestSmsc) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !smsc.bound_sessions().is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Kill at a named failpoint, restart, and check the profile's guarantee.
 async fn named_failpoint(profile: Profile, failpoint: &str) {
     let mut rig = Rig::start(profile, Some(failpoint)).await;
@@ -217,6 +226,10 @@ async fn named_failpoint(profile: Profile, failpoint: &str) {
         profile.name
     );
     assert!(log.contains("FAILPOINT"), "{}: {failpoint} never fired", profile.name);
+    // What the dead process had written to its provider connections is still read by the
+    // SMSCs: count once they saw the connections close.
+    settled(&rig.primary).await;
+    settled(&rig.copy).await;
     let before_primary = counts(&rig.primary);
     let before_copy = counts(&rig.copy);
     let acked: Vec<&Sent> = sent.iter().filter(|s| s.acked).collect();
