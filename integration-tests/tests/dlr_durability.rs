@@ -314,12 +314,20 @@ async fn two_gateways_share_a_postgresql_dlr_store() {
 async fn an_unreachable_dlr_database_keeps_the_sources_and_recovers() {
     let cluster = TestCluster::start();
     let url = cluster.fresh_database();
-    let smsc = TestSmsc::start(SmscConfig::default()).await;
-    let gw = gateway(&durable_config(&pg_dlr(&url)), &smsc).await;
+    // The provider is not up yet: the messages are admitted (the database is up, so
+    // receipt requests are accepted) and wait in the pending stage.
+    let provider_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let gw = GatewayProcess::builder(&durable_config(&pg_dlr(&url)))
+        .smsc_port(provider_port)
+        .start()
+        .await;
     let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
         .await
         .unwrap();
-    cluster.stop_server().unwrap();
     let specs: Vec<SubmitSpec> = (0..20)
         .map(|i| SubmitSpec::gsm("1", &format!("4435{i:03}"), "db down").dlr())
         .collect();
@@ -327,8 +335,18 @@ async fn an_unreachable_dlr_database_keeps_the_sources_and_recovers() {
         .submit_pipelined(&specs, 20)
         .await
         .into_iter()
-        .map(|o| o.message_id)
+        .map(|o| {
+            assert!(o.is_ok(), "admitted while the database is up");
+            o.message_id
+        })
         .collect();
+    // Then the database goes away and the provider comes: submitted, but no handoff.
+    cluster.stop_server().unwrap();
+    let smsc = TestSmsc::start(SmscConfig {
+        port: provider_port,
+        ..SmscConfig::default()
+    })
+    .await;
     assert!(
         smsc.wait_accepted(20, WAIT).await,
         "the provider still gets the messages"
