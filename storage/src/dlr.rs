@@ -199,11 +199,6 @@ impl DlrWrite {
     pub fn is_empty(&self) -> bool {
         self.handoffs.is_empty() && self.receipts.is_empty() && self.finishes.is_empty()
     }
-
-    /// Items held (handoffs + receipts + results).
-    pub fn len(&self) -> usize {
-        self.handoffs.len() + self.receipts.len() + self.finishes.len()
-    }
 }
 
 /// What [`DlrStore::apply`] did with each part of a [`DlrWrite`]. A backend that commits

@@ -18,8 +18,8 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use sendium_protocols::smpp::client::{Acker, DeliverAck};
 use sendium_storage::failpoint;
 use sendium_storage::{
-    Delivery, DeliveryFinish, DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, Handoff, ProviderReceipt, ReceiptMatch,
-    ReplyPath, Timestamp,
+    Delivery, DeliveryFinish, DeliveryResult, DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, Handoff, ProviderReceipt,
+    ReceiptMatch, ReplyPath, Timestamp,
 };
 
 use crate::context::Shared;
@@ -122,15 +122,15 @@ struct Step {
     handed_off: Vec<BranchKey>,
     /// Per provider receipt batch: destination, receipts in the step, acknowledgements.
     receipt_batches: Vec<(String, usize, Option<ReceiptAcks>)>,
-    /// Delivery results in the step: all, delivered, dead.
-    finished: usize,
-    delivered: u64,
-    dead: u64,
 }
 
-/// A step's outcome, as the write task reports it.
+/// A step's outcome, as the write task reports it, with what the step held (its write
+/// went to the store).
 pub struct AppliedStep {
-    step: Step,
+    handed_off: Vec<BranchKey>,
+    receipt_batches: Vec<(String, usize, Option<ReceiptAcks>)>,
+    /// Delivery results: all, delivered, dead.
+    finished: (usize, u64, u64),
     outcome: DlrWriteOutcome,
 }
 
@@ -190,10 +190,6 @@ impl DlrState {
     }
 
     fn queue_finishes(&mut self, results: Vec<DeliveryFinish>) {
-        use sendium_storage::DeliveryResult::{Dead, Delivered};
-        self.queued.delivered += results.iter().filter(|f| f.result == Delivered).count() as u64;
-        self.queued.dead += results.iter().filter(|f| f.result == Dead).count() as u64;
-        self.queued.finished += results.len();
         self.queued.write.finishes.extend(results);
         self.write_queued();
     }
@@ -205,45 +201,62 @@ impl DlrState {
         if self.queued.write.is_empty() || self.writing >= self.store.write_concurrency().max(1) {
             return;
         }
-        let mut step = std::mem::take(&mut self.queued);
+        let Step {
+            write,
+            handed_off,
+            receipt_batches,
+        } = std::mem::take(&mut self.queued);
+        let count = |r: DeliveryResult| write.finishes.iter().filter(|f| f.result == r).count() as u64;
+        let finished = (
+            write.finishes.len(),
+            count(DeliveryResult::Delivered),
+            count(DeliveryResult::Dead),
+        );
         self.writing += 1;
         let store = self.store.clone();
         let shared = self.shared.clone();
         tokio::spawn(async move {
-            let outcome = store.apply(std::mem::take(&mut step.write)).await;
-            shared
-                .dir
-                .dlr
-                .send(DlrMsg::Applied(Box::new(AppliedStep { step, outcome })));
+            let outcome = store.apply(write).await;
+            shared.dir.dlr.send(DlrMsg::Applied(Box::new(AppliedStep {
+                handed_off,
+                receipt_batches,
+                finished,
+                outcome,
+            })));
         });
     }
 
     fn applied(&mut self, applied: AppliedStep) {
         self.writing = self.writing.saturating_sub(1);
-        let AppliedStep { step, outcome } = applied;
+        let AppliedStep {
+            handed_off,
+            receipt_batches,
+            finished: (finished, delivered, dead),
+            outcome,
+        } = applied;
         let mut due = false;
-        if !step.handed_off.is_empty() {
+        if !handed_off.is_empty() {
             match outcome.handoffs {
                 Ok(()) => {
                     self.shared.health.dlr.ok();
                     failpoint::hit("after-dlr-handoff");
-                    metrics::counter!("sendium_dlr_handoffs_total").increment(step.handed_off.len() as u64);
-                    self.shared.dir.router.send(RouterMsg::HandedOff(step.handed_off));
+                    metrics::counter!("sendium_dlr_handoffs_total").increment(handed_off.len() as u64);
+                    self.shared.dir.router.send(RouterMsg::HandedOff(handed_off));
                     due = true;
                 }
                 Err(e) => {
                     self.shared.health.dlr.failed("dlr", &e);
-                    self.shared.dir.router.send(RouterMsg::HandoffFailed(step.handed_off));
+                    self.shared.dir.router.send(RouterMsg::HandoffFailed(handed_off));
                 }
             }
         }
         match outcome.receipts {
             Ok(matches) => {
-                if !step.receipt_batches.is_empty() {
+                if !receipt_batches.is_empty() {
                     self.shared.health.dlr.ok();
                 }
                 let mut matches = matches.into_iter();
-                for (dest, n, acks) in step.receipt_batches {
+                for (dest, n, acks) in receipt_batches {
                     if let Some(acks) = acks {
                         acks.ok();
                     }
@@ -266,22 +279,22 @@ impl DlrState {
                 }
             }
             Err(e) => {
-                let n: usize = step.receipt_batches.iter().map(|(_, n, _)| n).sum();
+                let n: usize = receipt_batches.iter().map(|(_, n, _)| n).sum();
                 tracing::warn!(receipts = n, error = %e, "could not store provider receipts; the provider will resend");
                 self.shared.health.dlr.failed("dlr", &e);
-                for (_, _, acks) in step.receipt_batches {
+                for (_, _, acks) in receipt_batches {
                     if let Some(acks) = acks {
                         acks.fail();
                     }
                 }
             }
         }
-        if step.finished > 0 {
+        if finished > 0 {
             match outcome.finishes {
                 Ok(()) => {
-                    metrics::counter!("sendium_receipts_delivered_total").increment(step.delivered);
-                    if step.dead > 0 {
-                        metrics::counter!("sendium_receipts_dead_total").increment(step.dead);
+                    metrics::counter!("sendium_receipts_delivered_total").increment(delivered);
+                    if dead > 0 {
+                        metrics::counter!("sendium_receipts_dead_total").increment(dead);
                     }
                     // Delivery slots were freed.
                     due = true;
@@ -329,7 +342,7 @@ impl DlrState {
                         parked.push(DeliveryFinish {
                             id: d.id,
                             attempt: d.attempt,
-                            result: sendium_storage::DeliveryResult::Retry { at: d.expires_at },
+                            result: DeliveryResult::Retry { at: d.expires_at },
                         });
                     } else {
                         smpp.entry(d.target.account.clone()).or_default().push(d);
@@ -371,7 +384,7 @@ impl DlrState {
                                 return DeliveryFinish {
                                     id: d.id,
                                     attempt: d.attempt,
-                                    result: sendium_storage::DeliveryResult::Retry { at: Timestamp::now() },
+                                    result: DeliveryResult::Retry { at: Timestamp::now() },
                                 };
                             }
                             let url = match &d.target.reply {

@@ -317,6 +317,28 @@ async fn migrations_applied_by_several_processes_at_once() {
     assert_eq!(s.stats().await.unwrap().awaiting_receipts, 1);
 }
 
+/// A database migrated by a newer Sendium (a migration this build does not know) is
+/// refused at connect, naming the version, rather than written with an old schema.
+#[tokio::test]
+async fn a_schema_from_a_newer_version_is_refused() {
+    let url = TestCluster::shared().fresh_database();
+    PostgresDlrStore::connect(&url, 1, retention()).await.unwrap();
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+         VALUES (9999, 'from the future', true, '\\x00'::bytea, 0)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    let Err(e) = PostgresDlrStore::connect(&url, 1, retention()).await else {
+        panic!("a newer schema was accepted");
+    };
+    assert_eq!(e.kind, FailureKind::UnsupportedVersion, "{e}");
+    assert!(e.to_string().contains("9999"), "{e}");
+}
+
 #[tokio::test]
 async fn an_unreachable_server_is_unavailable_without_leaking_the_password() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
