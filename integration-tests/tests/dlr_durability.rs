@@ -207,6 +207,69 @@ async fn slow_callbacks_outlasting_the_lease_are_posted_once_each() {
     assert_eq!(seen.keys().cloned().collect::<HashSet<_>>(), ids);
 }
 
+/// Moving away from a file DLR store that still holds work: the new profile is refused,
+/// and `sendium drain` runs the recorded one until every message got its provider
+/// receipt and every receipt was delivered, not only until nothing is left to deliver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_waits_for_provider_receipts_before_leaving_a_file_dlr_store() {
+    let smsc = slow_receipt_smsc().await;
+    let mut gw = gateway(&durable_config(DLR_FILE), &smsc).await;
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
+        .await
+        .unwrap();
+    let ids = submit_and_hand_off(&gw, &esme, 20, "37").await;
+    gw.kill();
+    drop(esme);
+    let recorded = std::fs::read_to_string(gw.config_path()).unwrap();
+    let changed = recorded.replacen("[dlr]\nbackend = \"file\"", "[dlr]\nbackend = \"memory\"", 1);
+    assert_ne!(changed, recorded);
+    let changed_path = gw.config_path().with_extension("memory-dlr.toml");
+    std::fs::write(&changed_path, &changed).unwrap();
+
+    let out = sendium_integration_tests::sendium_command()
+        .args(["serve", "--config"])
+        .arg(&changed_path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("sendium drain") && stderr.contains("dlr"), "{stderr}");
+
+    let drain = sendium_integration_tests::sendium_command()
+        .args(["drain", "--timeout", "60s", "--config"])
+        .arg(&changed_path)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The receipts go to the account's ESME, which binds to the draining gateway.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let rx = loop {
+        match TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Receiver).await {
+            Ok(rx) => break rx,
+            Err(e) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no draining gateway to bind: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let receipts = rx.wait_receipts(20, WAIT).await;
+    one_receipt_per_id(&receipts, &ids);
+    let out = tokio::task::spawn_blocking(move || drain.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("drain: done"), "{stdout}");
+    assert!(
+        stdout.contains("awaiting provider receipts 20"),
+        "it waited for them: {stdout}"
+    );
+}
+
 /// A deliver_sm the ESME never answers is delivered again when it binds again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unanswered_deliver_sm_is_redelivered_on_the_next_bind() {

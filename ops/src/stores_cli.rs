@@ -160,16 +160,19 @@ pub async fn drain(cfg: &Config, timeout: Option<Duration>) -> Result<(), Stores
             .unwrap_or(0);
         let staged = s.selector.as_ref().map(|x| x.staged).unwrap_or(0);
         let routed = s.router.as_ref().map(|r| r.units).unwrap_or(0);
-        let receipts = s
-            .dlr
-            .as_ref()
-            .and_then(|d| d.store.as_ref())
-            .map(|d| d.pending_deliveries)
+        let dlr = s.dlr.as_ref().and_then(|d| d.store.as_ref());
+        let receipts = dlr.map(|d| d.pending_deliveries).unwrap_or(0);
+        // A file DLR store is empty only when no message still waits for its provider
+        // receipts either: that is what `outstanding` (and so the next start) counts.
+        let awaiting = dlr
+            .filter(|_| recorded.dlr.backend == sendium_profiles::DlrBackend::File)
+            .map(|d| d.awaiting_receipts)
             .unwrap_or(0);
         println!(
-            "drain: pending {pending}, router-queue {staged}, routed-work {routed}, receipts to deliver {receipts}"
+            "drain: pending {pending}, router-queue {staged}, routed-work {routed}, receipts to deliver {receipts}, \
+             awaiting provider receipts {awaiting}"
         );
-        if pending == 0 && staged == 0 && routed == 0 && receipts == 0 && gateway.readiness().is_ok() {
+        if pending == 0 && staged == 0 && routed == 0 && receipts == 0 && awaiting == 0 && gateway.readiness().is_ok() {
             break;
         }
         if deadline.is_some_and(|d| tokio::time::Instant::now() > d) {
