@@ -1,0 +1,259 @@
+//! Ingress: owns the pending stage.
+//!
+//! A submission is acknowledged only after the pending store admitted it as durably as
+//! the selected backend promises. Admissions are *group committed*: while one store
+//! write is in flight, newly arriving requests (from every session) wait and all of
+//! them go into the next write — one commit, one fsync for durable backends, many
+//! acknowledgements. The writing is done by the [`committer`] task, which answers the
+//! clients itself; the actor forwards admissions and completions to it and serves the
+//! Selector's and Router's reads beside it.
+//!
+//! Ingress also completes sources (on the Router's word that every branch and any DLR
+//! handoff is terminal) and expires incomplete multipart groups at their saved deadline.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use sendium_storage::failpoint;
+use sendium_storage::{
+    MessageId, PendingError, PendingRecord, PendingStats, PendingStore, ReadySeq, ReadyUnit, ReceiptReservations,
+    Timestamp, UnitId,
+};
+use tokio::sync::oneshot;
+
+use crate::context::Shared;
+
+mod committer;
+
+use committer::{CommitterHandle, Policy, Work};
+
+/// What a client is told about one submission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Stored as promised: acknowledge with this id.
+    Accepted(MessageId),
+    /// Same account and idempotency key as an earlier submission: answer with its id.
+    Duplicate(MessageId),
+    Refused(Refusal),
+}
+
+/// Why a submission was not admitted. Nothing refused was stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The pending stage is at capacity (ESME_RMSGQFUL / HTTP 503).
+    QueueFull,
+    /// The bounded DLR store cannot reserve a receipt (ESME_RMSGQFUL / HTTP 503).
+    ReceiptCapacity,
+    /// The DLR store is failing (database down, disk error): a submission asking for a
+    /// receipt is refused until it recovers, rather than piling up sources whose
+    /// handoff cannot complete (ESME_RMSGQFUL / HTTP 503). Others are still admitted.
+    ReceiptStoreUnavailable,
+    /// DLR handling is disabled and configured to refuse receipt requests
+    /// (ESME_RINVREGDLVFLG / HTTP 400).
+    ReceiptsDisabled,
+    /// The store failed or the pipeline is not running (ESME_RSYSERR / HTTP 503).
+    Unavailable,
+}
+
+impl Refusal {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::QueueFull => "queue_full",
+            Refusal::ReceiptCapacity => "receipt_capacity",
+            Refusal::ReceiptStoreUnavailable => "receipt_store_unavailable",
+            Refusal::ReceiptsDisabled => "receipts_disabled",
+            Refusal::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// A batch of submissions waiting for admission (one SMPP read, or one HTTP request).
+pub struct AdmitRequest {
+    pub records: Vec<PendingRecord>,
+    pub reply: oneshot::Sender<Vec<Admission>>,
+}
+
+/// How receipt requests are treated when DLR handling is disabled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReceiptPolicy {
+    /// A DLR store is active.
+    Track,
+    /// Disabled: accept, never send a receipt.
+    AcceptWithoutReceipt,
+    /// Disabled: refuse submissions that ask for one.
+    Refuse,
+}
+
+pub enum IngressMsg {
+    Admit(AdmitRequest),
+    ReadyAfter {
+        after: ReadySeq,
+        limit: usize,
+        reply: RpcReplyPort<Result<Vec<ReadyUnit>, PendingError>>,
+    },
+    Units {
+        ids: Vec<UnitId>,
+        reply: RpcReplyPort<Result<Vec<ReadyUnit>, PendingError>>,
+    },
+    /// Every branch and DLR handoff of these units is terminal: remove their sources.
+    Complete(Vec<UnitId>),
+
+    Tick,
+    Status(RpcReplyPort<IngressStatus>),
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct IngressStatus {
+    pub waiting_requests: u64,
+    pub committing: bool,
+    pub completions_to_retry: u64,
+    pub pending: Option<PendingStats>,
+}
+
+pub struct IngressArgs {
+    pub shared: Arc<Shared>,
+    pub store: Arc<dyn PendingStore>,
+    pub reservations: Option<Arc<ReceiptReservations>>,
+    pub receipts: ReceiptPolicy,
+    /// False while draining: every admission is refused.
+    pub accepting: bool,
+}
+
+pub struct IngressState {
+    shared: Arc<Shared>,
+    store: Arc<dyn PendingStore>,
+    committer: CommitterHandle,
+    /// An expiry sweep is running.
+    expiring: Arc<AtomicBool>,
+}
+
+pub struct Ingress;
+
+/// How many incomplete groups one expiry sweep turns into failures.
+const EXPIRY_SWEEP: usize = 1_000;
+
+impl IngressState {
+    /// Expire incomplete groups past their deadline, off the actor (like reads, so an
+    /// acknowledgement never waits behind it); one sweep at a time.
+    fn expire(&self) {
+        if self.expiring.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let store = self.store.clone();
+        let shared = self.shared.clone();
+        let expiring = self.expiring.clone();
+        tokio::spawn(async move {
+            match store.expire_groups(Timestamp::now(), EXPIRY_SWEEP).await {
+                Ok(0) => {}
+                Ok(n) => {
+                    metrics::counter!("sendium_multipart_groups_expired_total").increment(n as u64);
+                    shared.dir.selector.send(crate::selector::SelectorMsg::Wake);
+                }
+                Err(e) => shared.health.pending.failed("pending", &e),
+            }
+            expiring.store(false, Ordering::Release);
+        });
+    }
+}
+
+impl Actor for Ingress {
+    type Msg = IngressMsg;
+    type State = IngressState;
+    type Arguments = IngressArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: IngressArgs,
+    ) -> Result<IngressState, ActorProcessingErr> {
+        // Reachable before startup work runs: replies to what pre_start sends must not be lost.
+        args.shared.dir.ingress.install(myself);
+        let committer = CommitterHandle::spawn(Policy {
+            shared: args.shared.clone(),
+            store: args.store.clone(),
+            reservations: args.reservations,
+            receipts: args.receipts,
+            accepting: args.accepting,
+        });
+        Ok(IngressState {
+            shared: args.shared,
+            store: args.store,
+            committer,
+            expiring: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: IngressMsg,
+        state: &mut IngressState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.shared.dir.ingress.took_one();
+        match msg {
+            IngressMsg::Admit(req) => {
+                failpoint::hit("actor-ingress");
+                state.committer.send(Work::Admit(req));
+            }
+            // Reads run beside the actor, not in it: a read of the pending store takes a
+            // consistent snapshot and never waits for a commit, so the actor stays free to
+            // hand the finished commit's acknowledgements out and start the next one.
+            IngressMsg::ReadyAfter { after, limit, reply } => {
+                let store = state.store.clone();
+                tokio::spawn(async move {
+                    let _ = reply.send(store.ready_after(after, limit).await);
+                });
+            }
+            IngressMsg::Units { ids, reply } => {
+                let store = state.store.clone();
+                tokio::spawn(async move {
+                    let _ = reply.send(store.units(&ids).await);
+                });
+            }
+            IngressMsg::Complete(ids) => state.committer.send(Work::Complete(ids)),
+            IngressMsg::Tick => {
+                state.expire();
+                state.committer.send(Work::Retry);
+            }
+            IngressMsg::Status(reply) => {
+                let gauges = state.committer.gauges();
+                let mut status = IngressStatus {
+                    waiting_requests: gauges.waiting.load(Ordering::Relaxed),
+                    committing: gauges.committing.load(Ordering::Relaxed),
+                    completions_to_retry: gauges.to_retry.load(Ordering::Relaxed),
+                    pending: None,
+                };
+                let store = state.store.clone();
+                tokio::spawn(async move {
+                    status.pending = store.stats().await.ok();
+                    let _ = reply.send(status);
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Admit a batch through the Ingress actor and wait for the answers. A pipeline that
+/// is not running, or an Ingress that died before answering, refuses everything: a
+/// submission is never acknowledged unless it was stored.
+pub async fn admit(shared: &Shared, records: Vec<PendingRecord>) -> Vec<Admission> {
+    let n = records.len();
+    let (tx, rx) = oneshot::channel();
+    if !shared
+        .dir
+        .ingress
+        .send(IngressMsg::Admit(AdmitRequest { records, reply: tx }))
+    {
+        return vec![Admission::Refused(Refusal::Unavailable); n];
+    }
+    match tokio::time::timeout(ADMIT_TIMEOUT, rx).await {
+        Ok(Ok(answers)) if answers.len() == n => answers,
+        _ => vec![Admission::Refused(Refusal::Unavailable); n],
+    }
+}
+
+/// Longest a client waits for admission before being told to retry.
+const ADMIT_TIMEOUT: Duration = Duration::from_secs(30);
