@@ -193,6 +193,18 @@ pub struct DlrWrite {
     pub handoffs: Vec<Handoff>,
     pub receipts: Vec<ProviderReceipt>,
     pub finishes: Vec<DeliveryFinish>,
+    /// Claim the deliveries this step creates for the caller, as [`DlrStore::claim_due`]
+    /// would (attempt 1, leased), in the same write. A backend may ignore it; the
+    /// deliveries are then due at once and the next `claim_due` takes them.
+    pub claim_created: Option<ClaimCreated>,
+}
+
+/// See [`DlrWrite::claim_created`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClaimCreated {
+    pub lease: Duration,
+    /// At most this many; the rest stay due.
+    pub limit: usize,
 }
 
 impl DlrWrite {
@@ -209,6 +221,10 @@ pub struct DlrWriteOutcome {
     /// One result per receipt, in order.
     pub receipts: Result<Vec<ReceiptMatch>, DlrError>,
     pub finishes: Result<(), DlrError>,
+    /// Deliveries the step created and claimed for the caller (see
+    /// [`DlrWrite::claim_created`]); `claim_due` does not return them until their lease
+    /// lapses. Empty when the step failed or the backend does not claim in its writes.
+    pub claimed: Vec<Delivery>,
 }
 
 /// The DLR store contract. Implementations: memory (bounded), file (redb), postgresql.
@@ -258,7 +274,14 @@ pub trait DlrStore: Send + Sync + 'static {
             handoffs,
             receipts,
             finishes,
+            claimed: Vec::new(),
         }
+    }
+
+    /// Whether [`DlrStore::apply`] honours [`DlrWrite::claim_created`]: then a step that
+    /// claimed fewer than its limit left none of the deliveries it created unclaimed.
+    fn claims_in_writes(&self) -> bool {
+        false
     }
 
     /// How many [`DlrStore::apply`] calls the correlator may run at once. One for a

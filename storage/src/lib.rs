@@ -33,8 +33,8 @@ mod conformance;
 
 pub use backend::{DlrBackend, StageBackend};
 pub use dlr::{
-    Delivery, DeliveryFinish, DeliveryId, DeliveryResult, DlrRetention, DlrState, DlrStats, DlrStore, DlrWrite,
-    DlrWriteOutcome, ExpiryReport, Handoff, HandoffOutcome, ProviderReceipt, ReceiptMatch, ReceiptOutcome,
+    ClaimCreated, Delivery, DeliveryFinish, DeliveryId, DeliveryResult, DlrRetention, DlrState, DlrStats, DlrStore,
+    DlrWrite, DlrWriteOutcome, ExpiryReport, Handoff, HandoffOutcome, ProviderReceipt, ReceiptMatch, ReceiptOutcome,
     ReceiptReservations, ReceiptTarget, ReplyPath,
 };
 pub use envelope::{EnvelopeError, RecordKind};

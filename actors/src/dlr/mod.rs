@@ -18,8 +18,8 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use sendium_protocols::smpp::client::{Acker, DeliverAck};
 use sendium_storage::failpoint;
 use sendium_storage::{
-    Delivery, DeliveryFinish, DeliveryResult, DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, Handoff, ProviderReceipt,
-    ReceiptMatch, ReplyPath, Timestamp,
+    ClaimCreated, Delivery, DeliveryFinish, DeliveryResult, DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, Handoff,
+    ProviderReceipt, ReceiptMatch, ReplyPath, Timestamp,
 };
 
 use crate::context::Shared;
@@ -112,6 +112,8 @@ pub struct DlrState {
     http_slots: Arc<tokio::sync::Semaphore>,
     /// When the last delivery round claimed, and whether it was full.
     last_claim: Option<(std::time::Instant, bool)>,
+    /// Deliveries the steps being written may claim (counted against MAX_IN_FLIGHT).
+    claimed_by_writes: usize,
 }
 
 /// A batched write step and what to do with its outcome. The context travels with
@@ -131,6 +133,8 @@ pub struct AppliedStep {
     receipt_batches: Vec<(String, usize, Option<ReceiptAcks>)>,
     /// Delivery results: all, delivered, dead.
     finished: (usize, u64, u64),
+    /// How many deliveries the step was allowed to claim.
+    claim_limit: usize,
     outcome: DlrWriteOutcome,
 }
 
@@ -202,10 +206,23 @@ impl DlrState {
             return;
         }
         let Step {
-            write,
+            mut write,
             handed_off,
             receipt_batches,
         } = std::mem::take(&mut self.queued);
+        // What the step resolves is claimed in the same write where the store can (one
+        // statement less per receipt), within what may be in flight: each step writing
+        // at once gets its share of the room left.
+        let room = MAX_IN_FLIGHT.saturating_sub(self.in_flight + self.claimed_by_writes)
+            / self.store.write_concurrency().max(1);
+        let limit = room.min(CLAIM_BATCH);
+        if limit > 0 {
+            write.claim_created = Some(ClaimCreated {
+                lease: self.lease,
+                limit,
+            });
+            self.claimed_by_writes += limit;
+        }
         let count = |r: DeliveryResult| write.finishes.iter().filter(|f| f.result == r).count() as u64;
         let finished = (
             write.finishes.len(),
@@ -221,6 +238,7 @@ impl DlrState {
                 handed_off,
                 receipt_batches,
                 finished,
+                claim_limit: limit,
                 outcome,
             })));
         });
@@ -232,9 +250,13 @@ impl DlrState {
             handed_off,
             receipt_batches,
             finished: (finished, delivered, dead),
+            claim_limit,
             outcome,
         } = applied;
-        let mut due = false;
+        self.claimed_by_writes = self.claimed_by_writes.saturating_sub(claim_limit);
+        // `created`: the step may have created deliveries (a handoff's failure receipt,
+        // a resolution); `due`: a claim round should run.
+        let (mut created, mut due) = (false, false);
         if !handed_off.is_empty() {
             match outcome.handoffs {
                 Ok(()) => {
@@ -242,7 +264,7 @@ impl DlrState {
                     failpoint::hit("after-dlr-handoff");
                     metrics::counter!("sendium_dlr_handoffs_total").increment(handed_off.len() as u64);
                     self.shared.dir.router.send(RouterMsg::HandedOff(handed_off));
-                    due = true;
+                    created = true;
                 }
                 Err(e) => {
                     self.shared.health.dlr.failed("dlr", &e);
@@ -265,7 +287,7 @@ impl DlrState {
                         match m {
                             ReceiptMatch::Matched { resolved: r, .. } => {
                                 matched += 1;
-                                due |= r;
+                                created |= r;
                             }
                             ReceiptMatch::Duplicate { .. } => duplicate += 1,
                             ReceiptMatch::Orphaned => orphaned += 1,
@@ -303,6 +325,16 @@ impl DlrState {
                 Err(e) => self.shared.health.dlr.failed("dlr", &e),
             }
         }
+        // A store that claims in its writes and stayed under the step's limit left
+        // nothing it created unclaimed: no claim round is needed for those.
+        if created && !(self.store.claims_in_writes() && outcome.claimed.len() < claim_limit) {
+            due = true;
+        }
+        // Claimed by the write itself: on their way now, without a claim round.
+        if !outcome.claimed.is_empty() {
+            metrics::counter!("sendium_dlr_claimed_in_write_total").increment(outcome.claimed.len() as u64);
+            self.dispatch(outcome.claimed);
+        }
         if due {
             self.schedule_delivery();
         }
@@ -326,10 +358,19 @@ impl DlrState {
                 return;
             }
         };
+        let full = claimed.len() == limit;
+        self.dispatch(claimed);
+        if full {
+            self.schedule_delivery();
+        }
+    }
+
+    /// Send claimed deliveries on their way (SMPP sessions of the account, or HTTP);
+    /// each result comes back as [`DlrMsg::Delivered`].
+    fn dispatch(&mut self, claimed: Vec<Delivery>) {
         if claimed.is_empty() {
             return;
         }
-        let full = claimed.len() == limit;
         self.in_flight += claimed.len();
         let mut smpp: HashMap<String, Vec<Delivery>> = HashMap::new();
         let mut http = Vec::new();
@@ -402,9 +443,6 @@ impl DlrState {
                 }
             });
         }
-        if full {
-            self.schedule_delivery();
-        }
     }
 
     async fn wake_bound_accounts(&mut self) {
@@ -476,6 +514,7 @@ impl Actor for DlrCorrelator {
             queued: Step::default(),
             writing: 0,
             last_claim: None,
+            claimed_by_writes: 0,
             lease: args.claim_lease,
             callback_timeout: args.callback_timeout,
             http_slots: Arc::new(tokio::sync::Semaphore::new(HTTP_CONCURRENCY)),

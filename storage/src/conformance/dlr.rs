@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use super::{DlrFactory as Factory, retention};
 use crate::dlr::{
-    DeliveryFinish, DeliveryResult, DlrRetention, DlrState, DlrWrite, Handoff, HandoffOutcome, ProviderReceipt,
-    ReceiptMatch, ReceiptOutcome, ReceiptTarget, ReplyPath,
+    ClaimCreated, DeliveryFinish, DeliveryResult, DlrRetention, DlrState, DlrWrite, Handoff, HandoffOutcome,
+    ProviderReceipt, ReceiptMatch, ReceiptOutcome, ReceiptTarget, ReplyPath,
 };
 use crate::ids::{MessageId, Timestamp};
 use crate::record::Address;
@@ -382,6 +382,7 @@ pub(crate) async fn a_batched_step_equals_its_parts_in_turn(f: &dyn Factory) {
             attempt: claimed[0].attempt + 1,
             result: DeliveryResult::Delivered,
         }],
+        claim_created: None,
     };
     let out = s.apply(step).await;
     out.handoffs.unwrap();
@@ -408,4 +409,81 @@ pub(crate) async fn a_batched_step_equals_its_parts_in_turn(f: &dyn Factory) {
 
     let empty = s.apply(DlrWrite::default()).await;
     assert_eq!(empty.receipts.unwrap(), Vec::new());
+}
+
+/// A step asked to claim the deliveries it creates hands at most `limit` of them back,
+/// claimed as `claim_due` would (attempt 1, leased): `claim_due` does not give those out
+/// again until the lease lapses, their results are fenced by that attempt, and every
+/// other delivery the step created is due as usual. (PostgreSQL claims in its writes;
+/// memory and file leave everything to `claim_due`.)
+pub(crate) async fn a_step_may_claim_the_deliveries_it_creates(f: &dyn Factory) {
+    let s = f.dlr(100, retention()).await;
+    let keys = ["c1", "c2", "c3"];
+    let step = DlrWrite {
+        handoffs: keys
+            .iter()
+            .map(|k| handoff(&[k], vec![target(ReplyPath::Smpp)]))
+            .collect(),
+        receipts: keys.iter().map(|k| receipt(k, DlrState::Delivered)).collect(),
+        finishes: Vec::new(),
+        claim_created: Some(ClaimCreated { lease: LEASE, limit: 2 }),
+    };
+    let out = s.apply(step).await;
+    out.handoffs.unwrap();
+    let matches = out.receipts.unwrap();
+    assert!(
+        matches
+            .iter()
+            .all(|m| matches!(m, ReceiptMatch::Matched { resolved: true, .. }))
+    );
+    let claimed = out.claimed;
+    // A store that says it claims in its writes does, up to the limit; one that does not
+    // claims nothing (and the correlator then runs claim rounds for everything).
+    if s.claims_in_writes() {
+        assert_eq!(claimed.len(), 2, "{claimed:?}");
+    } else {
+        assert!(claimed.is_empty(), "{claimed:?}");
+    }
+    assert!(claimed.iter().all(|d| d.attempt == 1), "{claimed:?}");
+    assert!(claimed.iter().all(|d| d.outcome.state == DlrState::Delivered));
+
+    // The others are due now; the claimed ones are not.
+    let due = s.claim_due(later(), LEASE, 10).await.unwrap();
+    assert_eq!(due.len() + claimed.len(), 3, "due {due:?} claimed {claimed:?}");
+    for d in &due {
+        assert!(claimed.iter().all(|c| c.id != d.id), "handed out twice: {d:?}");
+    }
+
+    // A claimed delivery's result is fenced by its attempt: a stale one changes nothing,
+    // the right one finishes it.
+    if let Some(c) = claimed.first() {
+        s.finish(vec![DeliveryFinish {
+            id: c.id,
+            attempt: c.attempt + 1,
+            result: DeliveryResult::Delivered,
+        }])
+        .await
+        .unwrap();
+        s.finish(vec![DeliveryFinish {
+            id: c.id,
+            attempt: c.attempt,
+            result: DeliveryResult::Delivered,
+        }])
+        .await
+        .unwrap();
+    }
+    let mut finished: Vec<DeliveryFinish> = due
+        .iter()
+        .map(|d| DeliveryFinish {
+            id: d.id,
+            attempt: d.attempt,
+            result: DeliveryResult::Delivered,
+        })
+        .collect();
+    s.finish(std::mem::take(&mut finished)).await.unwrap();
+    // After the lease only the unfinished claimed one (if any) comes back.
+    let after_lease = later().saturating_add(LEASE).saturating_add(Duration::from_secs(1));
+    let back = s.claim_due(after_lease, LEASE, 10).await.unwrap();
+    let expected: Vec<_> = claimed.iter().skip(1).map(|d| d.id).collect();
+    assert_eq!(back.iter().map(|d| d.id).collect::<Vec<_>>(), expected);
 }

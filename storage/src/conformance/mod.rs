@@ -144,6 +144,7 @@ macro_rules! dlr_cases {
             dlr::wake_account_makes_parked_smpp_receipts_due,
             dlr::expires_after_retention,
             dlr::a_batched_step_equals_its_parts_in_turn,
+            dlr::a_step_may_claim_the_deliveries_it_creates,
         );
     };
 }

@@ -72,8 +72,8 @@ use super::failure::{Location, failure, is_retryable};
 use super::migrate;
 use crate::backend::DlrBackend;
 use crate::dlr::{
-    Delivery, DeliveryFinish, DeliveryId, DeliveryResult, DlrRetention, DlrState, DlrStats, DlrStore, DlrWrite,
-    DlrWriteOutcome, ExpiryReport, Handoff, HandoffOutcome, ProviderReceipt, ReceiptMatch, ReceiptOutcome,
+    ClaimCreated, Delivery, DeliveryFinish, DeliveryId, DeliveryResult, DlrRetention, DlrState, DlrStats, DlrStore,
+    DlrWrite, DlrWriteOutcome, ExpiryReport, Handoff, HandoffOutcome, ProviderReceipt, ReceiptMatch, ReceiptOutcome,
     ReceiptTarget, ReplyPath,
 };
 use crate::error::{BackendFailure, DlrError, FailureKind};
@@ -502,7 +502,10 @@ SELECT unit, branch, destination, gen, parts, parts_done, fail_state, fail_error
    FOR NO KEY UPDATE";
 
 /// Write tracks back; resolving ones get one delivery per receipt target (failure-only
-/// targets skipped on success), in target order, in the same statement. The
+/// targets skipped on success), in target order, in the same statement. The first `$14`
+/// new deliveries are claimed for the caller as `claim_due` would (attempt 1, due and
+/// leased until `$15`) and returned: that spares the claim statement, which rewrites
+/// every index entry of the row, for the receipts a step resolves. The
 /// `resolved_at IS NULL` guard makes a second resolution impossible even if a caller
 /// got its state wrong.
 const WRITE_TRACKS_SQL: &str = "
@@ -523,13 +526,24 @@ WITH x AS (
               COALESCE(x.fail_state, 2::int2) AS state,
               COALESCE(x.fail_error, '000') AS error,
               COALESCE(x.fail_done_at, x.last_done_at) AS done_at
+), c AS (
+    SELECT t.unit, t.branch, e.n, e.target, t.state, t.error, t.done_at,
+           row_number() OVER (ORDER BY t.unit, t.branch, e.n) <= $14 AS claimed
+      FROM t CROSS JOIN LATERAL jsonb_array_elements(t.targets) WITH ORDINALITY AS e(target, n)
+     WHERE t.resolve AND NOT ((e.target->>'failure_only')::boolean AND t.state = 2)
+), d AS (
+    INSERT INTO dlr_deliveries (unit, branch, account, smpp, target, state, error, done_at, attempt, due_at,
+                                lease_until, created_at, expires_at)
+    SELECT c.unit, c.branch, c.target->>'account', c.target->>'reply' = 'smpp', c.target,
+           c.state, c.error, c.done_at, c.claimed::int4,
+           CASE WHEN c.claimed THEN $15::int8 ELSE $12::int8 END, CASE WHEN c.claimed THEN $15::int8 END,
+           $12::int8, $13::int8
+      FROM c
+     ORDER BY c.unit, c.branch, c.n
+    RETURNING id, attempt, target, state, error, done_at, created_at, expires_at
 )
-INSERT INTO dlr_deliveries (unit, branch, account, smpp, target, state, error, done_at, due_at, created_at, expires_at)
-SELECT t.unit, t.branch, e.target->>'account', e.target->>'reply' = 'smpp', e.target,
-       t.state, t.error, t.done_at, $12::int8, $12::int8, $13::int8
-  FROM t CROSS JOIN LATERAL jsonb_array_elements(t.targets) WITH ORDINALITY AS e(target, n)
- WHERE t.resolve AND NOT ((e.target->>'failure_only')::boolean AND t.state = 2)
- ORDER BY t.unit, t.branch, e.n";
+SELECT id, attempt, target::text AS target, state, error, done_at, created_at, expires_at
+  FROM d WHERE attempt = 1";
 
 impl PostgresDlrStore {
     async fn lock_tracks(
@@ -555,11 +569,17 @@ impl PostgresDlrStore {
         Ok(out)
     }
 
-    async fn write_tracks(&self, conn: &mut PgConnection, w: TrackWrites, now: i64) -> Result<(), sqlx::Error> {
+    async fn write_tracks(
+        &self,
+        conn: &mut PgConnection,
+        w: TrackWrites,
+        now: i64,
+        claim: &mut ClaimBudget,
+    ) -> Result<(), OpError> {
         if w.is_empty() {
             return Ok(());
         }
-        sqlx::query(WRITE_TRACKS_SQL)
+        let rows = sqlx::query(WRITE_TRACKS_SQL)
             .bind(w.unit)
             .bind(w.branch)
             .bind(w.destination)
@@ -573,9 +593,44 @@ impl PostgresDlrStore {
             .bind(w.resolve)
             .bind(now)
             .bind(plus(now, self.retention.retention))
-            .execute(conn)
+            .bind(claim.left)
+            .bind(claim.lease_until)
+            .fetch_all(conn)
             .await?;
+        for row in &rows {
+            claim.claimed.push(self.delivery_of(row)?);
+        }
+        claim.left = claim.left.saturating_sub(i64::try_from(rows.len()).unwrap_or(i64::MAX));
         Ok(())
+    }
+}
+
+/// What a transaction may still claim of the deliveries it creates, and what it did.
+struct ClaimBudget {
+    left: i64,
+    lease_until: i64,
+    claimed: Vec<Delivery>,
+}
+
+impl ClaimBudget {
+    /// Claim nothing (a plain `hand_off` or `record_receipts`).
+    fn none() -> Self {
+        Self {
+            left: 0,
+            lease_until: 0,
+            claimed: Vec::new(),
+        }
+    }
+
+    fn of(claim: Option<ClaimCreated>, now: i64) -> Self {
+        match claim {
+            None => Self::none(),
+            Some(c) => Self {
+                left: i64::try_from(c.limit).unwrap_or(i64::MAX),
+                lease_until: plus(now, c.lease),
+                claimed: Vec::new(),
+            },
+        }
     }
 }
 
@@ -669,7 +724,13 @@ enum HandConflict<'a> {
 }
 
 impl PostgresDlrStore {
-    async fn hand_off_tx(&self, conn: &mut PgConnection, hands: &[Hand], now: i64) -> Result<(), OpError> {
+    async fn hand_off_tx(
+        &self,
+        conn: &mut PgConnection,
+        hands: &[Hand],
+        now: i64,
+        claim: &mut ClaimBudget,
+    ) -> Result<(), OpError> {
         let mut pending: Vec<usize> = (0..hands.len()).collect();
         let mut stalls = 0;
         while !pending.is_empty() {
@@ -678,7 +739,7 @@ impl PostgresDlrStore {
                 std::iter::once(HandConflict::Track(h.key))
                     .chain(h.correlation_keys().map(|(d, k)| HandConflict::Corr(d, k)))
             });
-            let deferred = self.hand_off_round(conn, hands, &round, now).await?;
+            let deferred = self.hand_off_round(conn, hands, &round, now, claim).await?;
             stalls = if deferred.len() == round.len() { stalls + 1 } else { 0 };
             if stalls > MAX_STALLED_ROUNDS {
                 return Err(self.contention());
@@ -696,6 +757,7 @@ impl PostgresDlrStore {
         hands: &[Hand],
         round: &[usize],
         now: i64,
+        claim: &mut ClaimBudget,
     ) -> Result<Vec<usize>, OpError> {
         let mut deferred = Vec::new();
         // 1. Create the tracks that do not exist yet (the common case). A new track is
@@ -923,7 +985,7 @@ RETURNING unit, branch, part, state, error, done_at",
                 w.push(*key, s, s.decided());
             }
         }
-        self.write_tracks(conn, w, now).await?;
+        self.write_tracks(conn, w, now, claim).await?;
         Ok(deferred)
     }
 }
@@ -960,6 +1022,7 @@ impl PostgresDlrStore {
         conn: &mut PgConnection,
         receipts: &[Rcpt],
         now: i64,
+        claim: &mut ClaimBudget,
     ) -> Result<Vec<ReceiptMatch>, OpError> {
         let mut out: Vec<Option<ReceiptMatch>> = vec![None; receipts.len()];
         let mut pending: Vec<usize> = Vec::new();
@@ -977,7 +1040,9 @@ impl PostgresDlrStore {
                 let r = &receipts[i];
                 r.keys.iter().map(move |k| (r.destination.as_str(), k.as_str()))
             });
-            let deferred = self.receipts_round(conn, receipts, &round, &mut out, now).await?;
+            let deferred = self
+                .receipts_round(conn, receipts, &round, &mut out, now, claim)
+                .await?;
             stalls = if deferred.len() == round.len() { stalls + 1 } else { 0 };
             if stalls > MAX_STALLED_ROUNDS {
                 return Err(self.contention());
@@ -996,6 +1061,7 @@ impl PostgresDlrStore {
         round: &[usize],
         out: &mut [Option<ReceiptMatch>],
         now: i64,
+        claim: &mut ClaimBudget,
     ) -> Result<Vec<usize>, OpError> {
         let mut deferred = Vec::new();
         // Flattened candidates: (receipt, rank).
@@ -1190,7 +1256,7 @@ SELECT x.i, c.unit, c.branch, c.state IS NOT NULL AS final
                 w.push(*key, t, t.resolved);
             }
         }
-        self.write_tracks(conn, w, now).await?;
+        self.write_tracks(conn, w, now, claim).await?;
 
         // 4. Keep uncorrelated receipts as orphans under their best id; a later
         //    handoff adopts them. If the id got correlated meanwhile, redo it.
@@ -1556,8 +1622,10 @@ impl DlrStore for PostgresDlrStore {
             )
         })?;
         let now = ms(Timestamp::now());
-        self.timed(async { in_transaction!(self, tx => self.hand_off_tx(tx, &hands, now).await?) })
-            .await
+        self.timed(async {
+            in_transaction!(self, tx => self.hand_off_tx(tx, &hands, now, &mut ClaimBudget::none()).await?)
+        })
+        .await
     }
 
     async fn record_receipts(&self, batch: Vec<ProviderReceipt>) -> Result<Vec<ReceiptMatch>, DlrError> {
@@ -1566,8 +1634,12 @@ impl DlrStore for PostgresDlrStore {
         }
         let receipts: Vec<Rcpt> = batch.iter().map(Rcpt::of).collect();
         let now = ms(Timestamp::now());
-        self.timed(async { in_transaction!(self, tx => self.record_receipts_tx(tx, &receipts, now).await?) })
-            .await
+        self.timed(async {
+            in_transaction!(self, tx => {
+                self.record_receipts_tx(tx, &receipts, now, &mut ClaimBudget::none()).await?
+            })
+        })
+        .await
     }
 
     async fn claim_due(&self, now: Timestamp, lease: Duration, limit: usize) -> Result<Vec<Delivery>, DlrError> {
@@ -1600,13 +1672,14 @@ impl DlrStore for PostgresDlrStore {
     /// The whole step in one transaction: one commit (one WAL flush) for everything the
     /// correlator gathered meanwhile, instead of one per kind of write.
     async fn apply(&self, step: DlrWrite) -> DlrWriteOutcome {
-        let ok = |matches| DlrWriteOutcome {
+        let ok = |matches, claimed| DlrWriteOutcome {
             handoffs: Ok(()),
             receipts: Ok(matches),
             finishes: Ok(()),
+            claimed,
         };
         if step.is_empty() {
-            return ok(Vec::new());
+            return ok(Vec::new(), Vec::new());
         }
         let prepared = step.handoffs.iter().map(Hand::of).collect::<Result<Vec<_>, _>>();
         let hands = match prepared {
@@ -1634,19 +1707,22 @@ impl DlrStore for PostgresDlrStore {
         let result = self
             .timed(async {
                 in_transaction!(self, tx => {
-                    self.hand_off_tx(tx, &hands, now).await?;
-                    let matches = self.record_receipts_tx(tx, &receipts, now).await?;
+                    // Per attempt: a retried transaction claims afresh.
+                    let mut claim = ClaimBudget::of(step.claim_created, now);
+                    self.hand_off_tx(tx, &hands, now, &mut claim).await?;
+                    let matches = self.record_receipts_tx(tx, &receipts, now, &mut claim).await?;
                     self.finish_tx(tx, &finishes).await?;
-                    matches
+                    (matches, claim.claimed)
                 })
             })
             .await;
         match result {
-            Ok(matches) => ok(matches),
+            Ok((matches, claimed)) => ok(matches, claimed),
             Err(e) => DlrWriteOutcome {
                 handoffs: Err(e.clone()),
                 receipts: Err(e.clone()),
                 finishes: Err(e),
+                claimed: Vec::new(),
             },
         }
     }
@@ -1656,6 +1732,10 @@ impl DlrStore for PostgresDlrStore {
     /// pool (2 with the default 8), the rest left for claims and the rest. Measured on
     /// 2 cores with the server on the same machine: 1 writer 8,000 msgs/s, 2 writers
     /// 10,900, 4 writers 9,800 (smaller steps, more statements per message).
+    fn claims_in_writes(&self) -> bool {
+        true
+    }
+
     fn write_concurrency(&self) -> usize {
         (self.pool.options().get_max_connections() as usize / 4).clamp(1, 4)
     }

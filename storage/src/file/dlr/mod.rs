@@ -305,6 +305,7 @@ impl DlrStore for FileDlrStore {
                 handoffs: Ok(()),
                 receipts: Ok(Vec::new()),
                 finishes: Ok(()),
+                claimed: Vec::new(),
             };
         }
         let result = self
@@ -330,11 +331,13 @@ impl DlrStore for FileDlrStore {
                 handoffs: Ok(()),
                 receipts: Ok(matches),
                 finishes: Ok(()),
+                claimed: Vec::new(),
             },
             Err(e) => DlrWriteOutcome {
                 handoffs: Err(e.clone()),
                 receipts: Err(e.clone()),
                 finishes: Err(e),
+                claimed: Vec::new(),
             },
         }
     }
