@@ -55,6 +55,12 @@ pub enum OpenError {
         requested: String,
         outstanding: String,
     },
+    #[error(
+        "data directory {dir} was last started with dlr.backend = \"postgresql\"; to change the DLR backend, keep \
+         storage.postgresql.url configured so Sendium can check that database holds no receipts still owed \
+         (and `sendium drain --config FILE` can finish them)"
+    )]
+    RecordedDatabaseUnknown { dir: PathBuf },
     #[error("storage.file.dir is required because a stage uses the file backend")]
     NoDataDir,
     #[error("storage.postgresql.url is required because dlr.backend = \"postgresql\"")]
@@ -112,14 +118,18 @@ fn uses_file(cfg: &Config) -> bool {
         || cfg.dlr.backend == DlrBackend::File
 }
 
-/// Outstanding records per stage in the stores a manifest describes, for the stages
-/// whose backend is `file` (what a profile change could abandon).
+/// Outstanding records per stage in the durable stores a manifest describes: the
+/// stages whose backend is `file`, and a `postgresql` DLR store (what a profile change
+/// could abandon). The DLR database is the one `cfg` names; it must still be configured
+/// when the recorded DLR backend was postgresql. Its count covers the whole database,
+/// so with several gateways sharing it, theirs too.
 pub async fn outstanding(
     dir: &Arc<DataDir>,
     m: &Manifest,
-    limits: PendingLimits,
-    retention: DlrRetention,
+    cfg: &Config,
 ) -> Result<Vec<(&'static str, u64)>, OpenError> {
+    let limits = pending_limits(cfg);
+    let retention = dlr_retention(cfg);
     let mut out = Vec::new();
     if m.pending == "file" && dir.pending_path().exists() {
         let s = FilePendingStore::open(dir, limits)?;
@@ -138,6 +148,21 @@ pub async fn outstanding(
         let st = s.stats().await.map_err(|e| failure(e.into()))?;
         out.push(("dlr", st.awaiting_receipts + st.pending_deliveries));
     }
+    if m.dlr == "postgresql" {
+        let url = cfg
+            .storage
+            .postgresql
+            .url
+            .as_ref()
+            .ok_or(OpenError::RecordedDatabaseUnknown {
+                dir: dir.path().to_path_buf(),
+            })?;
+        let s = PostgresDlrStore::connect(url.expose(), 1, retention).await?;
+        let st = s.stats().await.map_err(|e| failure(e.into()));
+        s.close().await;
+        let st = st?;
+        out.push(("dlr (postgresql)", st.awaiting_receipts + st.pending_deliveries));
+    }
     Ok(out)
 }
 
@@ -153,16 +178,19 @@ async fn check_profile_change(dir: &Arc<DataDir>, cfg: &Config) -> Result<(), Op
     };
     let requested = manifest_of(cfg);
     let changed = |old: &str, new: &str| old == "file" && new != "file";
+    // The DLR store may also live in PostgreSQL, which outlives the process like a file.
+    let dlr_leaves_database = previous.dlr == "postgresql" && requested.dlr != "postgresql";
     let at_risk = changed(&previous.pending, &requested.pending)
         || changed(&previous.router_queue, &requested.router_queue)
         || changed(&previous.routed_work, &requested.routed_work)
         || changed(&previous.dlr, &requested.dlr)
+        || dlr_leaves_database
         // With the pending stage moving, everything staged or routed goes with it.
         || (previous.pending != requested.pending && previous.pending == "file");
     if !at_risk {
         return Ok(());
     }
-    let counts = outstanding(dir, &previous, pending_limits(cfg), dlr_retention(cfg)).await?;
+    let counts = outstanding(dir, &previous, cfg).await?;
     let held: Vec<String> = counts
         .iter()
         .filter(|(_, n)| *n > 0)

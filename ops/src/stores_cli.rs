@@ -132,9 +132,7 @@ pub async fn drain(cfg: &Config, timeout: Option<Duration>) -> Result<(), Stores
             println!("drain: {} has no manifest: nothing to drain", path.display());
             return Ok(());
         };
-        let left = outstanding(&dir, &m, pending_limits(cfg), dlr_retention(cfg))
-            .await
-            .map_err(storage)?;
+        let left = outstanding(&dir, &m, cfg).await.map_err(storage)?;
         if left.iter().all(|(_, n)| *n == 0) {
             println!("drain: every stage in {} is empty already", path.display());
             return Ok(());
@@ -162,10 +160,16 @@ pub async fn drain(cfg: &Config, timeout: Option<Duration>) -> Result<(), Stores
         let routed = s.router.as_ref().map(|r| r.units).unwrap_or(0);
         let dlr = s.dlr.as_ref().and_then(|d| d.store.as_ref());
         let receipts = dlr.map(|d| d.pending_deliveries).unwrap_or(0);
-        // A file DLR store is empty only when no message still waits for its provider
-        // receipts either: that is what `outstanding` (and so the next start) counts.
+        // A durable DLR store is empty only when no message still waits for its
+        // provider receipts either: that is what `outstanding` (and so the next start)
+        // counts.
         let awaiting = dlr
-            .filter(|_| recorded.dlr.backend == sendium_profiles::DlrBackend::File)
+            .filter(|_| {
+                matches!(
+                    recorded.dlr.backend,
+                    sendium_profiles::DlrBackend::File | sendium_profiles::DlrBackend::Postgresql
+                )
+            })
             .map(|d| d.awaiting_receipts)
             .unwrap_or(0);
         println!(

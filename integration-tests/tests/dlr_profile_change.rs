@@ -1,0 +1,159 @@
+//! Moving a gateway's DLR store out of PostgreSQL while that database still owes
+//! receipts for its messages: the new profile is refused at startup (the data directory's
+//! manifest says the DLR store was postgresql, and the database is asked what it still
+//! holds), a configuration that no longer names the database is refused too (Sendium
+//! cannot check it), and `sendium drain` runs the recorded postgresql profile until every
+//! receipt was correlated and delivered. Then the new profile starts.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use sendium_integration_tests::{BindKind, GatewayProcess, SmscConfig, SubmitSpec, TestEsme, TestSmsc};
+use sendium_storage::postgresql::test_cluster::TestCluster;
+use support::*;
+
+const N: usize = 20;
+
+fn pg_dlr(url: &str) -> String {
+    format!("[dlr]\nbackend = \"postgresql\"\n[storage.postgresql]\nurl = \"{url}\"")
+}
+
+/// file/file/file with the given DLR section.
+fn durable_config(dlr: &str) -> String {
+    format!(
+        "[sms.pending]\nbackend = \"file\"\n[sms.router-queue]\nbackend = \"file\"\n[sms.routed-work]\nbackend = \"file\"\n\
+         [storage.file]\ndir = \"{{data_dir}}\"\n{dlr}\n{}",
+        memory_config()
+    )
+}
+
+/// `sendium serve` with this configuration, expected to refuse at startup: its stderr.
+/// One still running after a while started, which fails the test (and is killed).
+fn refused(config: &std::path::Path) -> String {
+    let mut child = sendium_integration_tests::sendium_command()
+        .args(["serve", "--config"])
+        .arg(config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            panic!("it started: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "it exited without an error: {stderr}");
+    stderr
+}
+
+async fn submit_and_hand_off(gw: &GatewayProcess, esme: &TestEsme) -> HashSet<String> {
+    let specs: Vec<SubmitSpec> = (0..N)
+        .map(|i| SubmitSpec::gsm("1", &format!("4438{i:04}"), "receipt later").dlr())
+        .collect();
+    let ids: HashSet<String> = esme
+        .submit_pipelined(&specs, 20)
+        .await
+        .into_iter()
+        .map(|o| {
+            assert!(o.is_ok());
+            o.message_id
+        })
+        .collect();
+    assert!(
+        wait_metric(gw, "sendium_stage_records", "stage=\"pending\"", |v| v == 0.0).await,
+        "sources completed after handoff: the database alone owns the receipts"
+    );
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaving_a_postgresql_dlr_store_that_owes_receipts_needs_a_drain() {
+    let url = TestCluster::shared().fresh_database();
+    let smsc = TestSmsc::start(SmscConfig {
+        receipt_delay: Duration::from_secs(2),
+        ..SmscConfig::default()
+    })
+    .await;
+    let mut gw = gateway(&durable_config(&pg_dlr(&url)), &smsc).await;
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
+        .await
+        .unwrap();
+    let ids = submit_and_hand_off(&gw, &esme).await;
+    gw.kill();
+    drop(esme);
+    assert_eq!(smsc.stats().receipts_sent, 0, "killed before any receipt was due");
+
+    let recorded = std::fs::read_to_string(gw.config_path()).unwrap();
+    // The new profile: file DLR, the database still configured (for the check and drain).
+    let to_file = recorded.replacen("[dlr]\nbackend = \"postgresql\"", "[dlr]\nbackend = \"file\"", 1);
+    assert_ne!(to_file, recorded);
+    let to_file_path = gw.config_path().with_extension("file-dlr.toml");
+    std::fs::write(&to_file_path, &to_file).unwrap();
+    let stderr = refused(&to_file_path);
+    assert!(
+        stderr.contains("sendium drain") && stderr.contains(&format!("dlr (postgresql): {N}")),
+        "{stderr}"
+    );
+
+    // The same without the database's address: Sendium cannot check, so it refuses.
+    let start = to_file.find("[storage.postgresql]").unwrap();
+    let end = start + to_file[start..].find("\n[").unwrap() + 1;
+    let no_url = format!("{}{}", &to_file[..start], &to_file[end..]);
+    assert!(!no_url.contains(&url), "{no_url}");
+    let no_url_path = gw.config_path().with_extension("no-url.toml");
+    std::fs::write(&no_url_path, &no_url).unwrap();
+    let stderr = refused(&no_url_path);
+    assert!(stderr.contains("storage.postgresql.url"), "{stderr}");
+
+    // Drain runs the recorded profile: the receipts arrive, are matched in the database
+    // and delivered to the account's ESME, which binds to the draining gateway.
+    let drain = sendium_integration_tests::sendium_command()
+        .args(["drain", "--timeout", "60s", "--config"])
+        .arg(&to_file_path)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let rx = loop {
+        match TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Receiver).await {
+            Ok(rx) => break rx,
+            Err(e) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no draining gateway to bind: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let receipts = rx.wait_receipts(N, WAIT).await;
+    one_receipt_per_id(&receipts, &ids);
+    let out = tokio::task::spawn_blocking(move || drain.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("drain: done"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("awaiting provider receipts {N}")),
+        "it waited for the provider's receipts: {stdout}"
+    );
+    drop(rx);
+
+    // Nothing is owed any more: the file DLR profile starts.
+    std::fs::write(gw.config_path(), &to_file).unwrap();
+    gw.restart().await;
+    let (status, profile) = gw.admin_get("/admin/profile").await;
+    assert_eq!(status, 200);
+    assert!(profile.contains("file"), "{profile}");
+}
