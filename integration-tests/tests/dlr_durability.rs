@@ -170,29 +170,80 @@ async fn file_dlr_keeps_undelivered_callbacks() {
     failing_callbacks_survive_restart(DLR_FILE).await;
 }
 
-/// A slow callback endpoint and a short claim lease: 300 callbacks through at most 64 at
-/// once take longer than the lease, yet every receipt arrives and none is posted twice.
+/// A slow callback endpoint and a short claim lease: 300 receipts resolve together, so
+/// one claim round takes them all, and through at most 64 callbacks at once (1.5 s each)
+/// the last of them would get their turn only after their 4 s claim lapsed — when a later
+/// round has claimed them again and posts them too. A callback starts only while its claim
+/// has time left for a whole attempt, so every receipt arrives and none is posted twice.
+///
+/// The receipts must resolve at once: submitted one by one, the messages resolve about
+/// as fast as the endpoint drains, and no callback waits out its lease. So the provider
+/// is cut off after the handoffs and holds the receipts until the gateway binds again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_callbacks_outlasting_the_lease_are_posted_once_each() {
-    let smsc = TestSmsc::start(SmscConfig::default()).await;
+    const N: usize = 300;
+    let smsc = TestSmsc::start(SmscConfig {
+        // Well beyond the time submitting and handing off every message takes.
+        receipt_delay: Duration::from_secs(5),
+        ..SmscConfig::default()
+    })
+    .await;
     let dlr = "[dlr]\nbackend = \"file\"\ncallback-timeout = \"2s\"\nclaim-lease = \"4s\"";
     let gw = gateway(&durable_config(dlr), &smsc).await;
     let cb = CallbackServer::start().await;
     cb.set_delay(Duration::from_millis(1500));
-    let mut ids = HashSet::new();
-    for i in 0..300 {
+    let mut posts = tokio::task::JoinSet::new();
+    for i in 0..N {
         let body = serde_json::json!({"from": "Shop", "to": format!("4436{i:03}"), "text": "slow", "callback_url": cb.url("/dlr")});
-        let r = gw.post_message("key-1", &body.to_string()).await.unwrap();
+        let addr = gw.http_addr();
+        posts.spawn(async move {
+            sendium_integration_tests::http::post_json(
+                addr,
+                "/v1/messages",
+                &[("Authorization", "Bearer key-1")],
+                &body.to_string(),
+            )
+            .await
+        });
+    }
+    let mut ids = HashSet::new();
+    while let Some(r) = posts.join_next().await {
+        let r = r.unwrap().unwrap();
         assert_eq!(r.status, 202);
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
         ids.insert(v["id"].as_str().unwrap().to_string());
     }
+    assert_eq!(ids.len(), N);
     assert!(
-        cb.wait_accepted(300, Duration::from_secs(60)).await,
+        wait_metric(&gw, "sendium_stage_records", "stage=\"pending\"", |v| v == 0.0).await,
+        "sources completed after handoff"
+    );
+    // Cut the provider off before the receipts are due: it holds them for the next bind.
+    smsc.faults().reject_binds(Some(CommandStatus::EsmeRbindfail));
+    smsc.disconnect_all();
+    assert!(
+        smsc.wait_for(WAIT, |s| s.held_receipts() == N).await,
+        "every receipt is held, none went out before the cut ({} held, {} acked)",
+        smsc.held_receipts(),
+        smsc.stats().receipts_acked
+    );
+    // The gateway binds again and gets all of them in one go.
+    smsc.faults().reject_binds(None);
+    assert!(
+        smsc.wait_receipts_acked(N as u64, WAIT).await,
+        "the gateway took the receipts"
+    );
+    assert!(
+        eventually(Duration::from_secs(60), || {
+            cb.receipts().into_iter().map(|r| r.id).collect::<HashSet<_>>().len() >= N
+        })
+        .await,
         "accepted {}",
         cb.accepted().len()
     );
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Nothing left to deliver and no callback still on its way: every post was answered.
+    assert!(wait_metric(&gw, "sendium_dlr_pending_receipts", "", |v| v == 0.0).await);
+    assert!(wait_metric(&gw, "sendium_dlr_deliveries_in_flight", "", |v| v == 0.0).await);
     let mut seen: HashMap<String, usize> = HashMap::new();
     for r in cb.receipts() {
         *seen.entry(r.id).or_insert(0) += 1;
