@@ -38,8 +38,6 @@ fn config(dlr: &str) -> String {
     )
 }
 
-const DLR_FILE: &str = "[dlr]\nbackend = \"file\"";
-
 /// PostgreSQL is shared by several processes, so a restarted gateway cannot release
 /// the claims its predecessor held: they come back after `claim-lease`, kept short here.
 fn dlr_pg() -> String {

@@ -16,46 +16,12 @@ use sendium_integration_tests::{
 };
 use support::*;
 
-/// file/file/file with the given DLR backend section.
-pub fn durable_config(dlr: &str) -> String {
-    format!(
-        "[sms.pending]\nbackend = \"file\"\n[sms.router-queue]\nbackend = \"file\"\n[sms.routed-work]\nbackend = \"file\"\n\
-         [storage.file]\ndir = \"{{data_dir}}\"\n{dlr}\n{}",
-        memory_config()
-    )
-}
-
-pub const DLR_FILE: &str = "[dlr]\nbackend = \"file\"";
-pub const DLR_MEMORY: &str = "[dlr]\nbackend = \"memory\"";
-
 async fn slow_receipt_smsc() -> TestSmsc {
     TestSmsc::start(SmscConfig {
         receipt_delay: Duration::from_secs(2),
         ..SmscConfig::default()
     })
     .await
-}
-
-/// Submit `n` receipt-requesting messages and wait until their sources completed (the
-/// DLR store alone owns the receipts now).
-async fn submit_and_hand_off(gw: &GatewayProcess, esme: &TestEsme, n: usize, tag: &str) -> HashSet<String> {
-    let specs: Vec<SubmitSpec> = (0..n)
-        .map(|i| SubmitSpec::gsm("1", &format!("44{tag}{i:04}"), "receipt later").dlr())
-        .collect();
-    let ids: HashSet<String> = esme
-        .submit_pipelined(&specs, 20)
-        .await
-        .into_iter()
-        .map(|o| {
-            assert!(o.is_ok());
-            o.message_id
-        })
-        .collect();
-    assert!(
-        wait_metric(gw, "sendium_stage_records", "stage=\"pending\"", |v| v == 0.0).await,
-        "sources completed after handoff"
-    );
-    ids
 }
 
 /// Receipts that arrive after a restart find their correlations (file DLR).
@@ -351,10 +317,6 @@ async fn unanswered_deliver_sm_is_redelivered_on_the_next_bind() {
 // database that goes away.
 
 use sendium_storage::postgresql::test_cluster::TestCluster;
-
-fn pg_dlr(url: &str) -> String {
-    format!("[dlr]\nbackend = \"postgresql\"\n[storage.postgresql]\nurl = \"{url}\"")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgresql_dlr_delivers_receipts_that_arrive_after_a_restart() {

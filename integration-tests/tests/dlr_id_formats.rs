@@ -27,14 +27,8 @@ const N: usize = 30;
 /// not assumed: see `receipts_sent` below).
 const RECEIPT_DELAY: Duration = Duration::from_secs(3);
 
-const DLR_FILE: &str = "[dlr]\nbackend = \"file\"";
-
-fn pg_dlr(url: &str) -> String {
-    format!("[dlr]\nbackend = \"postgresql\"\n[storage.postgresql]\nurl = \"{url}\"")
-}
-
 /// file/file/file with the given DLR section, and the upstream's `id-format`.
-fn durable_config(dlr: &str, id_format: &str) -> String {
+fn hex_config(dlr: &str, id_format: &str) -> String {
     let base = memory_config();
     // `window = 200` is the upstream's line (the SMPP listener's window is 1000).
     let with_format = base.replacen(
@@ -43,10 +37,7 @@ fn durable_config(dlr: &str, id_format: &str) -> String {
         1,
     );
     assert_ne!(with_format, base, "id-format was not set on the upstream");
-    format!(
-        "[sms.pending]\nbackend = \"file\"\n[sms.router-queue]\nbackend = \"file\"\n[sms.routed-work]\nbackend = \"file\"\n\
-         [storage.file]\ndir = \"{{data_dir}}\"\n{dlr}\n{with_format}"
-    )
+    durable_config_with(dlr, &with_format)
 }
 
 /// A provider with hexadecimal `submit_sm_resp` ids whose receipts quote the id in
@@ -74,7 +65,7 @@ async fn metric_now(gw: &GatewayProcess, name: &str) -> f64 {
 /// with its own id and state delivered, from the restarted process.
 async fn hex_ids_with_decimal_receipts_survive_a_restart(dlr: &str, id_format: &str, tag: &str) {
     let smsc = hex_resp_decimal_receipt_smsc().await;
-    let mut gw = gateway(&durable_config(dlr, id_format), &smsc).await;
+    let mut gw = gateway(&hex_config(dlr, id_format), &smsc).await;
     let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
         .await
         .unwrap();

@@ -8,27 +8,13 @@
 
 mod support;
 
-use std::collections::HashSet;
 use std::time::Duration;
 
-use sendium_integration_tests::{BindKind, GatewayProcess, SmscConfig, SubmitSpec, TestEsme, TestSmsc};
+use sendium_integration_tests::{BindKind, SmscConfig, TestEsme, TestSmsc};
 use sendium_storage::postgresql::test_cluster::TestCluster;
 use support::*;
 
 const N: usize = 20;
-
-fn pg_dlr(url: &str) -> String {
-    format!("[dlr]\nbackend = \"postgresql\"\n[storage.postgresql]\nurl = \"{url}\"")
-}
-
-/// file/file/file with the given DLR section.
-fn durable_config(dlr: &str) -> String {
-    format!(
-        "[sms.pending]\nbackend = \"file\"\n[sms.router-queue]\nbackend = \"file\"\n[sms.routed-work]\nbackend = \"file\"\n\
-         [storage.file]\ndir = \"{{data_dir}}\"\n{dlr}\n{}",
-        memory_config()
-    )
-}
 
 /// `sendium serve` with this configuration, expected to refuse at startup: its stderr.
 /// One still running after a while started, which fails the test (and is killed).
@@ -55,26 +41,6 @@ fn refused(config: &std::path::Path) -> String {
     stderr
 }
 
-async fn submit_and_hand_off(gw: &GatewayProcess, esme: &TestEsme) -> HashSet<String> {
-    let specs: Vec<SubmitSpec> = (0..N)
-        .map(|i| SubmitSpec::gsm("1", &format!("4438{i:04}"), "receipt later").dlr())
-        .collect();
-    let ids: HashSet<String> = esme
-        .submit_pipelined(&specs, 20)
-        .await
-        .into_iter()
-        .map(|o| {
-            assert!(o.is_ok());
-            o.message_id
-        })
-        .collect();
-    assert!(
-        wait_metric(gw, "sendium_stage_records", "stage=\"pending\"", |v| v == 0.0).await,
-        "sources completed after handoff: the database alone owns the receipts"
-    );
-    ids
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leaving_a_postgresql_dlr_store_that_owes_receipts_needs_a_drain() {
     let url = TestCluster::shared().fresh_database();
@@ -87,7 +53,7 @@ async fn leaving_a_postgresql_dlr_store_that_owes_receipts_needs_a_drain() {
     let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
         .await
         .unwrap();
-    let ids = submit_and_hand_off(&gw, &esme).await;
+    let ids = submit_and_hand_off(&gw, &esme, N, "38").await;
     gw.kill();
     drop(esme);
     assert_eq!(smsc.stats().receipts_sent, 0, "killed before any receipt was due");

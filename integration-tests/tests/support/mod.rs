@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use sendium_integration_tests::{GatewayProcess, Receipt, SmscConfig, TestSmsc};
+use sendium_integration_tests::{GatewayProcess, Receipt, SmscConfig, SubmitSpec, TestEsme, TestSmsc};
 
 pub const WAIT: Duration = Duration::from_secs(30);
 
@@ -132,4 +132,50 @@ pub async fn wait_metric(gw: &GatewayProcess, name: &str, labels: &str, ok: impl
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// file/file/file with the given DLR section (and the memory profile's listeners,
+/// destination and route).
+pub fn durable_config(dlr: &str) -> String {
+    durable_config_with(dlr, &memory_config())
+}
+
+/// file/file/file with the given DLR section over `base` (listeners, destinations,
+/// routes).
+pub fn durable_config_with(dlr: &str, base: &str) -> String {
+    format!(
+        "[sms.pending]\nbackend = \"file\"\n[sms.router-queue]\nbackend = \"file\"\n[sms.routed-work]\nbackend = \"file\"\n\
+         [storage.file]\ndir = \"{{data_dir}}\"\n{dlr}\n{base}"
+    )
+}
+
+pub const DLR_FILE: &str = "[dlr]\nbackend = \"file\"";
+pub const DLR_MEMORY: &str = "[dlr]\nbackend = \"memory\"";
+
+/// The DLR section of a postgresql DLR store at `url`.
+pub fn pg_dlr(url: &str) -> String {
+    format!("[dlr]\nbackend = \"postgresql\"\n[storage.postgresql]\nurl = \"{url}\"")
+}
+
+/// Submit `n` receipt-requesting messages (destinations `44{tag}{i:04}`) and wait until
+/// their sources completed: the DLR store alone owns the receipts now.
+pub async fn submit_and_hand_off(gw: &GatewayProcess, esme: &TestEsme, n: usize, tag: &str) -> HashSet<String> {
+    let specs: Vec<SubmitSpec> = (0..n)
+        .map(|i| SubmitSpec::gsm("1", &format!("44{tag}{i:04}"), "receipt later").dlr())
+        .collect();
+    let ids: HashSet<String> = esme
+        .submit_pipelined(&specs, 20)
+        .await
+        .into_iter()
+        .map(|o| {
+            assert!(o.is_ok());
+            o.message_id
+        })
+        .collect();
+    assert_eq!(ids.len(), n, "one distinct id per submission");
+    assert!(
+        wait_metric(gw, "sendium_stage_records", "stage=\"pending\"", |v| v == 0.0).await,
+        "sources completed after handoff"
+    );
+    ids
 }
