@@ -19,7 +19,7 @@ use sendium_protocols::smpp::client::{Acker, DeliverAck};
 use sendium_storage::failpoint;
 use sendium_storage::{
     ClaimCreated, Delivery, DeliveryFinish, DeliveryResult, DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, Handoff,
-    ProviderReceipt, ReceiptMatch, ReplyPath, Timestamp,
+    HandoffOutcome, ProviderReceipt, ReceiptMatch, ReplyPath, Timestamp,
 };
 
 use crate::context::Shared;
@@ -114,6 +114,11 @@ pub struct DlrState {
     last_claim: Option<(std::time::Instant, bool)>,
     /// Deliveries the steps being written may claim (counted against MAX_IN_FLIGHT).
     claimed_by_writes: usize,
+    /// Provider ids (destination, id) handed off by the steps being written, with how
+    /// many such steps hold each.
+    writing_ids: HashMap<(String, String), usize>,
+    /// Receipt batches for ids in `writing_ids`, waiting for those steps to commit.
+    held_receipts: Vec<ReceiptBatch>,
 }
 
 /// A batched write step and what to do with its outcome. The context travels with
@@ -135,6 +140,8 @@ pub struct AppliedStep {
     finished: (usize, u64, u64),
     /// How many deliveries the step was allowed to claim.
     claim_limit: usize,
+    /// The provider ids its handoffs counted in `writing_ids`.
+    ids: Vec<(String, String)>,
     outcome: DlrWriteOutcome,
 }
 
@@ -186,7 +193,23 @@ impl DlrState {
         self.write_queued();
     }
 
+    /// Queue a provider receipt batch for the next step — unless one of its receipts is
+    /// for an id whose handoff a step is committing right now on another connection
+    /// (PostgreSQL runs steps in parallel). Written beside that step, the receipt would
+    /// find no correlation yet, try to store itself as an orphan, wait for the other
+    /// transaction's lock on the id, and be redone: a writer stalled for a whole commit.
+    /// Held until that step is applied, it goes in the next step and matches at once.
     fn queue_receipts(&mut self, batch: ReceiptBatch) {
+        if !self.writing_ids.is_empty()
+            && batch.receipts.iter().any(|r| {
+                r.keys
+                    .iter()
+                    .any(|k| self.writing_ids.contains_key(&(r.destination.clone(), k.clone())))
+            })
+        {
+            self.held_receipts.push(batch);
+            return;
+        }
         let n = batch.receipts.len();
         self.queued.write.receipts.extend(batch.receipts);
         self.queued.receipt_batches.push((batch.destination, n, batch.acks));
@@ -230,6 +253,25 @@ impl DlrState {
             count(DeliveryResult::Dead),
         );
         self.writing += 1;
+        // Only worth tracking where steps overlap; one writer commits them in turn.
+        let ids: Vec<(String, String)> = if self.store.write_concurrency() > 1 {
+            write
+                .handoffs
+                .iter()
+                .flat_map(|h| match &h.outcome {
+                    HandoffOutcome::Submitted { provider_keys } => provider_keys
+                        .iter()
+                        .map(|k| (h.destination.clone(), k.clone()))
+                        .collect::<Vec<_>>(),
+                    HandoffOutcome::Failed(_) => Vec::new(),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        for id in &ids {
+            *self.writing_ids.entry(id.clone()).or_insert(0) += 1;
+        }
         let store = self.store.clone();
         let shared = self.shared.clone();
         tokio::spawn(async move {
@@ -239,6 +281,7 @@ impl DlrState {
                 receipt_batches,
                 finished,
                 claim_limit: limit,
+                ids,
                 outcome,
             })));
         });
@@ -251,9 +294,23 @@ impl DlrState {
             receipt_batches,
             finished: (finished, delivered, dead),
             claim_limit,
+            ids,
             outcome,
         } = applied;
         self.claimed_by_writes = self.claimed_by_writes.saturating_sub(claim_limit);
+        for id in ids {
+            if let Some(n) = self.writing_ids.get_mut(&id) {
+                *n -= 1;
+                if *n == 0 {
+                    self.writing_ids.remove(&id);
+                }
+            }
+        }
+        // Receipts held for this step's ids go into the queue now (or wait on for
+        // another step still being written).
+        for batch in std::mem::take(&mut self.held_receipts) {
+            self.queue_receipts(batch);
+        }
         // `created`: the step may have created deliveries (a handoff's failure receipt,
         // a resolution); `due`: a claim round should run.
         let (mut created, mut due) = (false, false);
@@ -515,6 +572,8 @@ impl Actor for DlrCorrelator {
             writing: 0,
             last_claim: None,
             claimed_by_writes: 0,
+            writing_ids: HashMap::new(),
+            held_receipts: Vec::new(),
             lease: args.claim_lease,
             callback_timeout: args.callback_timeout,
             http_slots: Arc::new(tokio::sync::Semaphore::new(HTTP_CONCURRENCY)),
