@@ -172,6 +172,9 @@ async fn admin_endpoints_report_readiness_actors_profile_and_metrics() {
         "sendium_actor_restarts",
         "sendium_smpp_pdus_total",
         "sendium_destination_submits_total",
+        // The admission latency histogram, with its configured fine buckets.
+        "sendium_admission_seconds_bucket{le=\"0.005\"}",
+        "sendium_admission_seconds_count",
     ] {
         assert!(metrics.contains(name), "{name} missing");
     }

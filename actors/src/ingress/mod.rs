@@ -241,6 +241,7 @@ impl Actor for Ingress {
 /// submission is never acknowledged unless it was stored.
 pub async fn admit(shared: &Shared, records: Vec<PendingRecord>) -> Vec<Admission> {
     let n = records.len();
+    let started = std::time::Instant::now();
     let (tx, rx) = oneshot::channel();
     if !shared
         .dir
@@ -249,10 +250,12 @@ pub async fn admit(shared: &Shared, records: Vec<PendingRecord>) -> Vec<Admissio
     {
         return vec![Admission::Refused(Refusal::Unavailable); n];
     }
-    match tokio::time::timeout(ADMIT_TIMEOUT, rx).await {
+    let answers = match tokio::time::timeout(ADMIT_TIMEOUT, rx).await {
         Ok(Ok(answers)) if answers.len() == n => answers,
         _ => vec![Admission::Refused(Refusal::Unavailable); n],
-    }
+    };
+    metrics::histogram!("sendium_admission_seconds").record(started.elapsed().as_secs_f64());
+    answers
 }
 
 /// Longest a client waits for admission before being told to retry.

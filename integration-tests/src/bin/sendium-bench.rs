@@ -552,6 +552,53 @@ async fn fetch_series(addr: std::net::SocketAddr) -> Option<BTreeMap<String, f64
     (resp.status == 200).then(|| metric_series(&resp.text()))
 }
 
+/// The cumulative buckets of `sendium_admission_seconds` (upper bound in seconds, count),
+/// in order: the gateway's own view of how long an admission waited for its answer.
+fn fetch_admission_buckets(ctl: &tokio::runtime::Runtime, gw: &GatewayProcess) -> Option<Vec<(f64, f64)>> {
+    let resp = ctl
+        .block_on(http::request_with_timeout(
+            gw.admin_addr(),
+            "GET",
+            "/metrics",
+            &[],
+            None,
+            Duration::from_secs(5),
+        ))
+        .ok()?;
+    let mut out = Vec::new();
+    for line in resp.text().lines() {
+        let Some(rest) = line.strip_prefix("sendium_admission_seconds_bucket{le=\"") else {
+            continue;
+        };
+        let Some((le, value)) = rest.split_once("\"}") else {
+            continue;
+        };
+        let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+        out.push((le, value.trim().parse().ok()?));
+    }
+    out.sort_by(|a, b| a.0.total_cmp(&b.0));
+    (!out.is_empty()).then_some(out)
+}
+
+/// From two scrapes of the admission buckets: the bucket bound (ms) under which 99% of
+/// the phase's admissions were answered, and the share answered within 5 ms.
+fn admission_p99(before: &[(f64, f64)], after: &[(f64, f64)]) -> Option<(f64, f64)> {
+    let delta: Vec<(f64, f64)> = after
+        .iter()
+        .map(|(le, n)| {
+            let was = before.iter().find(|(l, _)| l == le).map_or(0.0, |(_, m)| *m);
+            (*le, n - was)
+        })
+        .collect();
+    let total = delta.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let p99 = delta.iter().find(|(_, n)| *n >= 0.99 * total)?.0 * 1000.0;
+    let within_5ms = delta.iter().rfind(|(le, _)| *le <= 0.005).map_or(0.0, |(_, n)| *n) / total;
+    Some((p99, within_5ms))
+}
+
 fn fetch_metrics(ctl: &tokio::runtime::Runtime, gw: &GatewayProcess) -> Option<BTreeMap<String, f64>> {
     ctl.block_on(fetch_series(gw.admin_addr())).map(|s| metric_sums(&s))
 }
@@ -856,6 +903,7 @@ impl Bench {
         let before = sample_proc(pid);
         let smsc_before = smsc.stats();
         let fsyncs_before = fetch_metrics(&self.ctl, gw).and_then(|m| m.get("sendium_storage_fsyncs_total").copied());
+        let admissions_before = fetch_admission_buckets(&self.ctl, gw).unwrap_or_default();
         match rate {
             Some(r) => eprintln!(
                 "  [{label}] {} messages at {r:.0} msg/s, {} sessions × window {}",
@@ -877,6 +925,7 @@ impl Bench {
         let after = sample_proc(pid);
         let smsc_after = smsc.stats();
         let metrics = fetch_metrics(&self.ctl, gw);
+        let admissions = fetch_admission_buckets(&self.ctl, gw).and_then(|a| admission_p99(&admissions_before, &a));
         let resources = resources_json(before, after, hwm_reset, self.ticks_per_s);
         let mut detail = json!({
             "rate_limit": rate,
@@ -957,6 +1006,15 @@ impl Bench {
             // Scraped before and after the phase: fdatasyncs of every store file.
             notes.push(format!("{:.4} fsyncs/msg", (a - b) / report.messages as f64));
             detail["fsyncs"] = json!(a - b);
+        }
+        if let Some((p99, within)) = admissions
+            && rate.is_some()
+        {
+            // The gateway's share of the latency: from the SMPP session handing the read's
+            // submissions to the pipeline to their answers (bucket bound, so an upper bound).
+            notes.push(format!("in gateway: p99 ≤ {p99} ms, {:.1}% ≤ 5 ms", within * 100.0));
+            detail["admission_p99_ms_bound"] = json!(p99);
+            detail["admissions_within_5ms"] = json!(within);
         }
         if !report.statuses.is_empty() {
             let list: Vec<String> = report.statuses.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -1446,6 +1504,18 @@ fn main() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn admission_p99_reads_the_phase_from_two_scrapes() {
+        // Cumulative buckets: 10 admissions before the phase, then 100 more of which 90
+        // within 5 ms, 99 within 10 ms, all within 15 ms.
+        let before = [(0.005, 10.0), (0.01, 10.0), (0.015, 10.0), (f64::INFINITY, 10.0)];
+        let after = [(0.005, 100.0), (0.01, 109.0), (0.015, 110.0), (f64::INFINITY, 110.0)];
+        let (p99, within) = admission_p99(&before, &after).unwrap();
+        assert_eq!(p99, 10.0);
+        assert!((within - 0.9).abs() < 1e-9, "{within}");
+        assert_eq!(admission_p99(&after, &after), None, "no admissions in the phase");
+    }
 
     #[test]
     fn profiles_are_consistent() {
