@@ -119,10 +119,11 @@ fn uses_file(cfg: &Config) -> bool {
 }
 
 /// Outstanding records per stage in the durable stores a manifest describes: the
-/// stages whose backend is `file`, and a `postgresql` DLR store (what a profile change
-/// could abandon). The DLR database is the one `cfg` names; it must still be configured
-/// when the recorded DLR backend was postgresql. Its count covers the whole database,
-/// so with several gateways sharing it, theirs too.
+/// stages whose backend is `file`, and a `postgresql` DLR store that `cfg` moves away
+/// from (what a profile change could abandon; one that stays keeps its rows, and may be
+/// shared with other gateways still writing to it). The DLR database is the one `cfg`
+/// names: it must still be configured, and be the same, when the DLR leaves it. Its
+/// count covers the whole database, so with several gateways sharing it, theirs too.
 pub async fn outstanding(
     dir: &Arc<DataDir>,
     m: &Manifest,
@@ -148,7 +149,7 @@ pub async fn outstanding(
         let st = s.stats().await.map_err(|e| failure(e.into()))?;
         out.push(("dlr", st.awaiting_receipts + st.pending_deliveries));
     }
-    if m.dlr == "postgresql" {
+    if m.dlr == "postgresql" && cfg.dlr.backend != DlrBackend::Postgresql {
         let url = cfg
             .storage
             .postgresql

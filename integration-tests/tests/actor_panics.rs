@@ -125,3 +125,54 @@ async fn every_actor_kind_panics_once_under_load_and_nothing_is_lost() {
     }
     assert!(gw.log().contains("actor failed; restarting"));
 }
+
+/// The pending store's writer (the Ingress's committer task) panics after a commit,
+/// before answering it: those clients are refused (their messages are stored, at least
+/// once), the next admission finds the writer gone and stops the Ingress, the supervisor
+/// restarts it with a new writer, and admissions are answered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_pending_writer_restarts_the_ingress() {
+    let smsc = smsc().await;
+    let gw = sendium_integration_tests::GatewayProcess::builder(&memory_config())
+        .smsc_port(smsc.port())
+        .env("SENDIUM_FAILPOINT", "after-admit=panic@5")
+        .start()
+        .await;
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
+        .await
+        .unwrap();
+    let (mut ok, mut refused) = (0, 0);
+    let mut last_ok = None;
+    for i in 0..40 {
+        let r = esme
+            .submit(&SubmitSpec::gsm("1", &format!("4491{i:04}"), "writer panic").dlr())
+            .await
+            .unwrap();
+        if r.is_ok() {
+            ok += 1;
+            last_ok = Some(r.message_id);
+        } else {
+            refused += 1;
+        }
+    }
+    assert!(refused >= 1, "the commit the writer died in was refused");
+    assert!(
+        ok >= 30,
+        "admissions answered again after the restart ({ok} ok, {refused} refused)"
+    );
+    let (_, actors) = gw.admin_get("/admin/actors").await;
+    let actors: Vec<Value> = serde_json::from_str(&actors).unwrap();
+    let ingress = actors.iter().find(|a| a["kind"] == "ingress").unwrap();
+    assert!(ingress["restarts"].as_u64().unwrap() >= 1, "{ingress}");
+    assert_eq!(ingress["status"], "running", "{ingress}");
+    // The last acknowledged one goes all the way.
+    let last = last_ok.unwrap();
+    assert!(
+        eventually(WAIT, || esme
+            .receipts()
+            .iter()
+            .any(|r| r.message_id() == Some(last.as_str())))
+        .await,
+        "receipt for the last acknowledged submission"
+    );
+}

@@ -159,6 +159,11 @@ pub async fn drain(cfg: &Config, timeout: Option<Duration>) -> Result<(), Stores
         let staged = s.selector.as_ref().map(|x| x.staged).unwrap_or(0);
         let routed = s.router.as_ref().map(|r| r.units).unwrap_or(0);
         let dlr = s.dlr.as_ref().and_then(|d| d.store.as_ref());
+        // A PostgreSQL DLR store the new profile keeps is not drained: it keeps its
+        // rows, and other gateways sharing it may never let it run dry.
+        let dlr_stays_in_database = recorded.dlr.backend == sendium_profiles::DlrBackend::Postgresql
+            && cfg.dlr.backend == sendium_profiles::DlrBackend::Postgresql;
+        let dlr = dlr.filter(|_| !dlr_stays_in_database);
         let receipts = dlr.map(|d| d.pending_deliveries).unwrap_or(0);
         // A durable DLR store is empty only when no message still waits for its
         // provider receipts either: that is what `outstanding` (and so the next start)

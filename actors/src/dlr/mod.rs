@@ -140,6 +140,8 @@ pub struct AppliedStep {
     finished: (usize, u64, u64),
     /// How many deliveries the step was allowed to claim.
     claim_limit: usize,
+    /// When the write started (the earliest its claims can have started).
+    claimed_at: std::time::Instant,
     /// The provider ids its handoffs counted in `writing_ids`.
     ids: Vec<(String, String)>,
     outcome: DlrWriteOutcome,
@@ -238,7 +240,11 @@ impl DlrState {
         // at once gets its share of the room left.
         let room = MAX_IN_FLIGHT.saturating_sub(self.in_flight + self.claimed_by_writes)
             / self.store.write_concurrency().max(1);
-        let limit = room.min(CLAIM_BATCH);
+        let limit = if self.store.claims_in_writes() {
+            room.min(CLAIM_BATCH)
+        } else {
+            0
+        };
         if limit > 0 {
             write.claim_created = Some(ClaimCreated {
                 lease: self.lease,
@@ -275,12 +281,16 @@ impl DlrState {
         let store = self.store.clone();
         let shared = self.shared.clone();
         tokio::spawn(async move {
+            // Before the write: a lease the store grants in it ends no earlier than this
+            // plus the lease, which is what the callback deadline is counted from.
+            let claimed_at = std::time::Instant::now();
             let outcome = store.apply(write).await;
             shared.dir.dlr.send(DlrMsg::Applied(Box::new(AppliedStep {
                 handed_off,
                 receipt_batches,
                 finished,
                 claim_limit: limit,
+                claimed_at,
                 ids,
                 outcome,
             })));
@@ -294,6 +304,7 @@ impl DlrState {
             receipt_batches,
             finished: (finished, delivered, dead),
             claim_limit,
+            claimed_at,
             ids,
             outcome,
         } = applied;
@@ -305,11 +316,6 @@ impl DlrState {
                     self.writing_ids.remove(&id);
                 }
             }
-        }
-        // Receipts held for this step's ids go into the queue now (or wait on for
-        // another step still being written).
-        for batch in std::mem::take(&mut self.held_receipts) {
-            self.queue_receipts(batch);
         }
         // `created`: the step may have created deliveries (a handoff's failure receipt,
         // a resolution); `due`: a claim round should run.
@@ -390,7 +396,13 @@ impl DlrState {
         // Claimed by the write itself: on their way now, without a claim round.
         if !outcome.claimed.is_empty() {
             metrics::counter!("sendium_dlr_claimed_in_write_total").increment(outcome.claimed.len() as u64);
-            self.dispatch(outcome.claimed);
+            self.dispatch(outcome.claimed, claimed_at);
+        }
+        // Receipts held for this step's ids go into the queue now (or wait on for
+        // another step still being written) — after the dispatch above, so a step they
+        // start sees those deliveries in flight.
+        for batch in std::mem::take(&mut self.held_receipts) {
+            self.queue_receipts(batch);
         }
         if due {
             self.schedule_delivery();
@@ -400,10 +412,13 @@ impl DlrState {
 
     async fn deliver_due(&mut self) {
         self.deliver_scheduled = false;
-        if self.in_flight >= MAX_IN_FLIGHT {
+        // Steps being written may still claim what they create: their share counts.
+        let busy = self.in_flight + self.claimed_by_writes;
+        if busy >= MAX_IN_FLIGHT {
             return;
         }
-        let limit = CLAIM_BATCH.min(MAX_IN_FLIGHT - self.in_flight);
+        let limit = CLAIM_BATCH.min(MAX_IN_FLIGHT - busy);
+        let claimed_at = std::time::Instant::now();
         let claimed = match self.store.claim_due(Timestamp::now(), self.lease, limit).await {
             Ok(c) => {
                 self.shared.health.dlr.ok();
@@ -416,15 +431,16 @@ impl DlrState {
             }
         };
         let full = claimed.len() == limit;
-        self.dispatch(claimed);
+        self.dispatch(claimed, claimed_at);
         if full {
             self.schedule_delivery();
         }
     }
 
     /// Send claimed deliveries on their way (SMPP sessions of the account, or HTTP);
-    /// each result comes back as [`DlrMsg::Delivered`].
-    fn dispatch(&mut self, claimed: Vec<Delivery>) {
+    /// each result comes back as [`DlrMsg::Delivered`]. `claimed_at`: no later than
+    /// the start of their claims' lease.
+    fn dispatch(&mut self, claimed: Vec<Delivery>, claimed_at: std::time::Instant) {
         if claimed.is_empty() {
             return;
         }
@@ -468,7 +484,7 @@ impl DlrState {
             // a round of many slow endpoints can outlast the lease, and a lapsed claim may
             // already be another round's (a second, concurrent delivery). Those go back
             // unattempted, due at once, and the next round claims them afresh.
-            let last_start = std::time::Instant::now() + self.lease.saturating_sub(self.callback_timeout);
+            let last_start = claimed_at + self.lease.saturating_sub(self.callback_timeout);
             tokio::spawn(async move {
                 use futures::StreamExt;
                 let mut results = futures::stream::iter(http)

@@ -70,13 +70,24 @@ impl CommitterHandle {
         Self { work, gauges }
     }
 
-    /// Hand work over. If the writer is gone (it only ends when this handle is
-    /// dropped), a client's reply sender is dropped with the work and `admit` refuses.
-    pub(super) fn send(&self, work: Work) {
-        if matches!(work, Work::Admit(_)) {
+    /// Hand work over. False if the writer is gone, which happens only if it panicked
+    /// (it otherwise ends when this handle is dropped): the work is dropped with it — a
+    /// client's reply sender, so `admit` refuses; completions, which the Router sends
+    /// again — and the actor must stop so the supervisor starts a new writer with it.
+    #[must_use]
+    pub(super) fn send(&self, work: Work) -> bool {
+        // Counted before the send: the writer may take it (and count it down) at once.
+        let admission = matches!(work, Work::Admit(_));
+        if admission {
             self.gauges.waiting.fetch_add(1, Ordering::Relaxed);
         }
-        let _ = self.work.send(work);
+        if self.work.send(work).is_err() {
+            if admission {
+                self.gauges.waiting.fetch_sub(1, Ordering::Relaxed);
+            }
+            return false;
+        }
+        true
     }
 
     pub(super) fn gauges(&self) -> &Gauges {

@@ -135,6 +135,16 @@ pub struct Ingress;
 const EXPIRY_SWEEP: usize = 1_000;
 
 impl IngressState {
+    /// Give the writer work; a writer that is gone (it panicked) stops this actor, and
+    /// the supervisor's restart brings a new one.
+    fn hand_over(&self, work: Work) -> Result<(), ActorProcessingErr> {
+        if self.committer.send(work) {
+            Ok(())
+        } else {
+            Err("the pending store's writer stopped".into())
+        }
+    }
+
     /// Expire incomplete groups past their deadline, off the actor (like reads, so an
     /// acknowledgement never waits behind it); one sweep at a time.
     fn expire(&self) {
@@ -195,7 +205,7 @@ impl Actor for Ingress {
         match msg {
             IngressMsg::Admit(req) => {
                 failpoint::hit("actor-ingress");
-                state.committer.send(Work::Admit(req));
+                state.hand_over(Work::Admit(req))?;
             }
             // Reads run beside the actor, not in it: a read of the pending store takes a
             // consistent snapshot and never waits for a commit, so the actor stays free to
@@ -212,10 +222,10 @@ impl Actor for Ingress {
                     let _ = reply.send(store.units(&ids).await);
                 });
             }
-            IngressMsg::Complete(ids) => state.committer.send(Work::Complete(ids)),
+            IngressMsg::Complete(ids) => state.hand_over(Work::Complete(ids))?,
             IngressMsg::Tick => {
                 state.expire();
-                state.committer.send(Work::Retry);
+                state.hand_over(Work::Retry)?;
             }
             IngressMsg::Status(reply) => {
                 let gauges = state.committer.gauges();

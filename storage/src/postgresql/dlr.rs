@@ -1707,8 +1707,9 @@ impl DlrStore for PostgresDlrStore {
         let result = self
             .timed(async {
                 in_transaction!(self, tx => {
-                    // Per attempt: a retried transaction claims afresh.
-                    let mut claim = ClaimBudget::of(step.claim_created, now);
+                    // Per attempt: a retried transaction claims afresh, its lease counted
+                    // from now (not from before the pool and earlier attempts).
+                    let mut claim = ClaimBudget::of(step.claim_created, ms(Timestamp::now()));
                     self.hand_off_tx(tx, &hands, now, &mut claim).await?;
                     let matches = self.record_receipts_tx(tx, &receipts, now, &mut claim).await?;
                     self.finish_tx(tx, &finishes).await?;
