@@ -104,6 +104,9 @@ pub struct DlrState {
     queued: Step,
     /// Steps being committed (at most the store's `write_concurrency`).
     writing: usize,
+    /// This incarnation of the correlator: a step written by an earlier one (applied
+    /// after a restart) is answered, but does not touch this one's write counters.
+    incarnation: u64,
     /// A claimed delivery not reported back in this long becomes due again.
     lease: Duration,
     /// `dlr.callback-timeout`: the longest one HTTP attempt takes.
@@ -142,12 +145,17 @@ pub struct AppliedStep {
     claim_limit: usize,
     /// When the write started (the earliest its claims can have started).
     claimed_at: std::time::Instant,
+    /// The incarnation that wrote it.
+    incarnation: u64,
     /// The provider ids its handoffs counted in `writing_ids`.
     ids: Vec<(String, String)>,
     outcome: DlrWriteOutcome,
 }
 
 pub struct DlrCorrelator;
+
+/// Numbers the correlator's incarnations (see `DlrState::incarnation`).
+static INCARNATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Deliveries claimed per round, and at most in flight at once.
 const CLAIM_BATCH: usize = 2_000;
@@ -280,6 +288,7 @@ impl DlrState {
         }
         let store = self.store.clone();
         let shared = self.shared.clone();
+        let incarnation = self.incarnation;
         tokio::spawn(async move {
             // Before the write: a lease the store grants in it ends no earlier than this
             // plus the lease, which is what the callback deadline is counted from.
@@ -291,6 +300,7 @@ impl DlrState {
                 finished,
                 claim_limit: limit,
                 claimed_at,
+                incarnation,
                 ids,
                 outcome,
             })));
@@ -298,22 +308,25 @@ impl DlrState {
     }
 
     fn applied(&mut self, applied: AppliedStep) {
-        self.writing = self.writing.saturating_sub(1);
         let AppliedStep {
             handed_off,
             receipt_batches,
             finished: (finished, delivered, dead),
             claim_limit,
             claimed_at,
+            incarnation,
             ids,
             outcome,
         } = applied;
-        self.claimed_by_writes = self.claimed_by_writes.saturating_sub(claim_limit);
-        for id in ids {
-            if let Some(n) = self.writing_ids.get_mut(&id) {
-                *n -= 1;
-                if *n == 0 {
-                    self.writing_ids.remove(&id);
+        if incarnation == self.incarnation {
+            self.writing = self.writing.saturating_sub(1);
+            self.claimed_by_writes = self.claimed_by_writes.saturating_sub(claim_limit);
+            for id in ids {
+                if let Some(n) = self.writing_ids.get_mut(&id) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.writing_ids.remove(&id);
+                    }
                 }
             }
         }
@@ -586,6 +599,7 @@ impl Actor for DlrCorrelator {
             ticks: 0,
             queued: Step::default(),
             writing: 0,
+            incarnation: INCARNATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             last_claim: None,
             claimed_by_writes: 0,
             writing_ids: HashMap::new(),
