@@ -227,6 +227,28 @@ pub struct DlrWriteOutcome {
     pub claimed: Vec<Delivery>,
 }
 
+impl DlrWriteOutcome {
+    /// A step committed as one transaction.
+    pub fn committed(receipts: Vec<ReceiptMatch>, claimed: Vec<Delivery>) -> Self {
+        Self {
+            handoffs: Ok(()),
+            receipts: Ok(receipts),
+            finishes: Ok(()),
+            claimed,
+        }
+    }
+
+    /// A step whose one transaction failed: every part failed with it.
+    pub fn failed(e: DlrError) -> Self {
+        Self {
+            handoffs: Err(e.clone()),
+            receipts: Err(e.clone()),
+            finishes: Err(e),
+            claimed: Vec::new(),
+        }
+    }
+}
+
 /// The DLR store contract. Implementations: memory (bounded), file (redb), postgresql.
 #[async_trait]
 pub trait DlrStore: Send + Sync + 'static {

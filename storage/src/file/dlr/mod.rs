@@ -301,12 +301,7 @@ impl DlrStore for FileDlrStore {
     /// handoff, receipt and delivery result the correlator gathered meanwhile.
     async fn apply(&self, step: DlrWrite) -> DlrWriteOutcome {
         if step.is_empty() {
-            return DlrWriteOutcome {
-                handoffs: Ok(()),
-                receipts: Ok(Vec::new()),
-                finishes: Ok(()),
-                claimed: Vec::new(),
-            };
+            return DlrWriteOutcome::committed(Vec::new(), Vec::new());
         }
         let result = self
             .run(move |i| {
@@ -327,18 +322,8 @@ impl DlrStore for FileDlrStore {
             })
             .await;
         match result {
-            Ok(matches) => DlrWriteOutcome {
-                handoffs: Ok(()),
-                receipts: Ok(matches),
-                finishes: Ok(()),
-                claimed: Vec::new(),
-            },
-            Err(e) => DlrWriteOutcome {
-                handoffs: Err(e.clone()),
-                receipts: Err(e.clone()),
-                finishes: Err(e),
-                claimed: Vec::new(),
-            },
+            Ok(matches) => DlrWriteOutcome::committed(matches, Vec::new()),
+            Err(e) => DlrWriteOutcome::failed(e),
         }
     }
 
