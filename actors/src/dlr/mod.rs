@@ -117,9 +117,9 @@ pub struct DlrState {
     last_claim: Option<(std::time::Instant, bool)>,
     /// Deliveries the steps being written may claim (counted against MAX_IN_FLIGHT).
     claimed_by_writes: usize,
-    /// Provider ids (destination, id) handed off by the steps being written, with how
+    /// Provider ids handed off by the steps being written, per destination, with how
     /// many such steps hold each.
-    writing_ids: HashMap<(String, String), usize>,
+    writing_ids: HashMap<String, HashMap<String, usize>>,
     /// Receipt batches for ids in `writing_ids`, waiting for those steps to commit.
     held_receipts: Vec<ReceiptBatch>,
 }
@@ -212,9 +212,9 @@ impl DlrState {
     fn queue_receipts(&mut self, batch: ReceiptBatch) {
         if !self.writing_ids.is_empty()
             && batch.receipts.iter().any(|r| {
-                r.keys
-                    .iter()
-                    .any(|k| self.writing_ids.contains_key(&(r.destination.clone(), k.clone())))
+                self.writing_ids
+                    .get(&r.destination)
+                    .is_some_and(|ids| r.keys.iter().any(|k| ids.contains_key(k)))
             })
         {
             self.held_receipts.push(batch);
@@ -268,23 +268,17 @@ impl DlrState {
         );
         self.writing += 1;
         // Only worth tracking where steps overlap; one writer commits them in turn.
-        let ids: Vec<(String, String)> = if self.store.write_concurrency() > 1 {
-            write
-                .handoffs
-                .iter()
-                .flat_map(|h| match &h.outcome {
-                    HandoffOutcome::Submitted { provider_keys } => provider_keys
-                        .iter()
-                        .map(|k| (h.destination.clone(), k.clone()))
-                        .collect::<Vec<_>>(),
-                    HandoffOutcome::Failed(_) => Vec::new(),
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        for id in &ids {
-            *self.writing_ids.entry(id.clone()).or_insert(0) += 1;
+        let mut ids: Vec<(String, String)> = Vec::new();
+        if self.store.write_concurrency() > 1 {
+            for h in &write.handoffs {
+                if let HandoffOutcome::Submitted { provider_keys } = &h.outcome {
+                    let held = self.writing_ids.entry(h.destination.clone()).or_default();
+                    for k in provider_keys {
+                        *held.entry(k.clone()).or_insert(0) += 1;
+                        ids.push((h.destination.clone(), k.clone()));
+                    }
+                }
+            }
         }
         let store = self.store.clone();
         let shared = self.shared.clone();
@@ -321,12 +315,18 @@ impl DlrState {
         if incarnation == self.incarnation {
             self.writing = self.writing.saturating_sub(1);
             self.claimed_by_writes = self.claimed_by_writes.saturating_sub(claim_limit);
-            for id in ids {
-                if let Some(n) = self.writing_ids.get_mut(&id) {
+            for (destination, id) in ids {
+                let Some(held) = self.writing_ids.get_mut(&destination) else {
+                    continue;
+                };
+                if let Some(n) = held.get_mut(&id) {
                     *n -= 1;
                     if *n == 0 {
-                        self.writing_ids.remove(&id);
+                        held.remove(&id);
                     }
+                }
+                if held.is_empty() {
+                    self.writing_ids.remove(&destination);
                 }
             }
         }
@@ -401,9 +401,10 @@ impl DlrState {
                 Err(e) => self.shared.health.dlr.failed("dlr", &e),
             }
         }
-        // A store that claims in its writes and stayed under the step's limit left
-        // nothing it created unclaimed: no claim round is needed for those.
-        if created && !(self.store.claims_in_writes() && outcome.claimed.len() < claim_limit) {
+        // A step that claimed fewer than it was allowed left nothing it created unclaimed
+        // (only stores that claim in their writes are allowed any): no claim round is
+        // needed for those.
+        if created && outcome.claimed.len() >= claim_limit {
             due = true;
         }
         // Claimed by the write itself: on their way now, without a claim round.

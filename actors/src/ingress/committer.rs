@@ -20,11 +20,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use sendium_storage::failpoint;
-use sendium_storage::{AdmitOutcome, MessageId, PendingRecord, PendingStore, ReceiptReservations, UnitId};
+use sendium_storage::{AdmitOutcome, MessageId, PendingRecord, UnitId};
 use tokio::sync::mpsc;
 
-use super::{Admission, AdmitRequest, ReceiptPolicy, Refusal};
-use crate::context::Shared;
+use super::{Admission, AdmitRequest, IngressArgs, ReceiptPolicy, Refusal};
 
 /// What the actor hands the writer.
 pub(super) enum Work {
@@ -51,19 +50,9 @@ pub(super) struct Gauges {
     pub to_retry: AtomicU64,
 }
 
-/// What decides admissions, fixed for the writer's life.
-pub(super) struct Policy {
-    pub shared: Arc<Shared>,
-    pub store: Arc<dyn PendingStore>,
-    pub reservations: Option<Arc<ReceiptReservations>>,
-    pub receipts: ReceiptPolicy,
-    /// False while draining: every admission is refused.
-    pub accepting: bool,
-}
-
 impl CommitterHandle {
-    /// Start the writer task.
-    pub(super) fn spawn(policy: Policy) -> Self {
+    /// Start the writer task; the Ingress's arguments decide admissions for its life.
+    pub(super) fn spawn(policy: IngressArgs) -> Self {
         let (work, rx) = mpsc::unbounded_channel();
         let gauges = Arc::new(Gauges::default());
         tokio::spawn(run(policy, rx, gauges.clone()));
@@ -103,7 +92,7 @@ struct Prepared {
     slots: Vec<Result<(MessageId, bool), Refusal>>,
 }
 
-async fn run(policy: Policy, mut rx: mpsc::UnboundedReceiver<Work>, gauges: Arc<Gauges>) {
+async fn run(policy: IngressArgs, mut rx: mpsc::UnboundedReceiver<Work>, gauges: Arc<Gauges>) {
     let mut retry: Vec<UnitId> = Vec::new();
     while let Some(first) = rx.recv().await {
         let mut requests = Vec::new();
@@ -143,7 +132,7 @@ async fn run(policy: Policy, mut rx: mpsc::UnboundedReceiver<Work>, gauges: Arc<
     }
 }
 
-impl Policy {
+impl IngressArgs {
     fn prepare(&self, req: AdmitRequest, to_store: &mut Vec<PendingRecord>) -> Prepared {
         let mut slots = Vec::with_capacity(req.records.len());
         for record in req.records {

@@ -27,7 +27,7 @@ use crate::context::Shared;
 
 mod committer;
 
-use committer::{CommitterHandle, Policy, Work};
+use committer::{CommitterHandle, Work};
 
 /// What a client is told about one submission.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,16 +180,12 @@ impl Actor for Ingress {
     ) -> Result<IngressState, ActorProcessingErr> {
         // Reachable before startup work runs: replies to what pre_start sends must not be lost.
         args.shared.dir.ingress.install(myself);
-        let committer = CommitterHandle::spawn(Policy {
-            shared: args.shared.clone(),
-            store: args.store.clone(),
-            reservations: args.reservations,
-            receipts: args.receipts,
-            accepting: args.accepting,
-        });
+        let shared = args.shared.clone();
+        let store = args.store.clone();
+        let committer = CommitterHandle::spawn(args);
         Ok(IngressState {
-            shared: args.shared,
-            store: args.store,
+            shared,
+            store,
             committer,
             expiring: Arc::new(AtomicBool::new(false)),
         })
