@@ -178,14 +178,13 @@ async fn check_profile_change(dir: &Arc<DataDir>, cfg: &Config) -> Result<(), Op
         return Ok(());
     };
     let requested = manifest_of(cfg);
-    let changed = |old: &str, new: &str| old == "file" && new != "file";
-    // The DLR store may also live in PostgreSQL, which outlives the process like a file.
-    let dlr_leaves_database = previous.dlr == "postgresql" && requested.dlr != "postgresql";
+    // A stage leaves a durable backend: a file, or (the DLR store) a PostgreSQL database,
+    // which outlives the process like a file.
+    let changed = |old: &str, new: &str| old != new && matches!(old, "file" | "postgresql");
     let at_risk = changed(&previous.pending, &requested.pending)
         || changed(&previous.router_queue, &requested.router_queue)
         || changed(&previous.routed_work, &requested.routed_work)
         || changed(&previous.dlr, &requested.dlr)
-        || dlr_leaves_database
         // With the pending stage moving, everything staged or routed goes with it.
         || (previous.pending != requested.pending && previous.pending == "file");
     if !at_risk {

@@ -147,6 +147,13 @@ pub async fn drain(cfg: &Config, timeout: Option<Duration>) -> Result<(), Stores
     crate::serve::announce_profile(&recorded);
     let gateway = Gateway::start_with(&recorded, Mode::Drain).await?;
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+    // A PostgreSQL DLR store the new profile keeps is not drained: it keeps its rows, and
+    // other gateways sharing it may never let it run dry.
+    let dlr_stays_in_database =
+        recorded.dlr.backend == DlrBackend::Postgresql && cfg.dlr.backend == DlrBackend::Postgresql;
+    // A durable DLR store is empty only when no message still waits for its provider
+    // receipts either: that is what `outstanding` (and so the next start) counts.
+    let dlr_durable = matches!(recorded.dlr.backend, DlrBackend::File | DlrBackend::Postgresql);
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let s = gateway.snapshot().await;
@@ -158,25 +165,13 @@ pub async fn drain(cfg: &Config, timeout: Option<Duration>) -> Result<(), Stores
             .unwrap_or(0);
         let staged = s.selector.as_ref().map(|x| x.staged).unwrap_or(0);
         let routed = s.router.as_ref().map(|r| r.units).unwrap_or(0);
-        let dlr = s.dlr.as_ref().and_then(|d| d.store.as_ref());
-        // A PostgreSQL DLR store the new profile keeps is not drained: it keeps its
-        // rows, and other gateways sharing it may never let it run dry.
-        let dlr_stays_in_database = recorded.dlr.backend == sendium_profiles::DlrBackend::Postgresql
-            && cfg.dlr.backend == sendium_profiles::DlrBackend::Postgresql;
-        let dlr = dlr.filter(|_| !dlr_stays_in_database);
+        let dlr = s
+            .dlr
+            .as_ref()
+            .and_then(|d| d.store.as_ref())
+            .filter(|_| !dlr_stays_in_database);
         let receipts = dlr.map(|d| d.pending_deliveries).unwrap_or(0);
-        // A durable DLR store is empty only when no message still waits for its
-        // provider receipts either: that is what `outstanding` (and so the next start)
-        // counts.
-        let awaiting = dlr
-            .filter(|_| {
-                matches!(
-                    recorded.dlr.backend,
-                    sendium_profiles::DlrBackend::File | sendium_profiles::DlrBackend::Postgresql
-                )
-            })
-            .map(|d| d.awaiting_receipts)
-            .unwrap_or(0);
+        let awaiting = dlr.filter(|_| dlr_durable).map(|d| d.awaiting_receipts).unwrap_or(0);
         println!(
             "drain: pending {pending}, router-queue {staged}, routed-work {routed}, receipts to deliver {receipts}, \
              awaiting provider receipts {awaiting}"
