@@ -252,35 +252,7 @@ async fn drain_waits_for_provider_receipts_before_leaving_a_file_dlr_store() {
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("sendium drain") && stderr.contains("dlr"), "{stderr}");
 
-    let drain = sendium_integration_tests::sendium_command()
-        .args(["drain", "--timeout", "60s", "--config"])
-        .arg(&changed_path)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    // The receipts go to the account's ESME, which binds to the draining gateway.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let rx = loop {
-        match TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Receiver).await {
-            Ok(rx) => break rx,
-            Err(e) => {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "no draining gateway to bind: {e}"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
-    let receipts = rx.wait_receipts(20, WAIT).await;
-    one_receipt_per_id(&receipts, &ids);
-    let out = tokio::task::spawn_blocking(move || drain.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}");
-    assert!(stdout.contains("drain: done"), "{stdout}");
+    let stdout = drain_delivering_receipts(&gw, &changed_path, &ids).await;
     assert!(
         stdout.contains("awaiting provider receipts 20"),
         "it waited for them: {stdout}"

@@ -82,39 +82,11 @@ async fn leaving_a_postgresql_dlr_store_that_owes_receipts_needs_a_drain() {
 
     // Drain runs the recorded profile: the receipts arrive, are matched in the database
     // and delivered to the account's ESME, which binds to the draining gateway.
-    let drain = sendium_integration_tests::sendium_command()
-        .args(["drain", "--timeout", "60s", "--config"])
-        .arg(&to_file_path)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let rx = loop {
-        match TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Receiver).await {
-            Ok(rx) => break rx,
-            Err(e) => {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "no draining gateway to bind: {e}"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
-    let receipts = rx.wait_receipts(N, WAIT).await;
-    one_receipt_per_id(&receipts, &ids);
-    let out = tokio::task::spawn_blocking(move || drain.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}");
-    assert!(stdout.contains("drain: done"), "{stdout}");
+    let stdout = drain_delivering_receipts(&gw, &to_file_path, &ids).await;
     assert!(
         stdout.contains(&format!("awaiting provider receipts {N}")),
         "it waited for the provider's receipts: {stdout}"
     );
-    drop(rx);
 
     // Nothing is owed any more: the file DLR profile starts.
     std::fs::write(gw.config_path(), &to_file).unwrap();

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use sendium_integration_tests::{GatewayProcess, Receipt, SmscConfig, SubmitSpec, TestEsme, TestSmsc};
+use sendium_integration_tests::{BindKind, GatewayProcess, Receipt, SmscConfig, SubmitSpec, TestEsme, TestSmsc};
 
 pub const WAIT: Duration = Duration::from_secs(30);
 
@@ -178,4 +178,40 @@ pub async fn submit_and_hand_off(gw: &GatewayProcess, esme: &TestEsme, n: usize,
         "sources completed after handoff"
     );
     ids
+}
+
+/// Run `sendium drain --config CONFIG` against the stopped `gw`'s data directory: bind a
+/// receiver for esme1 to the draining gateway, check it gets exactly one receipt per id,
+/// and wait for the drain to finish successfully. Its stdout.
+pub async fn drain_delivering_receipts(gw: &GatewayProcess, config: &std::path::Path, ids: &HashSet<String>) -> String {
+    let drain = sendium_integration_tests::sendium_command()
+        .args(["drain", "--timeout", "60s", "--config"])
+        .arg(config)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The receipts go to the account's ESME, which binds to the draining gateway.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let rx = loop {
+        match TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Receiver).await {
+            Ok(rx) => break rx,
+            Err(e) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no draining gateway to bind: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let receipts = rx.wait_receipts(ids.len(), WAIT).await;
+    one_receipt_per_id(&receipts, ids);
+    let out = tokio::task::spawn_blocking(move || drain.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("drain: done"), "{stdout}");
+    stdout
 }
