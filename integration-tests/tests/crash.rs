@@ -524,15 +524,16 @@ async fn load_at(addr: std::net::SocketAddr, tag: &str, n: usize) -> Vec<Sent> {
 }
 
 /// Each fires well into the load, after the first receipts came back, so completed and
-/// in-flight work both exist at the crash.
+/// in-flight work both exist at the crash. The per-batch points count batches, which
+/// grow as commits get faster: 20 of them is still mid-load with group-committed files.
 const FAILPOINTS: [&str; 7] = [
     "after-admit@25",
     "after-ack@25",
-    "mid-select-and-stage@40",
-    "after-routing@40",
-    "after-provider-submit@80",
-    "before-branch-completion@40",
-    "before-source-completion@40",
+    "mid-select-and-stage@20",
+    "after-routing@20",
+    "after-provider-submit@40",
+    "before-branch-completion@20",
+    "before-source-completion@20",
 ];
 
 /// The memory profile commits faster, so its batches are bigger and fewer: reach the

@@ -51,6 +51,8 @@ pub enum RecordKind {
     DlrOrphan,
     /// A pending downstream receipt delivery (target, outcome, creation and expiry).
     DlrDelivery,
+    /// A frame of the pending stage's admission journal: what one commit changed.
+    PendingJournalFrame,
 }
 
 impl RecordKind {
@@ -65,6 +67,7 @@ impl RecordKind {
             RecordKind::DlrTrack => "dlr track",
             RecordKind::DlrOrphan => "dlr orphan receipt",
             RecordKind::DlrDelivery => "dlr delivery",
+            RecordKind::PendingJournalFrame => "pending journal frame",
         }
     }
 
@@ -79,7 +82,8 @@ impl RecordKind {
             | RecordKind::RoutedUnit
             | RecordKind::DlrTrack
             | RecordKind::DlrOrphan
-            | RecordKind::DlrDelivery => (1, 0),
+            | RecordKind::DlrDelivery
+            | RecordKind::PendingJournalFrame => (1, 0),
         }
     }
 }
@@ -183,7 +187,7 @@ const CRC_TABLE: [u32; 256] = {
 };
 
 /// CRC-32 (IEEE 802.3), table driven.
-fn crc32(data: &[u8]) -> u32 {
+pub(crate) fn crc32(data: &[u8]) -> u32 {
     let mut c = 0xFFFF_FFFFu32;
     for &b in data {
         c = CRC_TABLE[((c ^ u32::from(b)) & 0xFF) as usize] ^ (c >> 8);

@@ -40,7 +40,7 @@ pub use dlr::{
 pub use envelope::{EnvelopeError, RecordKind};
 pub use error::{BackendFailure, DlrError, FailureKind, PendingError, RoutedWorkError, RouterQueueError, StorageError};
 pub use ids::{MessageId, ReadySeq, Timestamp, UnitId};
-pub use pending::{AdmitOutcome, Disposition, PendingStats, PendingStore, ReadyUnit, Unit};
+pub use pending::{AdmitOutcome, BlockingPendingWriter, Disposition, PendingStats, PendingStore, ReadyUnit, Unit};
 pub use record::{Address, Channel, GroupKey, PartInfo, PendingRecord};
 pub use routed_work::{
     Branch, BranchDone, BranchFailure, BranchKind, BranchOutcome, RoutedUnit, RoutedWorkStats, RoutedWorkStore,

@@ -12,6 +12,8 @@
 //! [`Disposition::Expired`], so it flows through the same pipeline to its failure
 //! receipt and source completion.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 
 use crate::backend::StageBackend;
@@ -141,4 +143,22 @@ pub trait PendingStore: Send + Sync + 'static {
     }
 
     async fn stats(&self) -> Result<PendingStats, PendingError>;
+
+    /// A writer that commits on the calling thread, for a backend whose commit blocks it
+    /// anyway (file). The Ingress then runs its writer on a thread of its own and spares
+    /// every commit the two thread hand-offs of an async call — time each client waiting
+    /// for an acknowledgement pays. `None` (the default): use [`Self::commit`].
+    fn blocking_writer(&self) -> Option<Arc<dyn BlockingPendingWriter>> {
+        None
+    }
+}
+
+/// [`PendingStore::commit`] as a blocking call (see [`PendingStore::blocking_writer`]).
+/// Never call it on an async runtime's worker thread.
+pub trait BlockingPendingWriter: Send + Sync + 'static {
+    fn commit(&self, admit: Vec<PendingRecord>, complete: &[UnitId]) -> Result<Vec<AdmitOutcome>, PendingError>;
+
+    /// Nothing has been handed to the writer for a while: do deferred work now, while
+    /// no client waits for it (the file store checkpoints its journal).
+    fn idle(&self) {}
 }

@@ -46,20 +46,30 @@ impl FaultBackend {
         })
     }
 
-    /// A write or an extension of the file: ENOSPC when the disk is "full".
     fn check_space(&self) -> io::Result<()> {
-        if failpoint::error("disk-full") || self.faults.full.load(Ordering::Relaxed) {
-            return Err(io::Error::from(rustix::io::Errno::NOSPC));
-        }
-        self.check_io()
+        check_space(&self.faults)
     }
 
     fn check_io(&self) -> io::Result<()> {
-        if failpoint::error("disk-io-error") || self.faults.io.load(Ordering::Relaxed) {
-            return Err(io::Error::other("injected I/O error (failpoint disk-io-error)"));
-        }
-        Ok(())
+        check_io(&self.faults)
     }
+}
+
+/// Before a write or an extension of a store file (redb's or the pending journal):
+/// ENOSPC when the disk is "full".
+pub(crate) fn check_space(faults: &FaultSwitch) -> io::Result<()> {
+    if failpoint::error("disk-full") || faults.full.load(Ordering::Relaxed) {
+        return Err(io::Error::from(rustix::io::Errno::NOSPC));
+    }
+    check_io(faults)
+}
+
+/// Before any other I/O call: the injected generic I/O error.
+pub(crate) fn check_io(faults: &FaultSwitch) -> io::Result<()> {
+    if failpoint::error("disk-io-error") || faults.io.load(Ordering::Relaxed) {
+        return Err(io::Error::other("injected I/O error (failpoint disk-io-error)"));
+    }
+    Ok(())
 }
 
 impl StorageBackend for FaultBackend {
@@ -79,7 +89,7 @@ impl StorageBackend for FaultBackend {
 
     fn sync_data(&self) -> Result<(), io::Error> {
         self.check_io()?;
-        FSYNCS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        count_fsync();
         self.inner.sync_data()
     }
 
@@ -122,6 +132,10 @@ impl StorageBackend for FaultBackend {
 /// `sendium_storage_fsyncs_total`: fsyncs per acknowledged message is how group commit
 /// is judged).
 static FSYNCS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+pub(crate) fn count_fsync() {
+    FSYNCS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
 
 /// fdatasync calls so far, all store files together.
 pub fn fsyncs() -> u64 {

@@ -120,6 +120,8 @@ pub(crate) enum Fail {
         table: &'static str,
         detail: String,
     },
+    /// A failure already located elsewhere (the pending journal's file).
+    Located(BackendFailure),
 }
 
 macro_rules! from_redb {
@@ -193,6 +195,10 @@ fn latches(err: &redb::Error) -> bool {
 /// Creates the file's tables, checks its layout, spot-checks its records.
 pub(crate) type InitFn = fn(&WriteTransaction) -> Result<(), Fail>;
 
+/// Runs after `init` on every (re)open, before the database is handed to any caller:
+/// the pending stage replays its journal here.
+pub(crate) type RecoverFn = Box<dyn Fn(&Database) -> Result<(), Fail> + Send + Sync>;
+
 /// One open redb file.
 pub(crate) struct StoreFile {
     dir: Arc<DataDir>,
@@ -200,6 +206,7 @@ pub(crate) struct StoreFile {
     location: String,
     options: FileOptions,
     init: InitFn,
+    recover: Option<RecoverFn>,
     pub(crate) faults: Arc<FaultSwitch>,
     /// `None` only between closing a failed handle and reopening it.
     db: RwLock<Option<Arc<Database>>>,
@@ -216,6 +223,18 @@ impl StoreFile {
         options: FileOptions,
         init: InitFn,
     ) -> Result<StoreFile, BackendFailure> {
+        Self::open_with(dir, name, options, init, Arc::new(FaultSwitch::default()), None)
+    }
+
+    /// [`open`](Self::open) with the fault switches to use and a recovery step.
+    pub(crate) fn open_with(
+        dir: &Arc<DataDir>,
+        name: &str,
+        options: FileOptions,
+        init: InitFn,
+        faults: Arc<FaultSwitch>,
+        recover: Option<RecoverFn>,
+    ) -> Result<StoreFile, BackendFailure> {
         let path = dir.path().join(name);
         let file = StoreFile {
             dir: dir.clone(),
@@ -223,7 +242,8 @@ impl StoreFile {
             path,
             options,
             init,
-            faults: Arc::new(FaultSwitch::default()),
+            recover,
+            faults,
             db: RwLock::new(None),
             broken: Mutex::new(None),
         };
@@ -272,6 +292,9 @@ impl StoreFile {
             txn.set_quick_repair(self.options.quick_repair);
             (self.init)(&txn)?;
             txn.commit()?;
+            if let Some(recover) = &self.recover {
+                recover(&db)?;
+            }
             Ok(db)
         }));
         let db = match opened {
@@ -316,6 +339,7 @@ impl StoreFile {
                 format!("{} table {table}", self.location),
                 detail,
             ),
+            Fail::Located(failure) => failure,
         }
     }
 
@@ -379,13 +403,24 @@ impl StoreFile {
         durability: Durability,
         f: impl FnOnce(&WriteTransaction) -> Result<(R, bool), Fail>,
     ) -> Result<R, BackendFailure> {
+        self.write_txn(|txn| {
+            txn.set_durability(durability)?;
+            f(txn)
+        })
+    }
+
+    /// [`write`](Self::write) where `f` sets the durability itself (before opening any
+    /// table), for a store that decides it per transaction.
+    pub(crate) fn write_txn<R>(
+        &self,
+        f: impl FnOnce(&mut WriteTransaction) -> Result<(R, bool), Fail>,
+    ) -> Result<R, BackendFailure> {
         let db = self.database()?;
         let quick_repair = self.options.quick_repair;
         let run = || -> Result<R, Fail> {
             let mut txn = db.begin_write()?;
-            txn.set_durability(durability)?;
             txn.set_quick_repair(quick_repair);
-            let (out, changed) = f(&txn)?;
+            let (out, changed) = f(&mut txn)?;
             if changed {
                 txn.commit()?;
             } else {
@@ -406,9 +441,15 @@ impl StoreFile {
         run().map_err(|e| self.failure(e))
     }
 
+    /// Have the next call close and reopen the file (and so run its recovery step):
+    /// what redb holds in memory is no longer what the store promised.
+    pub(crate) fn invalidate(&self, kind: FailureKind) {
+        self.broken.lock().get_or_insert(kind);
+    }
+
     /// A panic inside the storage engine: redb may panic on data altered behind its
     /// back, so the file is treated as untrusted and the handle reopened on next use.
-    fn panicked(&self) -> BackendFailure {
+    pub(crate) fn panicked(&self) -> BackendFailure {
         *self.broken.lock() = Some(FailureKind::Corrupt);
         BackendFailure::new(
             FailureKind::Corrupt,

@@ -28,6 +28,9 @@ use crate::error::{BackendFailure, FailureKind};
 /// File names inside the data directory.
 pub const LOCK_FILE: &str = "LOCK";
 pub const PENDING_FILE: &str = "pending.redb";
+/// The pending stage's admission journal (see `file::journal`): acknowledged admissions
+/// not yet checkpointed into `pending.redb`.
+pub const PENDING_JOURNAL_FILE: &str = "pending.journal";
 pub const ROUTER_QUEUE_FILE: &str = "router-queue.redb";
 pub const ROUTED_WORK_FILE: &str = "routed-work.redb";
 /// Reserved for the file DLR store.
@@ -91,6 +94,10 @@ impl DataDir {
 
     pub fn pending_path(&self) -> PathBuf {
         self.path.join(PENDING_FILE)
+    }
+
+    pub fn pending_journal_path(&self) -> PathBuf {
+        self.path.join(PENDING_JOURNAL_FILE)
     }
 
     pub fn router_queue_path(&self) -> PathBuf {

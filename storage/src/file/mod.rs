@@ -16,9 +16,10 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Durability: `admit`, pending `complete`, `expire_groups`, router-queue `stage`,
-//! routed-work `record` and `complete` commit with `Durability::Immediate` (one
-//! `fdatasync` per call, never per record). Router-queue `release` and routed-work
+//! Durability: pending `admit` and `complete` are durable through the pending journal
+//! (one frame and one `fdatasync` per call, see [`journal`]); `expire_groups`,
+//! router-queue `stage`, routed-work `record` and `complete` commit with
+//! `Durability::Immediate` (one `fdatasync` per call, never per record). Router-queue `release` and routed-work
 //! `remove` commit with `Durability::None`: their loss in a crash is repaired by
 //! reconciliation (see those methods). SIGKILL tests prove crash recovery; the fsync on
 //! every durable commit is what carries the power-loss promise.
@@ -27,6 +28,7 @@ pub(crate) mod backend;
 pub(crate) mod db;
 pub mod dir;
 mod dlr;
+mod journal;
 pub mod manifest;
 mod pending;
 pub(crate) mod records;

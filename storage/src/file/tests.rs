@@ -263,6 +263,13 @@ fn run_child(
     out.status
 }
 
+/// Run a child mode that writes `expected.txt` and SIGKILLs itself; returns the file.
+fn run_child_until_killed(mode: &str, dir: &Path) -> String {
+    let status = run_child("file::tests::child_process", mode, dir, &[], killed);
+    assert!(killed(status), "child should die by SIGKILL: {status:?}");
+    std::fs::read_to_string(dir.join("expected.txt")).unwrap()
+}
+
 fn succeeded(status: std::process::ExitStatus) -> bool {
     status.success()
 }
@@ -310,6 +317,54 @@ fn child_process() {
             s.rw.remove(&[w.removed]).await.unwrap();
             sigkill_self();
         }),
+        "journal-then-kill" => rt.block_on(async {
+            let dir = Arc::new(DataDir::open(&dir).unwrap());
+            let store = FilePendingStore::open(&dir, small_limits(40)).unwrap();
+            let commits = journaled_commits(&store).await;
+            std::fs::write(dir.path().join("expected.txt"), pending_snapshot(&store).await).unwrap();
+            std::fs::write(dir.path().join("after-checkpoint.txt"), commits.to_string()).unwrap();
+            sigkill_self();
+        }),
+        "idle-then-kill" => rt.block_on(async {
+            use crate::pending::BlockingPendingWriter;
+            let dir = Arc::new(DataDir::open(&dir).unwrap());
+            let store = FilePendingStore::open(&dir, limits()).unwrap();
+            for _ in 0..5 {
+                BlockingPendingWriter::commit(&store, msg_batch(10), &[]).unwrap();
+            }
+            assert!(store.journal_position() > 0);
+            store.idle();
+            assert_eq!(store.journal_position(), 0, "the idle checkpoint restarted the journal");
+            std::fs::write(dir.path().join("expected.txt"), pending_snapshot(&store).await).unwrap();
+            sigkill_self();
+        }),
+        "checkpoint-then-kill" => rt.block_on(async {
+            let dir = Arc::new(DataDir::open(&dir).unwrap());
+            let store = FilePendingStore::open(&dir, limits()).unwrap();
+            // Commits of ~100 KiB (2 KiB bodies), a checkpoint due after 256 KiB: one in
+            // every four commits is durable in redb, the others only in the journal.
+            store.set_checkpoints(256 << 10, LONG);
+            let body = "x".repeat(2048);
+            let (mut commits, mut checkpoints, mut since) = (0, 0, 0);
+            while commits < 40 || since < 2 {
+                let batch: Vec<_> = (0..50).map(|i| record("a", &i.to_string(), &body)).collect();
+                store.admit(batch).await.unwrap();
+                commits += 1;
+                if store.journal_position() == 0 {
+                    checkpoints += 1;
+                    since = 0;
+                } else {
+                    since += 1;
+                }
+            }
+            std::fs::write(dir.path().join("expected.txt"), pending_snapshot(&store).await).unwrap();
+            std::fs::write(
+                dir.path().join("counts.txt"),
+                format!("{commits} {checkpoints} {since}"),
+            )
+            .unwrap();
+            sigkill_self();
+        }),
         "disk-full-failpoint" => rt.block_on(async {
             crate::failpoint::init_from_env().unwrap();
             let dir = Arc::new(DataDir::open(&dir).unwrap());
@@ -330,7 +385,11 @@ fn child_process() {
             };
             let f = crate::StorageError::from(err.clone());
             assert_eq!(f.failure().kind, FailureKind::Full, "{err}");
-            assert!(f.failure().location.ends_with("pending.redb"), "{err}");
+            let location = &f.failure().location;
+            assert!(
+                location.ends_with("pending.journal") || location.ends_with("pending.redb"),
+                "{err}"
+            );
             // The disk stays full: admission keeps failing closed.
             assert!(store.admit(vec![record("a", "1", "x")]).await.is_err());
             std::fs::write(dir.path().join("admitted.txt"), admitted.to_string()).unwrap();
@@ -371,15 +430,7 @@ fn child_process() {
 #[test]
 fn every_stage_survives_sigkill_and_lost_cleanup_is_harmless() {
     let tmp = tempfile::tempdir().unwrap();
-    let status = run_child(
-        "file::tests::child_process",
-        "populate-then-kill",
-        tmp.path(),
-        &[],
-        killed,
-    );
-    assert!(killed(status), "child should die by SIGKILL: {status:?}");
-    let expected = std::fs::read_to_string(tmp.path().join("expected.txt")).unwrap();
+    let expected = run_child_until_killed("populate-then-kill", tmp.path());
     let ids = std::fs::read_to_string(tmp.path().join("ids.txt")).unwrap();
     let ids: Vec<MessageId> = ids.lines().map(|l| l.parse().unwrap()).collect();
     let rt = runtime();
@@ -425,6 +476,178 @@ fn every_stage_survives_sigkill_and_lost_cleanup_is_harmless() {
         s.rw.remove(&[w.removed]).await.unwrap();
         assert_eq!(s.rq.stats().await.unwrap().staged, 3);
         assert_eq!(s.rw.stats().await.unwrap().units, 2);
+    });
+}
+
+fn small_limits(max_records: u64) -> PendingLimits {
+    PendingLimits {
+        max_records,
+        ..PendingLimits::default()
+    }
+}
+
+/// Everything observable through the pending store, as text.
+async fn pending_snapshot(s: &FilePendingStore) -> String {
+    let ready = s.ready_after(ReadySeq(0), usize::MAX).await.unwrap();
+    format!("ready={ready:?}\nstats={:?}\n", s.stats().await.unwrap())
+}
+
+/// Commits of every kind the journal records — admissions with and without
+/// idempotency keys (and their duplicates), multipart parts completing a group and
+/// leaving one open, source completions, admissions refused by a full store — then,
+/// after a pause that makes the next commit a checkpoint, more of them. Returns how
+/// many commits followed the checkpoint (all journaled, none durable in redb).
+async fn journaled_commits(s: &FilePendingStore) -> usize {
+    let mut keyed = record("esme1", "447700900001", "with key");
+    keyed.idempotency_key = Some("key-1".into());
+    let mut again = record("esme1", "447700900001", "retried");
+    again.idempotency_key = Some("key-1".into());
+    let out = s.admit(vec![keyed.clone(), again]).await.unwrap();
+    assert_eq!(out[1], AdmitOutcome::Duplicate { existing: keyed.id });
+    s.admit(vec![part("esme1", "447700900004", 77, 2, 1, LONG)])
+        .await
+        .unwrap();
+    s.admit(vec![part("esme1", "447700900004", 77, 2, 2, LONG)])
+        .await
+        .unwrap();
+    s.admit(vec![part("esme1", "447700900005", 78, 3, 1, LONG)])
+        .await
+        .unwrap();
+    for i in 0..5 {
+        s.admit(msg_batch(3 + i)).await.unwrap();
+    }
+    let first = s.ready_after(ReadySeq(0), 2).await.unwrap();
+    s.complete(&[first[0].unit.id]).await.unwrap();
+    // Past the journal's age limit: the next commit is a durable checkpoint.
+    tokio::time::sleep(super::journal::CHECKPOINT_AFTER + Duration::from_millis(100)).await;
+    s.admit(msg_batch(2)).await.unwrap();
+    let mut after = 0;
+    let ready = s.ready_after(ReadySeq(0), 3).await.unwrap();
+    s.complete(&[ready[1].unit.id]).await.unwrap();
+    after += 1;
+    s.admit(vec![part("esme1", "447700900005", 78, 3, 2, LONG)])
+        .await
+        .unwrap();
+    after += 1;
+    let mut late = record("esme1", "447700900009", "late key");
+    late.idempotency_key = Some("key-2".into());
+    s.admit(vec![late]).await.unwrap();
+    after += 1;
+    // Fills the store to its limit of 40: some admitted, the rest refused as full.
+    let out = s.admit(msg_batch(30)).await.unwrap();
+    assert!(
+        out.contains(&AdmitOutcome::Full) && out.contains(&AdmitOutcome::Admitted),
+        "{out:?}"
+    );
+    after += 1;
+    after
+}
+
+#[test]
+fn journaled_commits_survive_sigkill_with_the_live_process_decisions() {
+    let tmp = tempfile::tempdir().unwrap();
+    let expected = run_child_until_killed("journal-then-kill", tmp.path());
+    let after: usize = std::fs::read_to_string(tmp.path().join("after-checkpoint.txt"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    runtime().block_on(async {
+        let dir = Arc::new(DataDir::open(tmp.path()).unwrap());
+        // A smaller limit than the child's: the replay applies what was admitted, it
+        // does not decide again.
+        let s = FilePendingStore::open(&dir, small_limits(5)).unwrap();
+        assert_eq!(
+            s.replayed_frames(),
+            after,
+            "exactly the commits after the checkpoint came from the journal"
+        );
+        assert_eq!(pending_snapshot(&s).await, expected);
+        // A clean reopen replays nothing again: the recovery checkpointed.
+        drop(s);
+        let s = FilePendingStore::open(&dir, small_limits(5)).unwrap();
+        assert_eq!(s.replayed_frames(), 0);
+        assert_eq!(pending_snapshot(&s).await, expected);
+    });
+}
+
+#[test]
+fn a_journal_past_its_size_limit_is_checkpointed_and_nothing_is_lost() {
+    let tmp = tempfile::tempdir().unwrap();
+    let expected = run_child_until_killed("checkpoint-then-kill", tmp.path());
+    runtime().block_on(async {
+        let dir = Arc::new(DataDir::open(tmp.path()).unwrap());
+        let counts = std::fs::read_to_string(tmp.path().join("counts.txt")).unwrap();
+        let [commits, checkpoints, since]: [usize; 3] = counts
+            .split(' ')
+            .map(|n| n.parse().unwrap())
+            .collect::<Vec<_>>()
+            .try_into()
+            .unwrap();
+        assert!(checkpoints >= 5, "size checkpoints ran: {counts}");
+        let s = FilePendingStore::open(&dir, limits()).unwrap();
+        assert_eq!(s.stats().await.unwrap().records, commits as u64 * 50);
+        assert_eq!(
+            s.replayed_frames(),
+            since,
+            "exactly the commits after the last checkpoint came from the journal"
+        );
+        assert_eq!(pending_snapshot(&s).await, expected);
+    });
+}
+
+#[test]
+fn an_idle_checkpoint_makes_the_journaled_commits_durable_in_redb() {
+    let tmp = tempfile::tempdir().unwrap();
+    let expected = run_child_until_killed("idle-then-kill", tmp.path());
+    runtime().block_on(async {
+        let dir = Arc::new(DataDir::open(tmp.path()).unwrap());
+        let s = FilePendingStore::open(&dir, limits()).unwrap();
+        assert_eq!(s.replayed_frames(), 0, "nothing was left to replay");
+        assert_eq!(s.stats().await.unwrap().records, 50);
+        assert_eq!(pending_snapshot(&s).await, expected);
+    });
+}
+
+#[test]
+fn a_reopen_after_a_failure_replays_the_journal_before_anyone_reads() {
+    let tmp = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let dir = Arc::new(DataDir::open(tmp.path()).unwrap());
+        let s = FilePendingStore::open(&dir, limits()).unwrap();
+        s.admit(msg_batch(10)).await.unwrap();
+        s.admit(msg_batch(10)).await.unwrap();
+        let before = pending_snapshot(&s).await;
+        s.invalidate();
+        // This read reopens the file: what redb had only in memory must be back.
+        assert_eq!(pending_snapshot(&s).await, before);
+        s.admit(msg_batch(1)).await.unwrap();
+        assert_eq!(s.stats().await.unwrap().records, 21);
+    });
+}
+
+#[test]
+fn a_failed_journal_write_acknowledges_nothing_and_the_next_commit_is_durable() {
+    let tmp = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let dir = Arc::new(DataDir::open(tmp.path()).unwrap());
+        let s = FilePendingStore::open(&dir, limits()).unwrap();
+        s.admit(msg_batch(10)).await.unwrap();
+        s.faults().io.store(true, std::sync::atomic::Ordering::Relaxed);
+        let err = s.admit(msg_batch(5)).await.unwrap_err();
+        let f = crate::StorageError::from(err).failure().clone();
+        assert!(f.location.ends_with("pending.journal"), "{f}");
+        s.faults().io.store(false, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(s.stats().await.unwrap().records, 10, "the refused batch is not stored");
+        let fsyncs = super::fsyncs();
+        s.admit(msg_batch(3)).await.unwrap();
+        assert!(
+            super::fsyncs() - fsyncs >= 2,
+            "the commit after a journal failure is a durable redb commit (quick-repair: two fsyncs)"
+        );
+        s.admit(msg_batch(2)).await.unwrap();
+        drop(s);
+        let s = FilePendingStore::open(&dir, limits()).unwrap();
+        assert_eq!(s.stats().await.unwrap().records, 15);
     });
 }
 
@@ -575,7 +798,9 @@ fn a_full_disk_fails_closed_and_recovers_when_space_returns() {
             let err = s.admit(vec![record("a", "1", "refused")]).await.unwrap_err();
             let f = crate::StorageError::from(err).failure().clone();
             assert_eq!(f.kind, FailureKind::Full, "{f}");
-            assert_eq!(f.location, dir.pending_path().display().to_string());
+            // The journal's append or the checkpoint's redb commit, whichever met the disk.
+            let files = [dir.pending_journal_path(), dir.pending_path()].map(|p| p.display().to_string());
+            assert!(files.contains(&f.location), "{f}");
         }
         // Reads fail too while the file cannot be reopened: readiness goes false.
         assert!(s.stats().await.is_err());
