@@ -1,7 +1,8 @@
-//! The pending stage's writer: a task that group-commits admissions and source
-//! completions and answers the waiting clients itself.
+//! The pending stage's writer: a task (or, for a store whose commit blocks, a thread)
+//! that group-commits admissions and source completions and answers the waiting
+//! clients itself.
 //!
-//! # Why a task beside the actor
+//! # Why a writer beside the actor
 //!
 //! An acknowledgement waits for a commit, and a client arriving during a commit waits
 //! for that one and then its own, so the time between two commits is latency every
@@ -12,6 +13,11 @@
 //! channel; what bounds it is the clients' own windows (SMPP window, HTTP concurrency),
 //! each of which waits for its answer.
 //!
+//! A file store commits with blocking calls (a journal `fdatasync`); through the async
+//! API each commit would be two thread hand-offs (to the blocking pool and back), which
+//! on a busy machine cost as much as the commit. Its writer is therefore a thread of its
+//! own that waits on the channel, commits, and answers, with no hand-off at all.
+//!
 //! When the Ingress actor stops (or is restarted by the supervisor) its handle is
 //! dropped; the writer still commits and answers what was already handed to it, then
 //! ends. Nothing handed over is dropped unanswered.
@@ -20,7 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use sendium_storage::failpoint;
-use sendium_storage::{AdmitOutcome, MessageId, PendingRecord, UnitId};
+use sendium_storage::{AdmitOutcome, BlockingPendingWriter, MessageId, PendingRecord, UnitId};
 use tokio::sync::mpsc;
 
 use super::{Admission, AdmitRequest, IngressArgs, ReceiptPolicy, Refusal};
@@ -51,11 +57,29 @@ pub(super) struct Gauges {
 }
 
 impl CommitterHandle {
-    /// Start the writer task; the Ingress's arguments decide admissions for its life.
+    /// Start the writer; the Ingress's arguments decide admissions for its life. With a
+    /// store that commits on the calling thread (file) the writer is a thread of its
+    /// own, otherwise a task.
     pub(super) fn spawn(policy: IngressArgs) -> Self {
         let (work, rx) = mpsc::unbounded_channel();
         let gauges = Arc::new(Gauges::default());
-        tokio::spawn(run(policy, rx, gauges.clone()));
+        match policy.store.blocking_writer() {
+            Some(writer) => {
+                let g = gauges.clone();
+                let runtime = tokio::runtime::Handle::current();
+                let spawned = std::thread::Builder::new()
+                    .name("pending-writer".into())
+                    .spawn(move || run_on_thread(policy, writer, rx, g, &runtime));
+                if let Err(e) = spawned {
+                    // The work channel is closed with the closure: the actor's first
+                    // hand-over fails and the supervisor restarts it (and tries again).
+                    tracing::error!(error = %e, "cannot start the pending writer thread");
+                }
+            }
+            None => {
+                tokio::spawn(run(policy, rx, gauges.clone()));
+            }
+        }
         Self { work, gauges }
     }
 
@@ -92,43 +116,124 @@ struct Prepared {
     slots: Vec<Result<(MessageId, bool), Refusal>>,
 }
 
-async fn run(policy: IngressArgs, mut rx: mpsc::UnboundedReceiver<Work>, gauges: Arc<Gauges>) {
-    let mut retry: Vec<UnitId> = Vec::new();
-    while let Some(first) = rx.recv().await {
-        let mut requests = Vec::new();
-        let mut records = Vec::new();
-        let mut completed = Vec::new();
-        let mut take = |work: Work, retry: &mut Vec<UnitId>| match work {
+/// One store write: what was taken from the channel, with what was decided before.
+struct Batch {
+    requests: Vec<Prepared>,
+    records: Vec<PendingRecord>,
+    completed: Vec<UnitId>,
+}
+
+impl Batch {
+    /// `first` and everything else waiting in the channel (completions to retry
+    /// included if asked for). `None` if it all came to nothing to write or answer.
+    fn gather(
+        policy: &IngressArgs,
+        first: Work,
+        rx: &mut mpsc::UnboundedReceiver<Work>,
+        retry: &mut Vec<UnitId>,
+        gauges: &Gauges,
+    ) -> Option<Batch> {
+        let mut batch = Batch {
+            requests: Vec::new(),
+            records: Vec::new(),
+            completed: Vec::new(),
+        };
+        let mut take = |work: Work, batch: &mut Batch| match work {
             Work::Admit(req) => {
                 gauges.waiting.fetch_sub(1, Ordering::Relaxed);
-                requests.push(policy.prepare(req, &mut records));
+                batch.requests.push(policy.prepare(req, &mut batch.records));
             }
-            Work::Complete(ids) => completed.extend(ids),
-            Work::Retry => completed.append(retry),
+            Work::Complete(ids) => batch.completed.extend(ids),
+            Work::Retry => batch.completed.append(retry),
         };
-        take(first, &mut retry);
+        take(first, &mut batch);
         while let Ok(work) = rx.try_recv() {
-            take(work, &mut retry);
+            take(work, &mut batch);
         }
-        if requests.is_empty() && completed.is_empty() {
-            continue;
+        if batch.requests.is_empty() && batch.completed.is_empty() {
+            return None;
         }
         gauges.committing.store(true, Ordering::Relaxed);
-        if !completed.is_empty() {
+        if !batch.completed.is_empty() {
             failpoint::hit("before-source-completion");
         }
-        let result = if records.is_empty() && completed.is_empty() {
-            Ok(Vec::new())
-        } else {
-            policy.store.commit(records, &completed).await
-        };
+        Some(batch)
+    }
+
+    /// Whether there is anything for the store (refused requests only need answers).
+    fn writes(&self) -> bool {
+        !self.records.is_empty() || !self.completed.is_empty()
+    }
+
+    /// Answer the clients and pass the completions on.
+    fn settle(
+        self,
+        policy: &IngressArgs,
+        result: Result<Vec<AdmitOutcome>, sendium_storage::PendingError>,
+        retry: &mut Vec<UnitId>,
+        gauges: &Gauges,
+    ) {
         // Stored (or not) but nobody has been told yet.
         failpoint::hit("after-admit");
-        if let Some(failed) = policy.finish(requests, completed, result) {
+        if let Some(failed) = policy.finish(self.requests, self.completed, result) {
             retry.extend(failed);
         }
         gauges.to_retry.store(retry.len() as u64, Ordering::Relaxed);
         gauges.committing.store(false, Ordering::Relaxed);
+    }
+}
+
+async fn run(policy: IngressArgs, mut rx: mpsc::UnboundedReceiver<Work>, gauges: Arc<Gauges>) {
+    let mut retry: Vec<UnitId> = Vec::new();
+    while let Some(first) = rx.recv().await {
+        let Some(mut batch) = Batch::gather(&policy, first, &mut rx, &mut retry, &gauges) else {
+            continue;
+        };
+        let result = if batch.writes() {
+            let records = std::mem::take(&mut batch.records);
+            policy.store.commit(records, &batch.completed).await
+        } else {
+            Ok(Vec::new())
+        };
+        batch.settle(&policy, result, &mut retry, &gauges);
+    }
+}
+
+/// How long the writer thread waits for work before it calls the store's
+/// [`BlockingPendingWriter::idle`] (once per quiet spell).
+const WRITER_IDLE: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// [`run`] on a thread of its own, committing with a blocking call.
+fn run_on_thread(
+    policy: IngressArgs,
+    writer: Arc<dyn BlockingPendingWriter>,
+    mut rx: mpsc::UnboundedReceiver<Work>,
+    gauges: Arc<Gauges>,
+    runtime: &tokio::runtime::Handle,
+) {
+    let mut retry: Vec<UnitId> = Vec::new();
+    loop {
+        // The timer is made inside `block_on`: it needs the runtime's context.
+        let next = match runtime.block_on(async { tokio::time::timeout(WRITER_IDLE, rx.recv()).await }) {
+            Ok(next) => next,
+            Err(_) => {
+                writer.idle();
+                rx.blocking_recv()
+            }
+        };
+        let Some(first) = next else {
+            break;
+        };
+        let Some(mut batch) = Batch::gather(&policy, first, &mut rx, &mut retry, &gauges) else {
+            continue;
+        };
+        let result = if batch.writes() {
+            let records = std::mem::take(&mut batch.records);
+            writer.commit(records, &batch.completed)
+        } else {
+            Ok(Vec::new())
+        };
+        batch.settle(&policy, result, &mut retry, &gauges);
     }
 }
 
