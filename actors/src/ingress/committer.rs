@@ -123,20 +123,49 @@ struct Batch {
     completed: Vec<UnitId>,
 }
 
+/// Source completions beside admissions in one commit: this many, plus
+/// [`COMPLETIONS_PER_ADMISSION`] per admitted record. Removing a source costs about what
+/// storing one does, and a client waiting for its acknowledgement should not wait for a
+/// burst of completions; in steady traffic completions arrive as fast as admissions, so
+/// the share keeps up. A commit with no client waiting takes every completion.
+const COMPLETIONS_BESIDE_ADMISSIONS: usize = 64;
+const COMPLETIONS_PER_ADMISSION: usize = 2;
+
+/// Split off the completions beyond a commit's share (none when no client waits).
+fn beyond_share(completed: &mut Vec<UnitId>, clients_wait: bool, records: usize) -> Vec<UnitId> {
+    let share = COMPLETIONS_BESIDE_ADMISSIONS + COMPLETIONS_PER_ADMISSION * records;
+    if clients_wait && completed.len() > share {
+        completed.split_off(share)
+    } else {
+        Vec::new()
+    }
+}
+
+/// What the writer keeps between commits.
+#[derive(Default)]
+struct Backlog {
+    /// Completions a failed commit could not write (retried on the actor's tick).
+    retry: Vec<UnitId>,
+    /// Completions beyond the last commit's share: written next, without waiting for
+    /// new work.
+    carried: Vec<UnitId>,
+}
+
 impl Batch {
-    /// `first` and everything else waiting in the channel (completions to retry
-    /// included if asked for). `None` if it all came to nothing to write or answer.
+    /// The carried completions, `first` and everything else waiting in the channel
+    /// (completions to retry included if asked for). `None` if it all came to nothing
+    /// to write or answer.
     fn gather(
         policy: &IngressArgs,
-        first: Work,
+        first: Option<Work>,
         rx: &mut mpsc::UnboundedReceiver<Work>,
-        retry: &mut Vec<UnitId>,
+        backlog: &mut Backlog,
         gauges: &Gauges,
     ) -> Option<Batch> {
         let mut batch = Batch {
             requests: Vec::new(),
             records: Vec::new(),
-            completed: Vec::new(),
+            completed: std::mem::take(&mut backlog.carried),
         };
         let mut take = |work: Work, batch: &mut Batch| match work {
             Work::Admit(req) => {
@@ -144,12 +173,15 @@ impl Batch {
                 batch.requests.push(policy.prepare(req, &mut batch.records));
             }
             Work::Complete(ids) => batch.completed.extend(ids),
-            Work::Retry => batch.completed.append(retry),
+            Work::Retry => batch.completed.append(&mut backlog.retry),
         };
-        take(first, &mut batch);
+        if let Some(first) = first {
+            take(first, &mut batch);
+        }
         while let Ok(work) = rx.try_recv() {
             take(work, &mut batch);
         }
+        backlog.carried = beyond_share(&mut batch.completed, !batch.requests.is_empty(), batch.records.len());
         if batch.requests.is_empty() && batch.completed.is_empty() {
             return None;
         }
@@ -170,23 +202,31 @@ impl Batch {
         self,
         policy: &IngressArgs,
         result: Result<Vec<AdmitOutcome>, sendium_storage::PendingError>,
-        retry: &mut Vec<UnitId>,
+        backlog: &mut Backlog,
         gauges: &Gauges,
     ) {
         // Stored (or not) but nobody has been told yet.
         failpoint::hit("after-admit");
         if let Some(failed) = policy.finish(self.requests, self.completed, result) {
-            retry.extend(failed);
+            backlog.retry.extend(failed);
         }
-        gauges.to_retry.store(retry.len() as u64, Ordering::Relaxed);
+        gauges.to_retry.store(backlog.retry.len() as u64, Ordering::Relaxed);
         gauges.committing.store(false, Ordering::Relaxed);
     }
 }
 
 async fn run(policy: IngressArgs, mut rx: mpsc::UnboundedReceiver<Work>, gauges: Arc<Gauges>) {
-    let mut retry: Vec<UnitId> = Vec::new();
-    while let Some(first) = rx.recv().await {
-        let Some(mut batch) = Batch::gather(&policy, first, &mut rx, &mut retry, &gauges) else {
+    let mut backlog = Backlog::default();
+    loop {
+        let first = if backlog.carried.is_empty() {
+            match rx.recv().await {
+                Some(work) => Some(work),
+                None => break,
+            }
+        } else {
+            None
+        };
+        let Some(mut batch) = Batch::gather(&policy, first, &mut rx, &mut backlog, &gauges) else {
             continue;
         };
         let result = if batch.writes() {
@@ -195,13 +235,14 @@ async fn run(policy: IngressArgs, mut rx: mpsc::UnboundedReceiver<Work>, gauges:
         } else {
             Ok(Vec::new())
         };
-        batch.settle(&policy, result, &mut retry, &gauges);
+        batch.settle(&policy, result, &mut backlog, &gauges);
     }
 }
 
 /// How long the writer thread waits for work before it calls the store's
-/// [`BlockingPendingWriter::idle`] (once per quiet spell).
-const WRITER_IDLE: std::time::Duration = std::time::Duration::from_millis(20);
+/// [`BlockingPendingWriter::idle`] (once per quiet spell). Long enough that a short
+/// pause in traffic does not start a checkpoint that the next burst would wait for.
+const WRITER_IDLE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// [`run`] on a thread of its own, committing with a blocking call.
 fn run_on_thread(
@@ -211,20 +252,25 @@ fn run_on_thread(
     gauges: Arc<Gauges>,
     runtime: &tokio::runtime::Handle,
 ) {
-    let mut retry: Vec<UnitId> = Vec::new();
+    let mut backlog = Backlog::default();
     loop {
-        // The timer is made inside `block_on`: it needs the runtime's context.
-        let next = match runtime.block_on(async { tokio::time::timeout(WRITER_IDLE, rx.recv()).await }) {
-            Ok(next) => next,
-            Err(_) => {
-                writer.idle();
-                rx.blocking_recv()
+        let first = if backlog.carried.is_empty() {
+            // The timer is made inside `block_on`: it needs the runtime's context.
+            let next = match runtime.block_on(async { tokio::time::timeout(WRITER_IDLE, rx.recv()).await }) {
+                Ok(next) => next,
+                Err(_) => {
+                    writer.idle();
+                    rx.blocking_recv()
+                }
+            };
+            match next {
+                Some(work) => Some(work),
+                None => break,
             }
+        } else {
+            None
         };
-        let Some(first) = next else {
-            break;
-        };
-        let Some(mut batch) = Batch::gather(&policy, first, &mut rx, &mut retry, &gauges) else {
+        let Some(mut batch) = Batch::gather(&policy, first, &mut rx, &mut backlog, &gauges) else {
             continue;
         };
         let result = if batch.writes() {
@@ -233,7 +279,7 @@ fn run_on_thread(
         } else {
             Ok(Vec::new())
         };
-        batch.settle(&policy, result, &mut retry, &gauges);
+        batch.settle(&policy, result, &mut backlog, &gauges);
     }
 }
 
@@ -346,5 +392,36 @@ impl IngressArgs {
             self.shared.dir.selector.send(crate::selector::SelectorMsg::Wake);
         }
         retry
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(n: usize) -> Vec<UnitId> {
+        (0..n).map(|_| MessageId::generate()).collect()
+    }
+
+    #[test]
+    fn a_commit_with_waiting_clients_takes_its_share_of_completions_oldest_first() {
+        let mut completed = ids(500);
+        let all = completed.clone();
+        let carried = beyond_share(&mut completed, true, 10);
+        assert_eq!(
+            completed.len(),
+            COMPLETIONS_BESIDE_ADMISSIONS + 10 * COMPLETIONS_PER_ADMISSION
+        );
+        assert_eq!([completed, carried].concat(), all, "nothing lost, order kept");
+    }
+
+    #[test]
+    fn a_commit_nobody_waits_for_takes_every_completion() {
+        let mut completed = ids(500);
+        assert!(beyond_share(&mut completed, false, 0).is_empty());
+        assert_eq!(completed.len(), 500);
+        // A share is a floor, not a cut when there are fewer.
+        let mut few = ids(20);
+        assert!(beyond_share(&mut few, true, 0).is_empty());
     }
 }
