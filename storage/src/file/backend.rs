@@ -24,6 +24,8 @@ use crate::failpoint;
 pub(crate) struct FaultSwitch {
     pub full: AtomicBool,
     pub io: AtomicBool,
+    /// Only the pending journal's fdatasync fails (its write succeeds first).
+    pub sync: AtomicBool,
 }
 
 /// [`FileBackend`] with fault injection.

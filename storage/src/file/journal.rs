@@ -81,6 +81,12 @@ pub(crate) struct Journal {
     /// A write or sync failed: what the file holds after `pos` is unknown, so nothing
     /// is appended until a checkpoint has restarted the journal.
     failed: bool,
+    /// The LSN of the frame whose write or sync failed: refused to its clients, so a
+    /// scan in this process stops before it even if its bytes reached the file.
+    failed_lsn: Option<u64>,
+    /// A synced frame whose redb commit has not succeeded (yet): until a recovery has
+    /// applied it, no other write may build on redb's state without it.
+    unapplied: Option<u64>,
     /// When the first frame after the last checkpoint was written.
     since: Option<Instant>,
     /// When a checkpoint is due ([`CHECKPOINT_BYTES`], [`CHECKPOINT_AFTER`]; tests
@@ -110,6 +116,8 @@ impl Journal {
             pos: 0,
             next_lsn: 1,
             failed: false,
+            failed_lsn: None,
+            unapplied: None,
             since: None,
             checkpoint_bytes: CHECKPOINT_BYTES,
             checkpoint_after: CHECKPOINT_AFTER,
@@ -149,8 +157,10 @@ impl Journal {
     }
 
     /// The frames from offset 0 with consecutive LSNs (see the module docs for where a
-    /// scan ends and what stops it as corrupt).
-    pub(crate) fn scan(&self) -> Result<Vec<Frame>, BackendFailure> {
+    /// scan ends and what stops it as corrupt). `applied` is the LSN the store file
+    /// holds: a damaged frame whose successor is at or below it is an old cycle's,
+    /// overwritten by a torn write, not a loss.
+    pub(crate) fn scan(&self, applied: u64) -> Result<Vec<Frame>, BackendFailure> {
         let len = self
             .file
             .metadata()
@@ -159,7 +169,9 @@ impl Journal {
         let mut frames: Vec<Frame> = Vec::new();
         let mut at = 0u64;
         while let Some(header) = self.header_at(at, len)? {
-            if frames.last().is_some_and(|f| header.lsn != f.lsn + 1) {
+            if frames.last().is_some_and(|f| header.lsn != f.lsn + 1)
+                || self.failed_lsn.is_some_and(|failed| header.lsn >= failed)
+            {
                 break;
             }
             let mut payload = vec![0u8; header.len];
@@ -167,7 +179,10 @@ impl Journal {
             let next = at + (HEADER + header.len) as u64;
             if !sealed_ok(&payload) {
                 // Torn (the crash hit its write) unless its successor exists.
-                if self.header_at(next, len)?.is_some_and(|h| h.lsn == header.lsn + 1) {
+                if self
+                    .header_at(next, len)?
+                    .is_some_and(|h| h.lsn == header.lsn + 1 && h.lsn > applied)
+                {
                     return Err(BackendFailure::new(
                         FailureKind::Corrupt,
                         format!("{} offset {at}", self.location),
@@ -280,6 +295,9 @@ impl Journal {
             .and_then(|()| {
                 check_io(&self.faults)
                     .and_then(|()| {
+                        if self.faults.sync.load(std::sync::atomic::Ordering::Relaxed) {
+                            return Err(std::io::Error::other("injected fdatasync failure"));
+                        }
                         count_fsync();
                         self.file.sync_data()
                     })
@@ -293,6 +311,11 @@ impl Journal {
             }
             Err(e) => {
                 self.failed = true;
+                self.failed_lsn = Some(lsn);
+                // Best effort, unsynced: a frame that did reach the page cache must not
+                // be replayed after a crash either, and the page cache is what survives
+                // one of the process.
+                let _ = self.file.write_all_at(&[0u8; HEADER], self.pos);
                 Err(e)
             }
         }
@@ -313,16 +336,42 @@ impl Journal {
         self.pos = 0;
         self.next_lsn = next_lsn;
         self.failed = false;
+        self.failed_lsn = None;
+        self.unapplied = None;
         self.since = None;
+    }
+
+    /// Frame `lsn` is synced; its redb commit follows.
+    pub(crate) fn applying(&mut self, lsn: u64) {
+        self.unapplied = Some(lsn);
+    }
+
+    /// Before any write: `recorded` is the LSN the store file holds in this
+    /// transaction. Refuses while the last synced frame is not in it (its redb commit
+    /// failed and no reopen has applied it yet): a write on that state would diverge
+    /// from the journal.
+    pub(crate) fn check_applied(&mut self, recorded: u64) -> Result<(), BackendFailure> {
+        match self.unapplied {
+            Some(lsn) if recorded < lsn => Err(BackendFailure::new(
+                FailureKind::Unavailable,
+                self.location.clone(),
+                format!("journal frame {lsn} is waiting to be applied by a reopen of the store"),
+            )),
+            _ => {
+                self.unapplied = None;
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether a checkpoint would do anything: frames to make durable in redb, or a
+    /// failed write to clear.
+    pub(crate) fn wants_checkpoint(&self) -> bool {
+        self.pos > 0 || self.failed
     }
 
     pub(crate) fn next_lsn(&self) -> u64 {
         self.next_lsn
-    }
-
-    /// Frames were written since the journal last started over.
-    pub(crate) fn holds_frames(&self) -> bool {
-        self.pos > 0
     }
 }
 
@@ -372,7 +421,11 @@ mod tests {
     }
 
     fn lsns(j: &Journal) -> Vec<u64> {
-        j.scan().unwrap().iter().map(|f| f.lsn).collect()
+        lsns_after(j, 0)
+    }
+
+    fn lsns_after(j: &Journal, applied: u64) -> Vec<u64> {
+        j.scan(applied).unwrap().iter().map(|f| f.lsn).collect()
     }
 
     fn damage(dir: &DataDir, at: u64) {
@@ -389,7 +442,7 @@ mod tests {
             std::fs::metadata(dir.pending_journal_path()).unwrap().len(),
             PREALLOCATE
         );
-        assert!(j.scan().unwrap().is_empty());
+        assert!(j.scan(0).unwrap().is_empty());
     }
 
     #[test]
@@ -400,7 +453,7 @@ mod tests {
         append_all(&mut j, &[10, 3000, 1]);
         drop(j);
         let j = open(&dir);
-        let frames = j.scan().unwrap();
+        let frames = j.scan(0).unwrap();
         assert_eq!(frames.iter().map(|f| f.lsn).collect::<Vec<_>>(), [1, 2, 3]);
         assert_eq!(frames[1].payload, payload(3000, 2));
     }
@@ -426,10 +479,44 @@ mod tests {
         let mut j = open(&dir);
         let at = append_all(&mut j, &[100, 100, 100]);
         damage(&dir, at[1] + HEADER as u64 + 50);
-        let err = j.scan().unwrap_err();
+        let err = j.scan(0).unwrap_err();
         assert_eq!(err.kind, FailureKind::Corrupt, "{err}");
         assert!(err.location.contains("pending.journal"), "{err}");
         assert!(err.to_string().contains("frame 2"), "{err}");
+    }
+
+    #[test]
+    fn a_torn_first_frame_over_an_old_cycle_is_not_corruption() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = DataDir::open(tmp.path()).unwrap();
+        let mut j = open(&dir);
+        let at = append_all(&mut j, &[100, 100, 100]);
+        // A crash tore the next cycle's first frame: its header never reached the disk,
+        // a later sector did, so frame 1's header is intact over a damaged payload and
+        // old frame 2 follows it. Frames up to 3 are in the store file.
+        damage(&dir, at[0] + HEADER as u64 + 50);
+        assert!(lsns_after(&j, 3).is_empty(), "an old cycle, not a loss");
+        let err = j.scan(0).unwrap_err();
+        assert_eq!(err.kind, FailureKind::Corrupt, "{err}");
+    }
+
+    #[test]
+    fn a_frame_whose_sync_failed_is_not_read_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = DataDir::open(tmp.path()).unwrap();
+        let faults = Arc::new(FaultSwitch::default());
+        let mut j = Journal::open(&dir, faults.clone()).unwrap();
+        j.restart(1);
+        append_all(&mut j, &[100, 100]);
+        faults.sync.store(true, std::sync::atomic::Ordering::Relaxed);
+        let lsn = j.take_lsn();
+        assert!(j.append(lsn, &payload(100, 3)).is_err());
+        faults.sync.store(false, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(lsns(&j), [1, 2], "this process knows frame 3 failed");
+        drop(j);
+        // Neither does the next process read it: its header was cleared.
+        let j = open(&dir);
+        assert_eq!(lsns(&j), [1, 2]);
     }
 
     #[test]
@@ -485,6 +572,19 @@ mod tests {
         j.checkpointed(2);
         assert!(j.can_append());
         assert_eq!(j.take_lsn(), 3);
+    }
+
+    #[test]
+    fn a_synced_frame_not_in_the_store_file_blocks_writes_until_it_is() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = DataDir::open(tmp.path()).unwrap();
+        let mut j = open(&dir);
+        j.applying(5);
+        let err = j.check_applied(4).unwrap_err();
+        assert!(err.to_string().contains("frame 5"), "{err}");
+        assert!(j.check_applied(4).is_err(), "still blocked");
+        j.check_applied(5).unwrap();
+        j.check_applied(0).unwrap();
     }
 
     #[test]

@@ -112,7 +112,7 @@ impl FilePendingStore {
             init,
             faults,
             Some(Box::new(move |db| {
-                count.store(recover(db, &replay)?, Ordering::Relaxed);
+                count.store(recover(db, &replay, options.quick_repair)?, Ordering::Relaxed);
                 Ok(())
             })),
         )?;
@@ -207,16 +207,16 @@ fn init(txn: &WriteTransaction) -> Result<(), Fail> {
 /// Apply the journal frames the file does not contain yet, durably, and restart the
 /// journal after them. Runs on every (re)open, before any caller sees the file.
 /// Returns how many frames it applied.
-fn recover(db: &Database, journal: &Mutex<Journal>) -> Result<usize, Fail> {
+fn recover(db: &Database, journal: &Mutex<Journal>, quick_repair: bool) -> Result<usize, Fail> {
     let mut journal = journal.lock();
-    let frames = journal.scan().map_err(Fail::Located)?;
     let mut txn = db.begin_write()?;
     txn.set_durability(Durability::Immediate)?;
-    txn.set_quick_repair(true);
+    txn.set_quick_repair(quick_repair);
     let mut replayed = 0usize;
     let last = {
         let mut t = Tx::open(&txn)?;
-        let applied = get_counter(&t.meta, JOURNAL_LSN)?;
+        let applied = t.journal_lsn;
+        let frames = journal.scan(applied).map_err(Fail::Located)?;
         let mut last = applied;
         for frame in frames {
             if frame.lsn <= applied {
@@ -240,8 +240,9 @@ fn recover(db: &Database, journal: &Mutex<Journal>) -> Result<usize, Fail> {
             replayed += 1;
         }
         // LSNs never repeat: go on after any this process took already (a frame that
-        // failed to write is not in the scan but may be on disk).
-        let last = last.max(journal.next_lsn() - 1);
+        // failed to write is not in the scan but may be on disk), and one more, the LSN
+        // a frame torn by a crash may carry.
+        let last = last.max(journal.next_lsn() - 1) + 1;
         t.meta.insert(JOURNAL_LSN, last)?;
         t.save_counters()?;
         last
@@ -330,6 +331,8 @@ struct Tx<'t> {
     meta: Table<'t, &'static str, u64>,
     next_seq: u64,
     receipts: u64,
+    /// The journal LSN this state corresponds to.
+    journal_lsn: u64,
 }
 
 impl<'t> Tx<'t> {
@@ -337,6 +340,7 @@ impl<'t> Tx<'t> {
         let meta = txn.open_table(META)?;
         let next_seq = get_counter(&meta, NEXT_SEQ)?;
         let receipts = get_counter(&meta, RECEIPTS)?;
+        let journal_lsn = get_counter(&meta, JOURNAL_LSN)?;
         Ok(Self {
             records: txn.open_table(RECORDS)?,
             ready: txn.open_table(READY)?,
@@ -348,6 +352,7 @@ impl<'t> Tx<'t> {
             meta,
             next_seq,
             receipts,
+            journal_lsn,
         })
     }
 
@@ -522,8 +527,9 @@ impl Inner {
     fn commit(&self, batch: Vec<PendingRecord>, complete: Vec<UnitId>) -> Result<Vec<AdmitOutcome>, BackendFailure> {
         let now = Timestamp::now();
         let idem_expiry = now.saturating_add(self.limits.idempotency_retention);
-        // A frame is durable: from here on the journal, not redb's memory, is the truth.
-        let mut journaled = false;
+        // Set once the frame is synced: from then on the journal, not redb's memory, is
+        // the truth, and these are the answers whatever redb's commit does.
+        let mut journaled = None;
         let mut checkpoint = None;
         let result = self.file.write_txn(|txn| {
             let mut journal = self.journal.lock();
@@ -534,6 +540,7 @@ impl Inner {
                 Durability::None
             })?;
             let mut t = Tx::open(txn)?;
+            journal.check_applied(t.journal_lsn).map_err(Fail::Located)?;
             let mut changed = complete_in(&mut t, &complete)?;
             changed |= t.forget_idempotency(now)?;
             let mut count = t.records.len()?;
@@ -578,25 +585,27 @@ impl Inner {
                 let payload = envelope::encode(RecordKind::PendingJournalFrame, &frame)
                     .map_err(|e| Fail::Located(e.at(journal.location().to_string())))?;
                 journal.append(lsn, &payload).map_err(Fail::Located)?;
-                journaled = true;
+                journal.applying(lsn);
+                journaled = Some(outcomes.clone());
             }
             Ok((outcomes, true))
         });
-        match result {
-            Ok(outcomes) => {
+        match (result, journaled) {
+            (Ok(outcomes), _) => {
                 if let Some(lsn) = checkpoint {
                     self.journal.lock().checkpointed(lsn);
                 }
                 Ok(outcomes)
             }
-            Err(e) => {
-                if journaled {
-                    // Durable in the journal but not applied: reopen, which replays it
-                    // before anything reads or writes the file again.
-                    self.file.invalidate(e.kind);
-                }
-                Err(e)
+            (Err(e), Some(outcomes)) => {
+                // Durable in the journal, not applied to redb: the commit happened. No
+                // write proceeds on redb's state without it (`check_applied`) and the
+                // reopen this asks for applies it before anything reads the file again.
+                tracing::warn!(error = %e, "pending commit journaled but not applied; reopening the store file");
+                self.file.invalidate(e.kind);
+                Ok(outcomes)
             }
+            (Err(e), None) => Err(e),
         }
     }
 
@@ -606,13 +615,17 @@ impl Inner {
     fn checkpoint(&self) -> Result<(), BackendFailure> {
         let mut checkpoint = None;
         self.file.write_txn(|txn| {
-            let journal = self.journal.lock();
-            if !journal.holds_frames() {
+            let mut journal = self.journal.lock();
+            if !journal.wants_checkpoint() {
                 return Ok(((), false));
             }
             txn.set_durability(Durability::Immediate)?;
+            let mut meta = txn.open_table(META)?;
+            journal
+                .check_applied(get_counter(&meta, JOURNAL_LSN)?)
+                .map_err(Fail::Located)?;
             let lsn = journal.checkpoint_lsn();
-            txn.open_table(META)?.insert(JOURNAL_LSN, lsn)?;
+            meta.insert(JOURNAL_LSN, lsn)?;
             checkpoint = Some(lsn);
             Ok(((), true))
         })?;
@@ -669,9 +682,10 @@ impl Inner {
         let mut checkpoint = None;
         let expired = self.file.write_txn(|txn| {
             // Durable (a checkpoint): expiry is not journaled.
-            let journal = self.journal.lock();
+            let mut journal = self.journal.lock();
             txn.set_durability(Durability::Immediate)?;
             let mut t = Tx::open(txn)?;
+            journal.check_applied(t.journal_lsn).map_err(Fail::Located)?;
             let mut expired = 0;
             let mut changed = false;
             while expired < limit {
