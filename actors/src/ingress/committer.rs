@@ -42,8 +42,25 @@ pub(super) enum Work {
 
 /// The writer as the actor sees it.
 pub(super) struct CommitterHandle {
-    work: mpsc::UnboundedSender<Work>,
+    work: WorkSender,
     gauges: Arc<Gauges>,
+}
+
+/// The channel to the writer: a task's, or a thread's (which waits on it with a
+/// timeout, without needing the runtime).
+enum WorkSender {
+    Task(mpsc::UnboundedSender<Work>),
+    Thread(std::sync::mpsc::Sender<Work>),
+}
+
+impl WorkSender {
+    /// Err(work) if the writer is gone.
+    fn send(&self, work: Work) -> Result<(), Work> {
+        match self {
+            WorkSender::Task(tx) => tx.send(work).map_err(|e| e.0),
+            WorkSender::Thread(tx) => tx.send(work).map_err(|e| e.0),
+        }
+    }
 }
 
 /// What `/status` and the metrics report about the writer.
@@ -61,25 +78,27 @@ impl CommitterHandle {
     /// store that commits on the calling thread (file) the writer is a thread of its
     /// own, otherwise a task.
     pub(super) fn spawn(policy: IngressArgs) -> Self {
-        let (work, rx) = mpsc::unbounded_channel();
         let gauges = Arc::new(Gauges::default());
-        match policy.store.blocking_writer() {
+        let work = match policy.store.blocking_writer() {
             Some(writer) => {
+                let (work, rx) = std::sync::mpsc::channel();
                 let g = gauges.clone();
-                let runtime = tokio::runtime::Handle::current();
                 let spawned = std::thread::Builder::new()
                     .name("pending-writer".into())
-                    .spawn(move || run_on_thread(policy, writer, rx, g, &runtime));
+                    .spawn(move || run_on_thread(policy, writer, rx, g));
                 if let Err(e) = spawned {
                     // The work channel is closed with the closure: the actor's first
                     // hand-over fails and the supervisor restarts it (and tries again).
                     tracing::error!(error = %e, "cannot start the pending writer thread");
                 }
+                WorkSender::Thread(work)
             }
             None => {
+                let (work, rx) = mpsc::unbounded_channel();
                 tokio::spawn(run(policy, rx, gauges.clone()));
+                WorkSender::Task(work)
             }
-        }
+        };
         Self { work, gauges }
     }
 
@@ -158,7 +177,7 @@ impl Batch {
     fn gather(
         policy: &IngressArgs,
         first: Option<Work>,
-        rx: &mut mpsc::UnboundedReceiver<Work>,
+        waiting: &mut dyn FnMut() -> Option<Work>,
         backlog: &mut Backlog,
         gauges: &Gauges,
     ) -> Option<Batch> {
@@ -178,10 +197,12 @@ impl Batch {
         if let Some(first) = first {
             take(first, &mut batch);
         }
-        while let Ok(work) = rx.try_recv() {
+        while let Some(work) = waiting() {
             take(work, &mut batch);
         }
-        backlog.carried = beyond_share(&mut batch.completed, !batch.requests.is_empty(), batch.records.len());
+        // Requests refused before the store (draining, receipt gates) only need their
+        // answers: they do not make this a commit clients wait for.
+        backlog.carried = beyond_share(&mut batch.completed, !batch.records.is_empty(), batch.records.len());
         if batch.requests.is_empty() && batch.completed.is_empty() {
             return None;
         }
@@ -226,7 +247,7 @@ async fn run(policy: IngressArgs, mut rx: mpsc::UnboundedReceiver<Work>, gauges:
         } else {
             None
         };
-        let Some(mut batch) = Batch::gather(&policy, first, &mut rx, &mut backlog, &gauges) else {
+        let Some(mut batch) = Batch::gather(&policy, first, &mut || rx.try_recv().ok(), &mut backlog, &gauges) else {
             continue;
         };
         let result = if batch.writes() {
@@ -248,29 +269,29 @@ const WRITER_IDLE: std::time::Duration = std::time::Duration::from_millis(100);
 fn run_on_thread(
     policy: IngressArgs,
     writer: Arc<dyn BlockingPendingWriter>,
-    mut rx: mpsc::UnboundedReceiver<Work>,
+    rx: std::sync::mpsc::Receiver<Work>,
     gauges: Arc<Gauges>,
-    runtime: &tokio::runtime::Handle,
 ) {
+    use std::sync::mpsc::RecvTimeoutError;
     let mut backlog = Backlog::default();
     loop {
         let first = if backlog.carried.is_empty() {
-            // The timer is made inside `block_on`: it needs the runtime's context.
-            let next = match runtime.block_on(async { tokio::time::timeout(WRITER_IDLE, rx.recv()).await }) {
-                Ok(next) => next,
-                Err(_) => {
+            let next = match rx.recv_timeout(WRITER_IDLE) {
+                Ok(work) => Ok(work),
+                Err(RecvTimeoutError::Timeout) => {
                     writer.idle();
-                    rx.blocking_recv()
+                    rx.recv().map_err(|_| ())
                 }
+                Err(RecvTimeoutError::Disconnected) => Err(()),
             };
             match next {
-                Some(work) => Some(work),
-                None => break,
+                Ok(work) => Some(work),
+                Err(()) => break,
             }
         } else {
             None
         };
-        let Some(mut batch) = Batch::gather(&policy, first, &mut rx, &mut backlog, &gauges) else {
+        let Some(mut batch) = Batch::gather(&policy, first, &mut || rx.try_recv().ok(), &mut backlog, &gauges) else {
             continue;
         };
         let result = if batch.writes() {
