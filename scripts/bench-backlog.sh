@@ -4,6 +4,7 @@
 # how long the restart takes to be ready again (GET /readyz = 200).
 #
 # usage: scripts/bench-backlog.sh [N=1000000]     (needs: cargo build --release --workspace)
+#        KILL_DURING_FILL_S=4 scripts/bench-backlog.sh   (SIGKILL mid-fill instead)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-1000000}
@@ -48,12 +49,26 @@ $bin/sendium serve --config "$cfg" >"$dir/gw.log" 2>&1 &
 pid=$!
 until ready; do sleep 0.1; done
 echo "filling the pending stage with $n messages (destination unreachable)..."
-$bin/sendium-loadgen --addr 127.0.0.1:12875 --system-id bench --password bench --sessions 4 \
-  --count "$n" --window 256 --no-receipts --receipt-timeout-s 1 --mix gsm=1 | grep -E "submit rate|elapsed|non-OK" || true
-sleep 2
-echo -n "gateway with the backlog: "; rss $pid
-du -sh "$dir/data"
-kill -9 $pid; wait $pid 2>/dev/null || true
+fill() {
+  $bin/sendium-loadgen --addr 127.0.0.1:12875 --system-id bench --password bench --sessions 4 \
+    --count "$n" --window 256 --no-receipts --receipt-timeout-s 1 --mix gsm=1 | grep -E "submit rate|elapsed|non-OK" || true
+}
+if [ -n "${KILL_DURING_FILL_S:-}" ]; then
+  # SIGKILL while admissions are streaming in: the restart then also applies the
+  # pending journal's frames written since the last checkpoint.
+  fill >/dev/null 2>&1 &
+  loadgen=$!
+  sleep "$KILL_DURING_FILL_S"
+  echo -n "gateway mid-fill, killed after ${KILL_DURING_FILL_S} s: "; rss $pid
+  kill -9 $pid; wait $pid 2>/dev/null || true
+  wait $loadgen 2>/dev/null || true
+else
+  fill
+  sleep 2
+  echo -n "gateway with the backlog: "; rss $pid
+  du -sh "$dir/data"
+  kill -9 $pid; wait $pid 2>/dev/null || true
+fi
 # Cold start: drop the page cache when allowed (root), so the restart reads from disk.
 sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null && echo "(page cache dropped)" || true
 start=$(date +%s.%N)
