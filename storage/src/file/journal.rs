@@ -34,7 +34,16 @@
 //! not one: zeros of the preallocation, a frame of an earlier cycle (its LSN is lower:
 //! LSNs never repeat), or a frame torn by the crash (never synced, so never
 //! acknowledged). A damaged frame *followed by* its valid successor is not a torn tail —
-//! the successor was written after it was synced — and stops the open as corrupt.
+//! the successor was written after it was synced — and stops the open as corrupt, unless
+//! that successor is already in the store file (an old cycle's frame under a torn first
+//! frame of the new one). A frame whose write or sync failed was refused to its clients:
+//! its header is cleared (best effort) and this process's scans stop before it, so it is
+//! not applied later either. A synced frame whose redb commit then fails is
+//! acknowledged; no write proceeds on redb's state until a reopen has applied it.
+//!
+//! Not detected: a damaged *header* in the middle of the journal ends the scan there (a
+//! frame's length is only known from its header). Frames live until the next checkpoint,
+//! a second or so, which is the window such damage would have to hit.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
