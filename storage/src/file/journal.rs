@@ -67,6 +67,9 @@ pub(crate) const CHECKPOINT_BYTES: u64 = 8 << 20;
 /// ... or when the oldest frame not checkpointed is this old (bounds the pages redb
 /// keeps unsynced, and replay time at low rates).
 pub(crate) const CHECKPOINT_AFTER: Duration = Duration::from_secs(1);
+/// A quiet writer checkpoints only a journal holding at least this much (about 800
+/// typical records).
+pub(crate) const IDLE_CHECKPOINT_BYTES: u64 = 256 << 10;
 
 /// One frame read back by [`Journal::scan`].
 #[derive(Debug)]
@@ -373,10 +376,11 @@ impl Journal {
         }
     }
 
-    /// Whether a checkpoint would do anything: frames to make durable in redb, or a
-    /// failed write to clear.
-    pub(crate) fn wants_checkpoint(&self) -> bool {
-        self.pos > 0 || self.failed
+    /// Whether a checkpoint while idle is worth its two fdatasyncs: enough frames that
+    /// the checkpoint a later commit would do inline is a big one, or a failed write to
+    /// clear. At a trickle of traffic the inline time checkpoint stays small anyway.
+    pub(crate) fn wants_idle_checkpoint(&self) -> bool {
+        self.pos >= IDLE_CHECKPOINT_BYTES || self.failed
     }
 
     pub(crate) fn next_lsn(&self) -> u64 {

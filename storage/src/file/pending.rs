@@ -610,13 +610,14 @@ impl Inner {
     }
 
     /// A durable commit that changes nothing but the recorded LSN, if the journal holds
-    /// frames: afterwards it starts over, and redb holds no unsynced pages. Done when
-    /// idle, so the checkpoint a later commit would do inline is small or not due.
+    /// enough frames to be worth it: afterwards it starts over, and redb holds no
+    /// unsynced pages. Done when idle, so the checkpoint a later commit would do inline
+    /// is small or not due.
     fn checkpoint(&self) -> Result<(), BackendFailure> {
         let mut checkpoint = None;
         self.file.write_txn(|txn| {
             let mut journal = self.journal.lock();
-            if !journal.wants_checkpoint() {
+            if !journal.wants_idle_checkpoint() {
                 return Ok(((), false));
             }
             txn.set_durability(Durability::Immediate)?;

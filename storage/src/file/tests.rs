@@ -329,10 +329,20 @@ fn child_process() {
             use crate::pending::BlockingPendingWriter;
             let dir = Arc::new(DataDir::open(&dir).unwrap());
             let store = FilePendingStore::open(&dir, limits()).unwrap();
-            for _ in 0..5 {
-                BlockingPendingWriter::commit(&store, msg_batch(10), &[]).unwrap();
+            BlockingPendingWriter::commit(&store, msg_batch(10), &[]).unwrap();
+            let small = store.journal_position();
+            store.idle();
+            assert_eq!(
+                store.journal_position(),
+                small,
+                "a small journal waits for its time checkpoint"
+            );
+            // 1 KiB bodies: past the idle threshold.
+            let body = "x".repeat(1024);
+            for _ in 0..8 {
+                let batch: Vec<_> = (0..50).map(|i| record("a", &i.to_string(), &body)).collect();
+                BlockingPendingWriter::commit(&store, batch, &[]).unwrap();
             }
-            assert!(store.journal_position() > 0);
             store.idle();
             assert_eq!(store.journal_position(), 0, "the idle checkpoint restarted the journal");
             std::fs::write(dir.path().join("expected.txt"), pending_snapshot(&store).await).unwrap();
@@ -603,7 +613,7 @@ fn an_idle_checkpoint_makes_the_journaled_commits_durable_in_redb() {
         let dir = Arc::new(DataDir::open(tmp.path()).unwrap());
         let s = FilePendingStore::open(&dir, limits()).unwrap();
         assert_eq!(s.replayed_frames(), 0, "nothing was left to replay");
-        assert_eq!(s.stats().await.unwrap().records, 50);
+        assert_eq!(s.stats().await.unwrap().records, 410);
         assert_eq!(pending_snapshot(&s).await, expected);
     });
 }
