@@ -10,12 +10,9 @@
 
 mod support;
 
-use std::collections::HashSet;
 use std::time::Duration;
 
-use sendium_integration_tests::{
-    BindKind, GatewayProcess, IdStyle, ReceiptState, SmscConfig, SubmitSpec, TestEsme, TestSmsc,
-};
+use sendium_integration_tests::{BindKind, GatewayProcess, IdStyle, ReceiptState, SmscConfig, TestEsme, TestSmsc};
 use sendium_storage::postgresql::test_cluster::TestCluster;
 use support::*;
 
@@ -70,19 +67,8 @@ async fn hex_ids_with_decimal_receipts_survive_a_restart(dlr: &str, id_format: &
         .await
         .unwrap();
 
-    let specs: Vec<SubmitSpec> = (0..N)
-        .map(|i| SubmitSpec::gsm("1", &format!("44{tag}{i:04}"), "receipt later").dlr())
-        .collect();
-    let outcomes = esme.submit_pipelined(&specs, 20).await;
-    let mut ids = HashSet::new();
-    for o in &outcomes {
-        assert!(o.is_ok(), "a submit was not acknowledged: {:?}", o.status);
-        assert!(ids.insert(o.message_id.clone()), "two submits got id {}", o.message_id);
-    }
-    assert!(
-        wait_metric(&gw, "sendium_stage_records", "stage=\"pending\"", |v| v == 0.0).await,
-        "sources completed after handoff: the DLR store alone holds the correlations"
-    );
+    // Once the sources completed, the DLR store alone holds the correlations.
+    let ids = submit_and_hand_off(&gw, &esme, N, tag).await;
 
     // The premise: the provider accepted every message under a hexadecimal id whose
     // decimal form (the one its receipt will quote) is a different string.

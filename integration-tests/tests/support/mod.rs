@@ -157,22 +157,24 @@ pub fn pg_dlr(url: &str) -> String {
     format!("[dlr]\nbackend = \"postgresql\"\n[storage.postgresql]\nurl = \"{url}\"")
 }
 
+/// Submit `specs` (20 in flight) and return their message ids: every one acknowledged,
+/// each under an id of its own.
+pub async fn submit_all_ok(esme: &TestEsme, specs: &[SubmitSpec]) -> HashSet<String> {
+    let mut ids = HashSet::new();
+    for o in esme.submit_pipelined(specs, 20).await {
+        assert!(o.is_ok(), "a submit was not acknowledged: {:?}", o.status);
+        assert!(ids.insert(o.message_id.clone()), "two submits got id {}", o.message_id);
+    }
+    ids
+}
+
 /// Submit `n` receipt-requesting messages (destinations `44{tag}{i:04}`) and wait until
 /// their sources completed: the DLR store alone owns the receipts now.
 pub async fn submit_and_hand_off(gw: &GatewayProcess, esme: &TestEsme, n: usize, tag: &str) -> HashSet<String> {
     let specs: Vec<SubmitSpec> = (0..n)
         .map(|i| SubmitSpec::gsm("1", &format!("44{tag}{i:04}"), "receipt later").dlr())
         .collect();
-    let ids: HashSet<String> = esme
-        .submit_pipelined(&specs, 20)
-        .await
-        .into_iter()
-        .map(|o| {
-            assert!(o.is_ok());
-            o.message_id
-        })
-        .collect();
-    assert_eq!(ids.len(), n, "one distinct id per submission");
+    let ids = submit_all_ok(esme, &specs).await;
     assert!(
         wait_metric(gw, "sendium_stage_records", "stage=\"pending\"", |v| v == 0.0).await,
         "sources completed after handoff"
