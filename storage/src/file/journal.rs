@@ -78,9 +78,8 @@ pub(crate) struct Frame {
     pub payload: Vec<u8>,
 }
 
-/// The open journal. Owned by the pending store behind a mutex that is only taken
-/// inside a pending write transaction or while the store file is (re)opened, so frame
-/// order is redb's commit order.
+/// The open journal. Owned by the pending store behind a mutex; frames are appended
+/// only inside a pending write transaction, so frame order is redb's commit order.
 pub(crate) struct Journal {
     file: File,
     location: String,
@@ -90,11 +89,10 @@ pub(crate) struct Journal {
     /// The LSN the next frame (or checkpoint) takes. LSNs are never reused, not even
     /// one whose frame failed to write.
     next_lsn: u64,
-    /// A write or sync failed: what the file holds after `pos` is unknown, so nothing
-    /// is appended until a checkpoint has restarted the journal.
-    failed: bool,
-    /// The LSN of the frame whose write or sync failed: refused to its clients, so a
-    /// scan in this process stops before it even if its bytes reached the file.
+    /// The LSN of a frame whose write or sync failed. What the file holds from `pos` on
+    /// is unknown, so nothing is appended until a checkpoint has restarted the journal;
+    /// the frame was refused to its clients, so a scan in this process stops before it
+    /// even if its bytes reached the file.
     failed_lsn: Option<u64>,
     /// A synced frame whose redb commit has not succeeded (yet): until a recovery has
     /// applied it, no other write may build on redb's state without it.
@@ -127,7 +125,6 @@ impl Journal {
             faults,
             pos: 0,
             next_lsn: 1,
-            failed: false,
             failed_lsn: None,
             unapplied: None,
             since: None,
@@ -247,7 +244,7 @@ impl Journal {
     /// Whether appends are allowed (no failure since the last checkpoint) and no
     /// checkpoint is due yet.
     pub(crate) fn can_append(&self) -> bool {
-        !self.failed
+        self.failed_lsn.is_none()
             && self.pos < self.checkpoint_bytes
             && self.since.is_none_or(|t| t.elapsed() < self.checkpoint_after)
     }
@@ -280,7 +277,7 @@ impl Journal {
     /// Write frame `lsn` at the current position and `fdatasync` it. On error the
     /// journal refuses appends until the next checkpoint.
     pub(crate) fn append(&mut self, lsn: u64, payload: &[u8]) -> Result<(), BackendFailure> {
-        if self.failed {
+        if self.failed_lsn.is_some() {
             return Err(BackendFailure::new(
                 FailureKind::Unavailable,
                 self.location.clone(),
@@ -322,7 +319,6 @@ impl Journal {
                 Ok(())
             }
             Err(e) => {
-                self.failed = true;
                 self.failed_lsn = Some(lsn);
                 // Best effort, unsynced: a frame that did reach the page cache must not
                 // be replayed after a crash either, and the page cache is what survives
@@ -347,7 +343,6 @@ impl Journal {
     pub(crate) fn restart(&mut self, next_lsn: u64) {
         self.pos = 0;
         self.next_lsn = next_lsn;
-        self.failed = false;
         self.failed_lsn = None;
         self.unapplied = None;
         self.since = None;
@@ -380,7 +375,7 @@ impl Journal {
     /// the checkpoint a later commit would do inline is a big one, or a failed write to
     /// clear. At a trickle of traffic the inline time checkpoint stays small anyway.
     pub(crate) fn wants_idle_checkpoint(&self) -> bool {
-        self.pos >= IDLE_CHECKPOINT_BYTES || self.failed
+        self.pos >= IDLE_CHECKPOINT_BYTES || self.failed_lsn.is_some()
     }
 
     pub(crate) fn next_lsn(&self) -> u64 {

@@ -75,10 +75,21 @@ pub struct FilePendingStore {
 struct Inner {
     file: StoreFile,
     limits: PendingLimits,
-    /// Locked only inside a write transaction of `file` or while `file` (re)opens.
+    /// Held inside a write transaction of `file`, while `file` (re)opens, and briefly
+    /// beside them — never across a call that may reopen the file (its recovery locks it).
     journal: Arc<Mutex<Journal>>,
     /// Journal frames applied by the last (re)open.
     replayed: Arc<AtomicUsize>,
+}
+
+/// How a pending write may be made durable (see `Inner::write`).
+enum Change {
+    /// Nothing changed: the transaction is aborted.
+    None,
+    /// Only by a durable commit (expiry is not journaled; a checkpoint is one).
+    Durable,
+    /// By this journal frame, unless a checkpoint is due.
+    Frame(JournalFrame),
 }
 
 /// What one commit changed, as journaled: the decisions the live process made (records
@@ -521,27 +532,78 @@ impl Inner {
         self.commit(batch, Vec::new())
     }
 
-    /// Admissions and source completions in one write transaction, made durable by one
-    /// journal frame (one `fdatasync`) or, when a checkpoint is due, by a durable redb
-    /// commit. Either way durable before this returns.
-    fn commit(&self, batch: Vec<PendingRecord>, complete: Vec<UnitId>) -> Result<Vec<AdmitOutcome>, BackendFailure> {
-        let now = Timestamp::now();
-        let idem_expiry = now.saturating_add(self.limits.idempotency_retention);
+    /// One write transaction of the pending stage. `body` changes the tables and says
+    /// how the change may be made durable; this records the journal LSN the new state
+    /// corresponds to and makes it durable — by appending the body's frame (one
+    /// `fdatasync`) while the journal takes appends, else by committing with
+    /// `Durability::Immediate`, which is a checkpoint. Durable before it returns.
+    fn write<R: Clone>(
+        &self,
+        body: impl FnOnce(&mut Tx<'_>) -> Result<(R, Change), Fail>,
+    ) -> Result<R, BackendFailure> {
         // Set once the frame is synced: from then on the journal, not redb's memory, is
-        // the truth, and these are the answers whatever redb's commit does.
+        // the truth, and this is the answer whatever redb's commit does.
         let mut journaled = None;
         let mut checkpoint = None;
         let result = self.file.write_txn(|txn| {
             let mut journal = self.journal.lock();
-            let durable = !journal.can_append();
-            txn.set_durability(if durable {
-                Durability::Immediate
-            } else {
-                Durability::None
-            })?;
             let mut t = Tx::open(txn)?;
             journal.check_applied(t.journal_lsn).map_err(Fail::Located)?;
-            let mut changed = complete_in(&mut t, &complete)?;
+            let (out, change) = body(&mut t)?;
+            let frame = match change {
+                Change::None => return Ok((out, false)),
+                Change::Frame(frame) if journal.can_append() => Some(frame),
+                Change::Frame(_) | Change::Durable => None,
+            };
+            let lsn = match frame {
+                Some(_) => journal.take_lsn(),
+                None => journal.checkpoint_lsn(),
+            };
+            t.meta.insert(JOURNAL_LSN, lsn)?;
+            t.save_counters()?;
+            drop(t);
+            match frame {
+                None => {
+                    txn.set_durability(Durability::Immediate)?;
+                    checkpoint = Some(lsn);
+                }
+                Some(frame) => {
+                    txn.set_durability(Durability::None)?;
+                    let payload = envelope::encode(RecordKind::PendingJournalFrame, &frame)
+                        .map_err(|e| Fail::Located(e.at(journal.location().to_string())))?;
+                    journal.append(lsn, &payload).map_err(Fail::Located)?;
+                    journal.applying(lsn);
+                    journaled = Some(out.clone());
+                }
+            }
+            Ok((out, true))
+        });
+        match (result, journaled) {
+            (Ok(out), _) => {
+                if let Some(lsn) = checkpoint {
+                    self.journal.lock().checkpointed(lsn);
+                }
+                Ok(out)
+            }
+            (Err(e), Some(out)) => {
+                // Durable in the journal, not applied to redb: the write happened. No
+                // write proceeds on redb's state without it (`check_applied`) and the
+                // reopen this asks for applies it before anything reads the file again.
+                tracing::warn!(error = %e, "pending commit journaled but not applied; reopening the store file");
+                self.file.invalidate(e.kind);
+                Ok(out)
+            }
+            (Err(e), None) => Err(e),
+        }
+    }
+
+    /// Admissions and source completions in one write transaction: one journal frame
+    /// (or one checkpoint) for both.
+    fn commit(&self, batch: Vec<PendingRecord>, complete: Vec<UnitId>) -> Result<Vec<AdmitOutcome>, BackendFailure> {
+        let now = Timestamp::now();
+        let idem_expiry = now.saturating_add(self.limits.idempotency_retention);
+        self.write(|t| {
+            let mut changed = complete_in(t, &complete)?;
             changed |= t.forget_idempotency(now)?;
             let mut count = t.records.len()?;
             let mut outcomes = Vec::with_capacity(batch.len());
@@ -564,49 +626,18 @@ impl Inner {
                 changed = true;
                 outcomes.push(AdmitOutcome::Admitted);
             }
-            if !changed {
-                return Ok((outcomes, false));
-            }
-            if durable {
-                let lsn = journal.checkpoint_lsn();
-                t.meta.insert(JOURNAL_LSN, lsn)?;
-                t.save_counters()?;
-                checkpoint = Some(lsn);
-            } else {
-                let lsn = journal.take_lsn();
-                t.meta.insert(JOURNAL_LSN, lsn)?;
-                t.save_counters()?;
-                let frame = JournalFrame {
+            let change = if changed {
+                Change::Frame(JournalFrame {
                     now,
                     idem_expiry,
                     complete,
                     admit: admitted,
-                };
-                let payload = envelope::encode(RecordKind::PendingJournalFrame, &frame)
-                    .map_err(|e| Fail::Located(e.at(journal.location().to_string())))?;
-                journal.append(lsn, &payload).map_err(Fail::Located)?;
-                journal.applying(lsn);
-                journaled = Some(outcomes.clone());
-            }
-            Ok((outcomes, true))
-        });
-        match (result, journaled) {
-            (Ok(outcomes), _) => {
-                if let Some(lsn) = checkpoint {
-                    self.journal.lock().checkpointed(lsn);
-                }
-                Ok(outcomes)
-            }
-            (Err(e), Some(outcomes)) => {
-                // Durable in the journal, not applied to redb: the commit happened. No
-                // write proceeds on redb's state without it (`check_applied`) and the
-                // reopen this asks for applies it before anything reads the file again.
-                tracing::warn!(error = %e, "pending commit journaled but not applied; reopening the store file");
-                self.file.invalidate(e.kind);
-                Ok(outcomes)
-            }
-            (Err(e), None) => Err(e),
-        }
+                })
+            } else {
+                Change::None
+            };
+            Ok((outcomes, change))
+        })
     }
 
     /// A durable commit that changes nothing but the recorded LSN, if the journal holds
@@ -614,26 +645,10 @@ impl Inner {
     /// unsynced pages. Done when idle, so the checkpoint a later commit would do inline
     /// is small or not due.
     fn checkpoint(&self) -> Result<(), BackendFailure> {
-        let mut checkpoint = None;
-        self.file.write_txn(|txn| {
-            let mut journal = self.journal.lock();
-            if !journal.wants_idle_checkpoint() {
-                return Ok(((), false));
-            }
-            txn.set_durability(Durability::Immediate)?;
-            let mut meta = txn.open_table(META)?;
-            journal
-                .check_applied(get_counter(&meta, JOURNAL_LSN)?)
-                .map_err(Fail::Located)?;
-            let lsn = journal.checkpoint_lsn();
-            meta.insert(JOURNAL_LSN, lsn)?;
-            checkpoint = Some(lsn);
-            Ok(((), true))
-        })?;
-        if let Some(lsn) = checkpoint {
-            self.journal.lock().checkpointed(lsn);
+        if !self.journal.lock().wants_idle_checkpoint() {
+            return Ok(());
         }
-        Ok(())
+        self.write(|_| Ok(((), Change::Durable)))
     }
 
     fn ready_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<ReadyUnit>, BackendFailure> {
@@ -680,13 +695,8 @@ impl Inner {
         if !due || limit == 0 {
             return Ok(0);
         }
-        let mut checkpoint = None;
-        let expired = self.file.write_txn(|txn| {
-            // Durable (a checkpoint): expiry is not journaled.
-            let mut journal = self.journal.lock();
-            txn.set_durability(Durability::Immediate)?;
-            let mut t = Tx::open(txn)?;
-            journal.check_applied(t.journal_lsn).map_err(Fail::Located)?;
+        // Durable (a checkpoint): expiry is not journaled.
+        self.write(|t| {
             let mut expired = 0;
             let mut changed = false;
             while expired < limit {
@@ -717,18 +727,8 @@ impl Inner {
                     expired += 1;
                 }
             }
-            if changed {
-                let lsn = journal.checkpoint_lsn();
-                t.meta.insert(JOURNAL_LSN, lsn)?;
-                t.save_counters()?;
-                checkpoint = Some(lsn);
-            }
-            Ok((expired, changed))
-        })?;
-        if let Some(lsn) = checkpoint {
-            self.journal.lock().checkpointed(lsn);
-        }
-        Ok(expired)
+            Ok((expired, if changed { Change::Durable } else { Change::None }))
+        })
     }
 
     fn complete(&self, ids: Vec<UnitId>) -> Result<(), BackendFailure> {
