@@ -213,9 +213,10 @@ impl Batch {
         Some(batch)
     }
 
-    /// Whether there is anything for the store (refused requests only need answers).
-    fn writes(&self) -> bool {
-        !self.records.is_empty() || !self.completed.is_empty()
+    /// The records to store, or `None` if the commit writes nothing (refused requests
+    /// only need their answers). The completions stay in the batch for `settle`.
+    fn take_write(&mut self) -> Option<Vec<PendingRecord>> {
+        (!self.records.is_empty() || !self.completed.is_empty()).then(|| std::mem::take(&mut self.records))
     }
 
     /// Answer the clients and pass the completions on.
@@ -239,22 +240,19 @@ impl Batch {
 async fn run(policy: IngressArgs, mut rx: mpsc::UnboundedReceiver<Work>, gauges: Arc<Gauges>) {
     let mut backlog = Backlog::default();
     loop {
+        // Carried completions are written without waiting for new work.
         let first = if backlog.carried.is_empty() {
-            match rx.recv().await {
-                Some(work) => Some(work),
-                None => break,
-            }
+            let Some(work) = rx.recv().await else { break };
+            Some(work)
         } else {
             None
         };
         let Some(mut batch) = Batch::gather(&policy, first, &mut || rx.try_recv().ok(), &mut backlog, &gauges) else {
             continue;
         };
-        let result = if batch.writes() {
-            let records = std::mem::take(&mut batch.records);
-            policy.store.commit(records, &batch.completed).await
-        } else {
-            Ok(Vec::new())
+        let result = match batch.take_write() {
+            Some(records) => policy.store.commit(records, &batch.completed).await,
+            None => Ok(Vec::new()),
         };
         batch.settle(&policy, result, &mut backlog, &gauges);
     }
@@ -276,29 +274,25 @@ fn run_on_thread(
     let mut backlog = Backlog::default();
     loop {
         let first = if backlog.carried.is_empty() {
-            let next = match rx.recv_timeout(WRITER_IDLE) {
-                Ok(work) => Ok(work),
+            let work = match rx.recv_timeout(WRITER_IDLE) {
+                Ok(work) => work,
                 Err(RecvTimeoutError::Timeout) => {
                     writer.idle();
-                    rx.recv().map_err(|_| ())
+                    let Ok(work) = rx.recv() else { break };
+                    work
                 }
-                Err(RecvTimeoutError::Disconnected) => Err(()),
+                Err(RecvTimeoutError::Disconnected) => break,
             };
-            match next {
-                Ok(work) => Some(work),
-                Err(()) => break,
-            }
+            Some(work)
         } else {
             None
         };
         let Some(mut batch) = Batch::gather(&policy, first, &mut || rx.try_recv().ok(), &mut backlog, &gauges) else {
             continue;
         };
-        let result = if batch.writes() {
-            let records = std::mem::take(&mut batch.records);
-            writer.commit(records, &batch.completed)
-        } else {
-            Ok(Vec::new())
+        let result = match batch.take_write() {
+            Some(records) => writer.commit(records, &batch.completed),
+            None => Ok(Vec::new()),
         };
         batch.settle(&policy, result, &mut backlog, &gauges);
     }
