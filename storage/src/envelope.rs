@@ -195,17 +195,23 @@ pub(crate) fn crc32(data: &[u8]) -> u32 {
     c ^ 0xFFFF_FFFF
 }
 
+/// The bytes [`seal`] covered, if its CRC-32 trailer matches them.
+pub(crate) fn unseal(sealed: &[u8]) -> Result<&[u8], String> {
+    let Some(split) = sealed.len().checked_sub(4) else {
+        return Err(format!("{} bytes is too short for a record", sealed.len()));
+    };
+    let (bytes, trailer) = sealed.split_at(split);
+    let stored = u32::from_be_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]);
+    if crc32(bytes) != stored {
+        return Err("checksum mismatch: the stored record is damaged".to_string());
+    }
+    Ok(bytes)
+}
+
 /// Decode a value written by [`encode`] (by this or any compatible version).
 pub fn decode<T: DeserializeOwned>(kind: RecordKind, bytes: &[u8]) -> Result<T, EnvelopeError> {
     let corrupt = |detail: String| EnvelopeError::Corrupt { kind, detail };
-    let Some(split) = bytes.len().checked_sub(4) else {
-        return Err(corrupt(format!("{} bytes is too short for a record", bytes.len())));
-    };
-    let (bytes, trailer) = bytes.split_at(split);
-    let stored = u32::from_be_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]);
-    if crc32(bytes) != stored {
-        return Err(corrupt("checksum mismatch: the stored record is damaged".to_string()));
-    }
+    let bytes = unseal(bytes).map_err(corrupt)?;
     let (major, _minor) = match fast_versions(bytes) {
         Some(v) => v,
         None => probe_versions(kind, bytes)?,

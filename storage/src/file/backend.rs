@@ -47,14 +47,6 @@ impl FaultBackend {
             faults,
         })
     }
-
-    fn check_space(&self) -> io::Result<()> {
-        check_space(&self.faults)
-    }
-
-    fn check_io(&self) -> io::Result<()> {
-        check_io(&self.faults)
-    }
 }
 
 /// Before a write or an extension of a store file (redb's or the pending journal):
@@ -80,23 +72,23 @@ impl StorageBackend for FaultBackend {
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
-        self.check_io()?;
+        check_io(&self.faults)?;
         self.inner.read(offset, out)
     }
 
     fn set_len(&self, len: u64) -> Result<(), io::Error> {
-        self.check_space()?;
+        check_space(&self.faults)?;
         self.inner.set_len(len)
     }
 
     fn sync_data(&self) -> Result<(), io::Error> {
-        self.check_io()?;
+        check_io(&self.faults)?;
         count_fsync();
         self.inner.sync_data()
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
-        self.check_space()?;
+        check_space(&self.faults)?;
         self.inner.write(offset, data)
     }
 

@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 
 use super::backend::{FaultSwitch, check_io, check_space, count_fsync};
 use super::dir::{DataDir, io_failure};
-use crate::envelope::crc32;
+use crate::envelope::{crc32, unseal};
 use crate::error::{BackendFailure, FailureKind};
 
 const MAGIC: u32 = 0x534A_4E31; // "SJN1"
@@ -186,7 +186,7 @@ impl Journal {
             let mut payload = vec![0u8; header.len];
             self.read_at(&mut payload, at + HEADER as u64)?;
             let next = at + (HEADER + header.len) as u64;
-            if !sealed_ok(&payload) {
+            if unseal(&payload).is_err() {
                 // Torn (the crash hit its write) unless its successor exists.
                 if self
                     .header_at(next, len)?
@@ -386,18 +386,6 @@ impl Journal {
 struct Header {
     lsn: u64,
     len: usize,
-}
-
-/// Whether a payload's envelope CRC trailer matches (the full decode comes later).
-fn sealed_ok(payload: &[u8]) -> bool {
-    let Some(split) = payload.len().checked_sub(4) else {
-        return false;
-    };
-    let (body, trailer) = payload.split_at(split);
-    trailer
-        .try_into()
-        .map(u32::from_be_bytes)
-        .is_ok_and(|c| c == crc32(body))
 }
 
 #[cfg(test)]
