@@ -9,7 +9,9 @@
 //! the alternative; it panics on a current-thread runtime (which `#[tokio::test]` and
 //! small tools use) and still stalls every other task queued on that worker until the
 //! fsync returns. The price of `spawn_blocking` is one thread hand-off per call, which
-//! is why the stage contracts take batches.
+//! is why the stage contracts take batches. The one exception is the pending writer's
+//! commit (`BlockingPendingWriter`): the Ingress calls it on a thread of its
+//! own, where blocking is the point.
 //!
 //! A caller that stops waiting (its future dropped) does not cancel the blocking call:
 //! an admission may then be stored without being acknowledged, which at-least-once

@@ -327,7 +327,7 @@ impl DlrStore for FileDlrStore {
         }
     }
 
-    /// In transactions of at most [`WAKE_BATCH`] deliveries (each durable); a crash
+    /// In transactions of at most `WAKE_BATCH` deliveries (each durable); a crash
     /// between them leaves the rest parked until the correlator wakes the account again.
     async fn wake_account(&self, account: &str, now: Timestamp) -> Result<u64, DlrError> {
         let account = account.to_string();
