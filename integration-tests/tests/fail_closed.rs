@@ -168,6 +168,8 @@ async fn a_profile_change_with_outstanding_records_needs_a_drain() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("pending:      30 records"), "{text}");
+    // Killed before its next checkpoint: inspect applied the journal's frames.
+    assert!(text.contains("pending journal frames applied"), "{text}");
     assert!(text.contains("written by storage profile file/file/file"), "{text}");
 
     // The new profile would abandon routed work: refused, naming the way out.

@@ -59,6 +59,12 @@ pub async fn inspect(cfg: &Config) -> Result<String, StoresCliError> {
             st.receipt_requests,
             age(st.oldest_accepted_at)
         ));
+        if s.replayed_frames() > 0 {
+            out.push_str(&format!(
+                "              {} pending journal frames applied: commits after the last checkpoint of a gateway that did not stop cleanly\n",
+                s.replayed_frames()
+            ));
+        }
     }
     if dir.router_queue_path().exists() {
         let s = FileRouterQueueStore::open(&dir).map_err(storage)?;
