@@ -32,12 +32,7 @@ pub async fn receipts_after_restart_are_delivered(dlr: &str, durable: bool) {
         .await
         .unwrap();
     let ids = submit_and_hand_off(&gw, &esme, 50, "30").await;
-    gw.kill();
-    drop(esme);
-    gw.restart().await;
-    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
-        .await
-        .unwrap();
+    let esme = kill_and_rebind(&mut gw, esme, BindKind::Transceiver).await;
     // The SMSC holds the receipts while nobody is bound and sends them to the new session.
     assert!(
         smsc.wait_receipts_acked(50, WAIT).await,
@@ -69,12 +64,7 @@ pub async fn held_receipts_survive_restart(dlr: &str, durable: bool) {
         wait_metric(&gw, "sendium_dlr_pending_receipts", "", |v| v == 20.0).await,
         "held for the account"
     );
-    gw.kill();
-    drop(tx);
-    gw.restart().await;
-    let rx = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Receiver)
-        .await
-        .unwrap();
+    let rx = kill_and_rebind(&mut gw, tx, BindKind::Receiver).await;
     if durable {
         let receipts = rx.wait_receipts(20, WAIT).await;
         one_receipt_per_id(&receipts, &ids);

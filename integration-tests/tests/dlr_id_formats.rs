@@ -91,12 +91,7 @@ async fn hex_ids_with_decimal_receipts_survive_a_restart(dlr: &str, id_format: &
         0,
         "a receipt was sent before the kill; the handoff took longer than {RECEIPT_DELAY:?}"
     );
-    gw.kill();
-    drop(esme);
-    gw.restart().await;
-    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
-        .await
-        .unwrap();
+    let esme = kill_and_rebind(&mut gw, esme, BindKind::Transceiver).await;
 
     assert!(
         smsc.wait_receipts_acked(N as u64, WAIT).await,

@@ -157,6 +157,14 @@ pub fn pg_dlr(url: &str) -> String {
     format!("[dlr]\nbackend = \"postgresql\"\n[storage.postgresql]\nurl = \"{url}\"")
 }
 
+/// SIGKILL the gateway, drop the old session, restart on the same data and bind anew.
+pub async fn kill_and_rebind(gw: &mut GatewayProcess, old: TestEsme, kind: BindKind) -> TestEsme {
+    gw.kill();
+    drop(old);
+    gw.restart().await;
+    TestEsme::bind(gw.smpp_addr(), "esme1", "secret", kind).await.unwrap()
+}
+
 /// Submit `specs` (20 in flight) and return their message ids: every one acknowledged,
 /// each under an id of its own.
 pub async fn submit_all_ok(esme: &TestEsme, specs: &[SubmitSpec]) -> HashSet<String> {
