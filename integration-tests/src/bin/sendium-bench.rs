@@ -14,12 +14,17 @@
 //! peak is reset through `/proc/<pid>/clear_refs` before each phase where the kernel allows
 //! it) and `/proc/<pid>/stat` (utime + stime), and prints one row per profile and phase.
 //!
+//! `--rounds N` runs the whole list N times, profile after profile in each round (so two
+//! profiles alternate through the machine's slow and quiet minutes), and adds the
+//! median and range per profile and phase: on a shared VM one run says little about a
+//! tail latency.
+//!
 //! ```text
 //! sendium-bench [--profile NAME]... [--include-unsupported] [--pg-url URL] [--list]
 //!               [--count 200000] [--latency-count 100000] [--latency-rate MSG_PER_S]
 //!               [--sessions 4] [--window 256] [--mix gsm=8,ucs2=1,multipart=1]
 //!               [--receipt-delay-ms 20] [--threads N] [--phase-timeout-s 300]
-//!               [--ready-timeout-s 30] [--show-config] [--markdown | --json]
+//!               [--ready-timeout-s 30] [--rounds 1] [--show-config] [--markdown | --json]
 //! ```
 //!
 //! The gateway binary is `$SENDIUM_BIN`, else `sendium` next to this executable (so
@@ -48,7 +53,7 @@ const USAGE: &str = "usage: sendium-bench [--profile NAME]... [--include-unsuppo
                      [--count N] [--latency-count N] [--latency-rate MSG_PER_S]
                      [--sessions N] [--window N] [--mix gsm=8,ucs2=1,multipart=1]
                      [--receipt-delay-ms MS] [--threads N] [--phase-timeout-s S]
-                     [--ready-timeout-s S] [--show-config] [--markdown | --json]
+                     [--ready-timeout-s S] [--rounds N] [--show-config] [--markdown | --json]
 
 Runs the release sendium binary ($SENDIUM_BIN, else next to this executable) per storage
 profile against the test SMSC, driven by the load generator: phase 1 at full speed
@@ -57,7 +62,8 @@ Default profiles: those this build supports; --include-unsupported adds the othe
 profile the gateway refuses at startup is reported, not fatal). --list shows the profiles.
 PostgreSQL profiles use --pg-url as is (give them a fresh database); without it the
 bench starts a throwaway cluster of the machine's PostgreSQL (initdb, fsync on) and gives
-each profile a new database in it.";
+each profile a new database in it. --rounds N runs the list N times, alternating the
+profiles, and adds each profile's median and range over the rounds.";
 
 /// The ESME account the load generator binds with.
 const ESME_SYSTEM_ID: &str = "bench";
@@ -293,6 +299,7 @@ struct Options {
     threads: usize,
     phase_timeout: Duration,
     ready_timeout: Duration,
+    rounds: usize,
     show_config: bool,
     markdown: bool,
     json: bool,
@@ -315,6 +322,7 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
         threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2),
         phase_timeout: Duration::from_secs(300),
         ready_timeout: Duration::from_secs(30),
+        rounds: 1,
         show_config: false,
         markdown: false,
         json: false,
@@ -366,6 +374,7 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
             "--threads" => o.threads = num(flag, value()?)?,
             "--phase-timeout-s" => o.phase_timeout = Duration::from_secs(num(flag, value()?)?),
             "--ready-timeout-s" => o.ready_timeout = Duration::from_secs(num(flag, value()?)?),
+            "--rounds" => o.rounds = num(flag, value()?)?,
             "--show-config" => o.show_config = true,
             "--markdown" => o.markdown = true,
             "--json" => o.json = true,
@@ -388,8 +397,8 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
             return Err(format!("{flag} takes no value"));
         }
     }
-    if o.sessions == 0 || o.window == 0 || o.count == 0 || o.threads == 0 {
-        return Err("--sessions, --window, --count and --threads must be at least 1".into());
+    if o.sessions == 0 || o.window == 0 || o.count == 0 || o.threads == 0 || o.rounds == 0 {
+        return Err("--sessions, --window, --count, --threads and --rounds must be at least 1".into());
     }
     if o.markdown && o.json {
         return Err("choose one of --markdown and --json".into());
@@ -769,6 +778,8 @@ struct Measured {
 
 struct Row {
     profile: String,
+    /// Which round of `--rounds` (None when there is one).
+    round: Option<usize>,
     phase: Option<Phase>,
     measured: Option<Measured>,
     note: String,
@@ -781,6 +792,7 @@ impl Row {
     fn note_only(profile: &str, note: String, failed: bool) -> Row {
         Row {
             profile: profile.to_owned(),
+            round: None,
             phase: None,
             measured: None,
             note,
@@ -949,6 +961,7 @@ impl Bench {
         };
         let failed_row = |note: String, detail: Value| Row {
             profile: profile.name.to_owned(),
+            round: None,
             phase: Some(phase),
             measured: None,
             note,
@@ -1066,6 +1079,7 @@ impl Bench {
         }
         let row = Row {
             profile: profile.name.to_owned(),
+            round: None,
             phase: Some(phase),
             measured: Some(measured),
             note: notes.join("; "),
@@ -1237,7 +1251,11 @@ const HEADERS: [&str; 12] = [
 fn cells(row: &Row) -> Vec<String> {
     let phase = row.phase.map(Phase::name).unwrap_or("-").to_owned();
     let opt = |v: Option<f64>, prec: usize| v.map(|v| format!("{v:.prec$}")).unwrap_or_else(|| "-".to_owned());
-    let mut out = vec![row.profile.clone(), phase];
+    let profile = match row.round {
+        Some(k) => format!("{} #{k}", row.profile),
+        None => row.profile.clone(),
+    };
+    let mut out = vec![profile, phase];
     match &row.measured {
         Some(m) => out.extend([
             m.messages.to_string(),
@@ -1257,30 +1275,41 @@ fn cells(row: &Row) -> Vec<String> {
 }
 
 fn text_table(rows: &[Row]) -> String {
-    let all: Vec<Vec<String>> = std::iter::once(HEADERS.iter().map(|h| (*h).to_owned()).collect())
-        .chain(rows.iter().map(cells))
+    // Figures right-aligned; the profile, the phase and the note (last) left-aligned.
+    text_grid(&HEADERS, rows.iter().map(cells).collect(), |i| {
+        i >= 2 && i < HEADERS.len() - 1
+    })
+}
+
+/// Space-aligned columns; `right(i)` says which are right-aligned.
+fn text_grid(headers: &[&str], rows: Vec<Vec<String>>, right: impl Fn(usize) -> bool) -> String {
+    let all: Vec<Vec<String>> = std::iter::once(headers.iter().map(|h| (*h).to_owned()).collect())
+        .chain(rows)
         .collect();
-    let mut widths = [0usize; HEADERS.len()];
+    let mut widths = vec![0usize; headers.len()];
     for r in &all {
         for (i, c) in r.iter().enumerate() {
-            widths[i] = widths[i].max(c.chars().count());
+            if let Some(w) = widths.get_mut(i) {
+                *w = (*w).max(c.chars().count());
+            }
         }
     }
     let mut out = String::new();
     for r in &all {
         let mut line = String::new();
         for (i, c) in r.iter().enumerate() {
-            let pad = widths[i] - c.chars().count();
-            if i >= 2 && i < HEADERS.len() - 1 {
+            let pad = widths.get(i).copied().unwrap_or(0).saturating_sub(c.chars().count());
+            let last = i + 1 == r.len();
+            if right(i) {
                 line.push_str(&" ".repeat(pad));
                 line.push_str(c);
             } else {
                 line.push_str(c);
-                if i < HEADERS.len() - 1 {
+                if !last {
                     line.push_str(&" ".repeat(pad));
                 }
             }
-            if i < HEADERS.len() - 1 {
+            if !last {
                 line.push_str("  ");
             }
         }
@@ -1315,15 +1344,109 @@ fn markdown(rows: &[Row], ctx: &RunContext) -> String {
         let c: Vec<String> = cells(row).iter().map(|c| md_escape(c)).collect();
         let _ = writeln!(out, "| {} |", c.join(" | "));
     }
+    let summary = summarize(rows);
+    if !summary.is_empty() {
+        let _ = writeln!(out, "\nOver the rounds (median, and min–max):\n");
+        let _ = writeln!(out, "| {} |", SUMMARY_HEADERS.join(" | "));
+        let _ = writeln!(out, "|---|---|---:|---:|---:|---:|");
+        for s in &summary {
+            let _ = writeln!(out, "| {} |", summary_cells(s).join(" | "));
+        }
+    }
     out
 }
 
-fn json_output(rows: &[Row], ctx: &RunContext) -> Value {
-    let rows: Vec<Value> = rows
+/// One profile and phase over the rounds of `--rounds`.
+struct Summary {
+    profile: String,
+    phase: Phase,
+    rounds: usize,
+    msgs_per_sec: Spread,
+    p50_ms: Spread,
+    p99_ms: Spread,
+}
+
+/// Median and range of one figure over the rounds.
+#[derive(Debug, PartialEq)]
+struct Spread {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Spread {
+    /// None for no values. The median of an even count is the mean of the middle two.
+    fn of(mut values: Vec<f64>) -> Option<Spread> {
+        values.sort_by(f64::total_cmp);
+        let n = values.len();
+        let (min, max) = (*values.first()?, *values.last()?);
+        let median = if n % 2 == 1 {
+            values[n / 2]
+        } else {
+            (values[n / 2 - 1] + values[n / 2]) / 2.0
+        };
+        Some(Spread { median, min, max })
+    }
+
+    fn show(&self, prec: usize) -> String {
+        format!("{:.prec$} ({:.prec$}–{:.prec$})", self.median, self.min, self.max)
+    }
+
+    fn json(&self) -> Value {
+        json!({ "median": self.median, "min": self.min, "max": self.max })
+    }
+}
+
+const SUMMARY_HEADERS: [&str; 6] = ["profile", "phase", "rounds", "msgs/s", "p50 ms", "p99 ms"];
+
+/// Per profile and phase, in first-seen order, over the measured rows of every round
+/// (none when the bench ran one round). A failed round's figures are left out; `rounds`
+/// counts the ones that were kept.
+fn summarize(rows: &[Row]) -> Vec<Summary> {
+    let mut groups: Vec<(String, Phase, Vec<&Measured>)> = Vec::new();
+    for row in rows.iter().filter(|r| r.round.is_some() && !r.failed) {
+        let (Some(phase), Some(m)) = (row.phase, &row.measured) else {
+            continue;
+        };
+        match groups.iter_mut().find(|(p, ph, _)| *p == row.profile && *ph == phase) {
+            Some((_, _, ms)) => ms.push(m),
+            None => groups.push((row.profile.clone(), phase, vec![m])),
+        }
+    }
+    groups
+        .into_iter()
+        .filter_map(|(profile, phase, ms)| {
+            let spread = |f: fn(&Measured) -> f64| Spread::of(ms.iter().map(|m| f(m)).collect());
+            Some(Summary {
+                profile,
+                phase,
+                rounds: ms.len(),
+                msgs_per_sec: spread(|m| m.msgs_per_sec)?,
+                p50_ms: spread(|m| m.p50_ms)?,
+                p99_ms: spread(|m| m.p99_ms)?,
+            })
+        })
+        .collect()
+}
+
+fn summary_cells(s: &Summary) -> Vec<String> {
+    vec![
+        s.profile.clone(),
+        s.phase.name().to_owned(),
+        s.rounds.to_string(),
+        s.msgs_per_sec.show(0),
+        s.p50_ms.show(2),
+        s.p99_ms.show(2),
+    ]
+}
+
+fn json_output(rows_in: &[Row], ctx: &RunContext) -> Value {
+    let rows: Vec<Value> = rows_in
         .iter()
         .map(|r| {
             let mut v = json!({
                 "profile": r.profile,
+                "round": r.round,
                 "phase": r.phase.map(Phase::name),
                 "note": r.note,
                 "failed": r.failed,
@@ -1354,6 +1477,17 @@ fn json_output(rows: &[Row], ctx: &RunContext) -> Value {
         "sendium_bin": ctx.bin.display().to_string(),
         "settings": ctx.settings_json,
         "rows": rows,
+        "summary": summarize(rows_in)
+            .iter()
+            .map(|s| json!({
+                "profile": s.profile,
+                "phase": s.phase.name(),
+                "rounds": s.rounds,
+                "msgs_per_sec": s.msgs_per_sec.json(),
+                "p50_ms": s.p50_ms.json(),
+                "p99_ms": s.p99_ms.json(),
+            }))
+            .collect::<Vec<Value>>(),
     })
 }
 
@@ -1483,8 +1617,14 @@ fn main() {
         pg_cluster: std::sync::OnceLock::new(),
     };
     let mut rows = Vec::new();
-    for profile in &bench.opts.profiles {
-        rows.extend(bench.run_profile(profile));
+    let rounds = bench.opts.rounds;
+    for round in 1..=rounds {
+        for profile in &bench.opts.profiles {
+            rows.extend(bench.run_profile(profile).into_iter().map(|mut row| {
+                row.round = (rounds > 1).then_some(round);
+                row
+            }));
+        }
     }
     let failed = rows.iter().any(|r| r.failed);
     if bench.opts.json {
@@ -1494,6 +1634,15 @@ fn main() {
     } else {
         println!();
         print!("{}", text_table(&rows));
+        let summary = summarize(&rows);
+        if !summary.is_empty() {
+            println!("\nOver the rounds (median, and min–max):");
+            print!(
+                "{}",
+                text_grid(&SUMMARY_HEADERS, summary.iter().map(summary_cells).collect(), |i| i
+                    >= 2)
+            );
+        }
         println!("\n{} CPUs, kernel {}; {}", ctx.nproc, ctx.kernel, ctx.settings);
     }
     if failed {
@@ -1591,36 +1740,14 @@ mod tests {
         assert!(parse(&["--profile", "nope"]).unwrap_err().contains("memory"));
         assert!(parse(&["--markdown", "--json"]).is_err());
         assert!(parse(&["--count", "x"]).is_err());
+        assert!(parse(&["--rounds", "0"]).is_err());
+        assert_eq!(parse(&["--rounds", "8"]).unwrap().unwrap().rounds, 8);
+        assert_eq!(parse(&[]).unwrap().unwrap().rounds, 1);
     }
 
-    #[test]
-    fn tables() {
-        let rows = vec![
-            Row {
-                profile: "memory".into(),
-                phase: Some(Phase::Throughput),
-                measured: Some(Measured {
-                    messages: 10,
-                    elapsed_s: 1.0,
-                    msgs_per_sec: 10.0,
-                    p50_ms: 1.0,
-                    p99_ms: 2.0,
-                    peak_rss_mib: Some(20.0),
-                    cpu_s_per_10k: None,
-                    receipts_missing: 0,
-                    errors: 0,
-                }),
-                note: String::new(),
-                failed: false,
-                detail: Value::Null,
-            },
-            Row::note_only("file-file-file", "refused | at startup".into(), false),
-        ];
-        let text = text_table(&rows);
-        assert_eq!(text.lines().count(), 3);
-        assert!(text.contains("refused | at startup"));
-        let ctx = RunContext {
-            command: "sendium-bench --markdown".into(),
+    fn test_context(command: &str) -> RunContext {
+        RunContext {
+            command: command.into(),
             nproc: "2".into(),
             kernel: "6.1".into(),
             cpu_model: None,
@@ -1628,7 +1755,137 @@ mod tests {
             bin: PathBuf::from("sendium"),
             settings: "s".into(),
             settings_json: Value::Null,
-        };
+        }
+    }
+
+    fn measured_row(profile: &str, round: usize, phase: Phase, msgs_per_sec: f64, p99_ms: f64) -> Row {
+        Row {
+            profile: profile.into(),
+            round: Some(round),
+            phase: Some(phase),
+            measured: Some(Measured {
+                messages: 100,
+                elapsed_s: 1.0,
+                msgs_per_sec,
+                p50_ms: 1.0,
+                p99_ms,
+                peak_rss_mib: None,
+                cpu_s_per_10k: None,
+                receipts_missing: 0,
+                errors: 0,
+            }),
+            note: String::new(),
+            failed: false,
+            detail: Value::Null,
+        }
+    }
+
+    #[test]
+    fn spread_median_and_range() {
+        assert_eq!(Spread::of(Vec::new()), None);
+        let odd = Spread::of(vec![9.0, 1.0, 5.0]).unwrap();
+        assert_eq!(
+            odd,
+            Spread {
+                median: 5.0,
+                min: 1.0,
+                max: 9.0
+            }
+        );
+        let even = Spread::of(vec![4.0, 10.0, 2.0, 6.0]).unwrap();
+        assert_eq!(
+            even,
+            Spread {
+                median: 5.0,
+                min: 2.0,
+                max: 10.0
+            }
+        );
+        assert_eq!(even.show(1), "5.0 (2.0–10.0)");
+    }
+
+    #[test]
+    fn summary_over_rounds() {
+        let mut failed = measured_row("memory", 3, Phase::Latency, 1.0, 999.0);
+        failed.failed = true;
+        let rows = vec![
+            measured_row("file-file-file", 1, Phase::Throughput, 30_000.0, 60.0),
+            measured_row("file-file-file", 1, Phase::Latency, 15_000.0, 7.0),
+            measured_row("memory", 1, Phase::Latency, 28_000.0, 2.0),
+            measured_row("file-file-file", 2, Phase::Throughput, 26_000.0, 80.0),
+            measured_row("file-file-file", 2, Phase::Latency, 13_000.0, 5.0),
+            measured_row("memory", 2, Phase::Latency, 26_000.0, 1.0),
+            failed,
+            Row {
+                round: Some(3),
+                ..Row::note_only("memory", "skipped".into(), true)
+            },
+        ];
+        let summary = summarize(&rows);
+        let keys: Vec<(&str, &str, usize)> = summary
+            .iter()
+            .map(|s| (s.profile.as_str(), s.phase.name(), s.rounds))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                ("file-file-file", "throughput", 2),
+                ("file-file-file", "latency", 2),
+                ("memory", "latency", 2)
+            ]
+        );
+        assert_eq!(
+            summary[1].p99_ms,
+            Spread {
+                median: 6.0,
+                min: 5.0,
+                max: 7.0
+            }
+        );
+        assert_eq!(summary[0].msgs_per_sec.median, 28_000.0);
+        assert_eq!(summary[2].p99_ms.max, 2.0, "the failed round is left out");
+
+        let one_round: Vec<Row> = rows.into_iter().map(|r| Row { round: None, ..r }).collect();
+        assert!(summarize(&one_round).is_empty(), "no summary for a single round");
+
+        let ctx = test_context("sendium-bench --rounds 2 --markdown");
+        let rows = vec![
+            measured_row("memory", 1, Phase::Latency, 28_000.0, 2.0),
+            measured_row("memory", 2, Phase::Latency, 26_000.0, 1.0),
+        ];
+        let md = markdown(&rows, &ctx);
+        assert!(md.contains("| memory #2 | latency |"), "{md}");
+        assert!(
+            md.contains("| memory | latency | 2 | 27000 (26000–28000) | 1.00 (1.00–1.00) | 1.50 (1.00–2.00) |"),
+            "{md}"
+        );
+        let json = json_output(&rows, &ctx);
+        assert_eq!(json["rows"][1]["round"], 2);
+        assert_eq!(json["summary"][0]["p99_ms"]["median"], 1.5);
+        let text = text_grid(
+            &SUMMARY_HEADERS,
+            summarize(&rows).iter().map(summary_cells).collect(),
+            |i| i >= 2,
+        );
+        assert_eq!(text.lines().count(), 2);
+    }
+
+    #[test]
+    fn tables() {
+        let mut row = measured_row("memory", 1, Phase::Throughput, 10.0, 2.0);
+        row.round = None;
+        if let Some(m) = &mut row.measured {
+            m.messages = 10;
+            m.peak_rss_mib = Some(20.0);
+        }
+        let rows = vec![
+            row,
+            Row::note_only("file-file-file", "refused | at startup".into(), false),
+        ];
+        let text = text_table(&rows);
+        assert_eq!(text.lines().count(), 3);
+        assert!(text.contains("refused | at startup"));
+        let ctx = test_context("sendium-bench --markdown");
         let md = markdown(&rows, &ctx);
         assert!(md.contains("| memory | throughput | 10 | 1.00 | 10 | 1.00 | 2.00 | 20.0 | - | 0 | 0 |  |"));
         assert!(md.contains("refused \\| at startup"));
