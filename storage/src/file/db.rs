@@ -483,6 +483,15 @@ where
     }
 }
 
+/// [`blocking`] for a caller that is already on a thread where blocking is the point
+/// (the pending writer's): `f` runs here, and a panic inside it fails closed the same way.
+pub(crate) fn on_this_thread<R>(
+    file: &StoreFile,
+    f: impl FnOnce() -> Result<R, BackendFailure>,
+) -> Result<R, BackendFailure> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| Err(file.panicked()))
+}
+
 /// Check (or, in a new file, write) the file's layout version.
 pub(crate) fn check_layout(txn: &WriteTransaction, layout: u64) -> Result<(), Fail> {
     let mut meta = txn.open_table(META)?;

@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
 use super::backend::FaultSwitch;
-use super::db::{Fail, FileOptions, META, StoreFile, blocking, check_layout, get_counter};
+use super::db::{Fail, FileOptions, META, StoreFile, blocking, check_layout, get_counter, on_this_thread};
 use super::dir::{DataDir, PENDING_FILE};
 use super::journal::Journal;
 use super::records::{GroupState, IdempotencyEntry, UnitEntry};
@@ -529,7 +529,7 @@ fn complete_in(t: &mut Tx<'_>, ids: &[UnitId]) -> Result<bool, Fail> {
 
 impl Inner {
     fn admit(&self, batch: Vec<PendingRecord>) -> Result<Vec<AdmitOutcome>, BackendFailure> {
-        self.commit(batch, Vec::new())
+        self.commit(batch, &[])
     }
 
     /// One write transaction of the pending stage. `body` changes the tables and says
@@ -599,11 +599,14 @@ impl Inner {
 
     /// Admissions and source completions in one write transaction: one journal frame
     /// (or one checkpoint) for both.
-    fn commit(&self, batch: Vec<PendingRecord>, complete: Vec<UnitId>) -> Result<Vec<AdmitOutcome>, BackendFailure> {
+    fn commit(&self, batch: Vec<PendingRecord>, complete: &[UnitId]) -> Result<Vec<AdmitOutcome>, BackendFailure> {
+        if batch.is_empty() && complete.is_empty() {
+            return Ok(Vec::new());
+        }
         let now = Timestamp::now();
         let idem_expiry = now.saturating_add(self.limits.idempotency_retention);
         self.write(|t| {
-            let mut changed = complete_in(t, &complete)?;
+            let mut changed = complete_in(t, complete)?;
             changed |= t.forget_idempotency(now)?;
             let mut count = t.records.len()?;
             let mut outcomes = Vec::with_capacity(batch.len());
@@ -630,7 +633,7 @@ impl Inner {
                 Change::Frame(JournalFrame {
                     now,
                     idem_expiry,
-                    complete,
+                    complete: complete.to_vec(),
                     admit: admitted,
                 })
             } else {
@@ -732,7 +735,7 @@ impl Inner {
     }
 
     fn complete(&self, ids: Vec<UnitId>) -> Result<(), BackendFailure> {
-        self.commit(Vec::new(), ids).map(|_| ())
+        self.commit(Vec::new(), &ids).map(|_| ())
     }
 
     fn stats(&self) -> Result<PendingStats, BackendFailure> {
@@ -789,11 +792,8 @@ impl PendingStore for FilePendingStore {
     }
 
     async fn commit(&self, admit: Vec<PendingRecord>, complete: &[UnitId]) -> Result<Vec<AdmitOutcome>, PendingError> {
-        if admit.is_empty() && complete.is_empty() {
-            return Ok(Vec::new());
-        }
         let complete = complete.to_vec();
-        self.run(move |i| i.commit(admit, complete)).await
+        self.run(move |i| i.commit(admit, &complete)).await
     }
 
     async fn stats(&self) -> Result<PendingStats, PendingError> {
@@ -807,21 +807,11 @@ impl PendingStore for FilePendingStore {
 
 impl BlockingPendingWriter for FilePendingStore {
     fn commit(&self, admit: Vec<PendingRecord>, complete: &[UnitId]) -> Result<Vec<AdmitOutcome>, PendingError> {
-        if admit.is_empty() && complete.is_empty() {
-            return Ok(Vec::new());
-        }
-        let complete = complete.to_vec();
-        // As on the blocking pool: a panic inside the storage engine fails closed.
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.inner.commit(admit, complete))) {
-            Ok(r) => Ok(r?),
-            Err(_) => Err(self.inner.file.panicked().into()),
-        }
+        Ok(on_this_thread(&self.inner.file, || self.inner.commit(admit, complete))?)
     }
 
     fn idle(&self) {
-        if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.inner.checkpoint()))
-            .unwrap_or_else(|_| Err(self.inner.file.panicked()))
-        {
+        if let Err(e) = on_this_thread(&self.inner.file, || self.inner.checkpoint()) {
             // The next commit meets the same failure and refuses: nothing more to do here.
             tracing::warn!(error = %e, "pending journal checkpoint failed");
         }
