@@ -394,9 +394,28 @@ mod tests {
     use crate::envelope::seal;
 
     fn open(dir: &DataDir) -> Journal {
-        let mut j = Journal::open(dir, Arc::new(FaultSwitch::default())).unwrap();
+        open_with(dir, Arc::new(FaultSwitch::default()))
+    }
+
+    fn open_with(dir: &DataDir, faults: Arc<FaultSwitch>) -> Journal {
+        let mut j = Journal::open(dir, faults).unwrap();
         j.restart(1);
         j
+    }
+
+    /// A fresh journal in a directory of its own (kept alive by the returned guard).
+    fn fresh() -> (tempfile::TempDir, DataDir, Journal) {
+        let (tmp, dir, j, _) = fresh_with_faults();
+        (tmp, dir, j)
+    }
+
+    /// [`fresh`], with fault switches the test throws.
+    fn fresh_with_faults() -> (tempfile::TempDir, DataDir, Journal, Arc<FaultSwitch>) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = DataDir::open(tmp.path()).unwrap();
+        let faults = Arc::new(FaultSwitch::default());
+        let j = open_with(&dir, faults.clone());
+        (tmp, dir, j, faults)
     }
 
     fn payload(n: usize, fill: u8) -> Vec<u8> {
@@ -431,9 +450,7 @@ mod tests {
 
     #[test]
     fn a_new_journal_is_preallocated_and_empty() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = DataDir::open(tmp.path()).unwrap();
-        let j = open(&dir);
+        let (_tmp, dir, j) = fresh();
         assert_eq!(
             std::fs::metadata(dir.pending_journal_path()).unwrap().len(),
             PREALLOCATE
@@ -443,9 +460,7 @@ mod tests {
 
     #[test]
     fn frames_read_back_in_order_with_their_payloads() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = DataDir::open(tmp.path()).unwrap();
-        let mut j = open(&dir);
+        let (_tmp, dir, mut j) = fresh();
         append_all(&mut j, &[10, 3000, 1]);
         drop(j);
         let j = open(&dir);
@@ -456,9 +471,7 @@ mod tests {
 
     #[test]
     fn a_torn_last_frame_ends_the_journal() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = DataDir::open(tmp.path()).unwrap();
-        let mut j = open(&dir);
+        let (_tmp, dir, mut j) = fresh();
         let at = append_all(&mut j, &[100, 100, 100]);
         damage(&dir, at[2] + HEADER as u64 + 50);
         assert_eq!(
@@ -470,9 +483,7 @@ mod tests {
 
     #[test]
     fn a_damaged_frame_with_a_valid_successor_is_corruption_not_a_torn_tail() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = DataDir::open(tmp.path()).unwrap();
-        let mut j = open(&dir);
+        let (_tmp, dir, mut j) = fresh();
         let at = append_all(&mut j, &[100, 100, 100]);
         damage(&dir, at[1] + HEADER as u64 + 50);
         let err = j.scan(0).unwrap_err();
@@ -483,9 +494,7 @@ mod tests {
 
     #[test]
     fn a_torn_first_frame_over_an_old_cycle_is_not_corruption() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = DataDir::open(tmp.path()).unwrap();
-        let mut j = open(&dir);
+        let (_tmp, dir, mut j) = fresh();
         let at = append_all(&mut j, &[100, 100, 100]);
         // A crash tore the next cycle's first frame: its header never reached the disk,
         // a later sector did, so frame 1's header is intact over a damaged payload and
@@ -498,11 +507,7 @@ mod tests {
 
     #[test]
     fn a_frame_whose_sync_failed_is_not_read_back() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = DataDir::open(tmp.path()).unwrap();
-        let faults = Arc::new(FaultSwitch::default());
-        let mut j = Journal::open(&dir, faults.clone()).unwrap();
-        j.restart(1);
+        let (_tmp, dir, mut j, faults) = fresh_with_faults();
         append_all(&mut j, &[100, 100]);
         faults.sync.store(true, std::sync::atomic::Ordering::Relaxed);
         let lsn = j.take_lsn();
@@ -517,9 +522,7 @@ mod tests {
 
     #[test]
     fn frames_of_an_earlier_cycle_are_not_read_after_a_restart() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = DataDir::open(tmp.path()).unwrap();
-        let mut j = open(&dir);
+        let (_tmp, _dir, mut j) = fresh();
         // Same-size frames: the new cycle's end meets an old frame boundary exactly.
         append_all(&mut j, &[200, 200, 200, 200]);
         j.checkpointed(j.checkpoint_lsn());
@@ -537,9 +540,7 @@ mod tests {
 
     #[test]
     fn a_checkpoint_keeps_the_frames_a_later_commit_appended() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = DataDir::open(tmp.path()).unwrap();
-        let mut j = open(&dir);
+        let (_tmp, _dir, mut j) = fresh();
         append_all(&mut j, &[50, 50]);
         let checkpoint = j.checkpoint_lsn();
         append_all(&mut j, &[50]); // a commit that ran before the checkpoint returned
@@ -552,11 +553,7 @@ mod tests {
 
     #[test]
     fn a_failed_append_refuses_appends_until_a_checkpoint_and_never_reuses_its_lsn() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = DataDir::open(tmp.path()).unwrap();
-        let faults = Arc::new(FaultSwitch::default());
-        let mut j = Journal::open(&dir, faults.clone()).unwrap();
-        j.restart(1);
+        let (_tmp, _dir, mut j, faults) = fresh_with_faults();
         append_all(&mut j, &[10]);
         faults.io.store(true, std::sync::atomic::Ordering::Relaxed);
         let lsn = j.take_lsn();
@@ -572,9 +569,7 @@ mod tests {
 
     #[test]
     fn a_synced_frame_not_in_the_store_file_blocks_writes_until_it_is() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = DataDir::open(tmp.path()).unwrap();
-        let mut j = open(&dir);
+        let (_tmp, _dir, mut j) = fresh();
         j.applying(5);
         let err = j.check_applied(4).unwrap_err();
         assert!(err.to_string().contains("frame 5"), "{err}");
@@ -585,9 +580,7 @@ mod tests {
 
     #[test]
     fn a_checkpoint_is_due_by_size() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = DataDir::open(tmp.path()).unwrap();
-        let mut j = open(&dir);
+        let (_tmp, _dir, mut j) = fresh();
         assert!(j.can_append());
         let big = usize::try_from(CHECKPOINT_BYTES).unwrap();
         append_all(&mut j, &[big]);
