@@ -1274,15 +1274,25 @@ fn cells(row: &Row) -> Vec<String> {
     out
 }
 
+/// The main table's figures are right-aligned; the profile, the phase and the note (last)
+/// left-aligned.
+fn main_right(i: usize) -> bool {
+    i >= 2 && i < HEADERS.len() - 1
+}
+
+/// The summary's figures (from "rounds" on) are right-aligned.
+fn summary_right(i: usize) -> bool {
+    i >= 2
+}
+
+const SUMMARY_TITLE: &str = "Over the rounds (median, and min–max):";
+
 fn text_table(rows: &[Row]) -> String {
-    // Figures right-aligned; the profile, the phase and the note (last) left-aligned.
-    text_grid(&HEADERS, rows.iter().map(cells).collect(), |i| {
-        i >= 2 && i < HEADERS.len() - 1
-    })
+    text_grid(&HEADERS, rows.iter().map(cells).collect(), main_right)
 }
 
 /// Space-aligned columns; `right(i)` says which are right-aligned.
-fn text_grid(headers: &[&str], rows: Vec<Vec<String>>, right: impl Fn(usize) -> bool) -> String {
+fn text_grid(headers: &[&str], rows: Vec<Vec<String>>, right: fn(usize) -> bool) -> String {
     let all: Vec<Vec<String>> = std::iter::once(headers.iter().map(|h| (*h).to_owned()).collect())
         .chain(rows)
         .collect();
@@ -1335,23 +1345,30 @@ fn markdown(rows: &[Row], ctx: &RunContext) -> String {
         ctx.sendium_version
     );
     let _ = writeln!(out, "Load: {}\n", ctx.settings);
-    let _ = writeln!(out, "| {} |", HEADERS.join(" | "));
-    let align: Vec<&str> = (0..HEADERS.len())
-        .map(|i| if i >= 2 && i < HEADERS.len() - 1 { "---:" } else { "---" })
+    out.push_str(&md_table(&HEADERS, rows.iter().map(cells), main_right));
+    let summary = summarize(rows);
+    if !summary.is_empty() {
+        let _ = writeln!(out, "\n{SUMMARY_TITLE}\n");
+        out.push_str(&md_table(
+            &SUMMARY_HEADERS,
+            summary.iter().map(summary_cells),
+            summary_right,
+        ));
+    }
+    out
+}
+
+/// A markdown table; `right(i)` says which columns are right-aligned.
+fn md_table(headers: &[&str], rows: impl Iterator<Item = Vec<String>>, right: fn(usize) -> bool) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "| {} |", headers.join(" | "));
+    let align: Vec<&str> = (0..headers.len())
+        .map(|i| if right(i) { "---:" } else { "---" })
         .collect();
     let _ = writeln!(out, "|{}|", align.join("|"));
     for row in rows {
-        let c: Vec<String> = cells(row).iter().map(|c| md_escape(c)).collect();
+        let c: Vec<String> = row.iter().map(|c| md_escape(c)).collect();
         let _ = writeln!(out, "| {} |", c.join(" | "));
-    }
-    let summary = summarize(rows);
-    if !summary.is_empty() {
-        let _ = writeln!(out, "\nOver the rounds (median, and min–max):\n");
-        let _ = writeln!(out, "| {} |", SUMMARY_HEADERS.join(" | "));
-        let _ = writeln!(out, "|---|---|---:|---:|---:|---:|");
-        for s in &summary {
-            let _ = writeln!(out, "| {} |", summary_cells(s).join(" | "));
-        }
     }
     out
 }
@@ -1636,11 +1653,14 @@ fn main() {
         print!("{}", text_table(&rows));
         let summary = summarize(&rows);
         if !summary.is_empty() {
-            println!("\nOver the rounds (median, and min–max):");
+            println!("\n{SUMMARY_TITLE}");
             print!(
                 "{}",
-                text_grid(&SUMMARY_HEADERS, summary.iter().map(summary_cells).collect(), |i| i
-                    >= 2)
+                text_grid(
+                    &SUMMARY_HEADERS,
+                    summary.iter().map(summary_cells).collect(),
+                    summary_right
+                )
             );
         }
         println!("\n{} CPUs, kernel {}; {}", ctx.nproc, ctx.kernel, ctx.settings);
@@ -1865,7 +1885,7 @@ mod tests {
         let text = text_grid(
             &SUMMARY_HEADERS,
             summarize(&rows).iter().map(summary_cells).collect(),
-            |i| i >= 2,
+            summary_right,
         );
         assert_eq!(text.lines().count(), 2);
     }
