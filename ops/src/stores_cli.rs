@@ -59,10 +59,10 @@ pub async fn inspect(cfg: &Config) -> Result<String, StoresCliError> {
             st.receipt_requests,
             age(st.oldest_accepted_at)
         ));
-        if s.replayed_frames() > 0 {
+        let replayed = s.replayed_frames();
+        if replayed > 0 {
             out.push_str(&format!(
-                "              {} pending journal frames applied: commits after the last checkpoint of a gateway that did not stop cleanly\n",
-                s.replayed_frames()
+                "              {replayed} pending journal frames applied: commits after the last checkpoint of a gateway that did not stop cleanly\n"
             ));
         }
     }

@@ -5,8 +5,9 @@
 //! write is in flight, newly arriving requests (from every session) wait and all of
 //! them go into the next write — one commit, one fsync for durable backends, many
 //! acknowledgements. The writing is done by the `committer` (a task, or a thread of its
-//! own for a file store), which answers the clients itself; the actor forwards admissions and completions to it and serves the
-//! Selector's and Router's reads beside it.
+//! own for a file store), which answers the clients itself; the actor forwards
+//! admissions and completions to it and serves the Selector's and Router's reads beside
+//! it.
 //!
 //! Ingress also completes sources (on the Router's word that every branch and any DLR
 //! handoff is terminal) and expires incomplete multipart groups at their saved deadline.

@@ -19,9 +19,9 @@
 //! Durability: pending `admit` and `complete` are durable through the pending journal
 //! (one frame and one `fdatasync` per call, see `journal.rs`); `expire_groups`,
 //! router-queue `stage`, routed-work `record` and `complete` commit with
-//! `Durability::Immediate` (one `fdatasync` per call, never per record). Router-queue `release` and routed-work
-//! `remove` commit with `Durability::None`: their loss in a crash is repaired by
-//! reconciliation (see those methods). SIGKILL tests prove crash recovery; the fsync on
+//! `Durability::Immediate` (one `fdatasync` per call, never per record). Router-queue
+//! `release` and routed-work `remove` commit with `Durability::None`: their loss in a
+//! crash is repaired by reconciliation (see those methods). SIGKILL tests prove crash recovery; the fsync on
 //! every durable commit is what carries the power-loss promise.
 
 pub(crate) mod backend;
