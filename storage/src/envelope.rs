@@ -170,29 +170,14 @@ pub(crate) fn seal(mut bytes: Vec<u8>) -> Vec<u8> {
     bytes
 }
 
-const CRC_TABLE: [u32; 256] = {
-    let mut table = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 != 0 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
-            k += 1;
-        }
-        table[i] = c;
-        i += 1;
-    }
-    table
-};
+/// CRC-32 (IEEE 802.3, the zlib/PNG polynomial), computed 16 bytes at a time: the
+/// byte-at-a-time table loop this replaced was about 5% of the gateway's CPU under load
+/// (every stored record is sealed when written and checked when read). Same values.
+const CRC32: crc::Crc<u32, crc::Table<16>> = crc::Crc::<u32, crc::Table<16>>::new(&crc::CRC_32_ISO_HDLC);
 
-/// CRC-32 (IEEE 802.3), table driven.
+/// CRC-32 (IEEE 802.3) of `data`.
 pub(crate) fn crc32(data: &[u8]) -> u32 {
-    let mut c = 0xFFFF_FFFFu32;
-    for &b in data {
-        c = CRC_TABLE[((c ^ u32::from(b)) & 0xFF) as usize] ^ (c >> 8);
-    }
-    c ^ 0xFFFF_FFFF
+    CRC32.checksum(data)
 }
 
 /// The bytes [`seal`] covered, if its CRC-32 trailer matches them.
@@ -355,6 +340,36 @@ mod tests {
     use crate::pending::Disposition;
     use crate::record::{Address, Channel, PartInfo, PendingRecord};
     use crate::routed_work::{Branch, BranchFailure, BranchKind, BranchOutcome, RoutedUnit};
+
+    /// Records written by earlier builds were sealed with a byte-at-a-time CRC-32: the
+    /// sliced one must give the same values at every length and alignment.
+    #[test]
+    fn crc32_is_the_ieee_crc_records_were_sealed_with() {
+        fn bitwise(data: &[u8]) -> u32 {
+            let mut c = 0xFFFF_FFFFu32;
+            for &b in data {
+                c ^= u32::from(b);
+                for _ in 0..8 {
+                    c = if c & 1 != 0 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
+                }
+            }
+            c ^ 0xFFFF_FFFF
+        }
+        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
+        assert_eq!(crc32(b""), 0);
+        let data: Vec<u8> = (0..600u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        for start in 0..17 {
+            for end in (start..data.len()).step_by(7) {
+                assert_eq!(
+                    crc32(&data[start..end]),
+                    bitwise(&data[start..end]),
+                    "bytes {start}..{end}"
+                );
+            }
+        }
+    }
 
     fn record(payload_len: usize) -> PendingRecord {
         PendingRecord {
