@@ -133,17 +133,30 @@ fn complete_in(table: &mut UnitsTable<'_>, open: &mut u64, done: Vec<BranchDone>
     Ok(true)
 }
 
+/// The part of a stored [`RoutedUnit`] a removal needs: which branches are still open.
+/// Decoding only this skips building the unit's strings and lists (the envelope's
+/// version and checksum are still checked); serde ignores the other fields.
+#[derive(serde::Deserialize)]
+struct OpenBranches {
+    branches: Vec<BranchState>,
+}
+
+#[derive(serde::Deserialize)]
+struct BranchState {
+    outcome: Option<serde::de::IgnoredAny>,
+}
+
 fn remove_in(table: &mut UnitsTable<'_>, open: &mut u64, ids: Vec<UnitId>) -> Result<bool, Fail> {
     let mut changed = false;
     for id in ids {
-        let removed = match table.remove(&id.to_bytes())? {
-            Some(v) => Some(decode(id, v.value())?),
-            None => None,
+        let Some(removed) = table.remove(&id.to_bytes())? else {
+            continue;
         };
-        if let Some(unit) = removed {
-            *open = open.saturating_sub(open_count(&unit));
-            changed = true;
-        }
+        let unit: OpenBranches =
+            envelope::decode(RecordKind::RoutedUnit, removed.value()).map_err(|e| Fail::record("units", id, e))?;
+        let still_open = unit.branches.iter().filter(|b| b.outcome.is_none()).count() as u64;
+        *open = open.saturating_sub(still_open);
+        changed = true;
     }
     Ok(changed)
 }
