@@ -29,6 +29,25 @@ fn config_with_ports(extra: &str) -> String {
     render_template(&format!("{extra}{}", memory_config()), &vars).unwrap()
 }
 
+/// Submit one message with a receipt request over SMPP and wait for the receipt.
+/// Returns the message id.
+async fn one_message_and_its_receipt(gw: &GatewayProcess, body: &str) -> String {
+    let esme = sendium_integration_tests::TestEsme::bind(
+        gw.smpp_addr(),
+        "esme1",
+        "secret",
+        sendium_integration_tests::BindKind::Transceiver,
+    )
+    .await
+    .unwrap();
+    let resp = esme
+        .submit(&sendium_integration_tests::SubmitSpec::gsm("1", "447700900777", body).dlr())
+        .await
+        .unwrap();
+    esme.wait_receipts(1, WAIT).await;
+    resp.message_id
+}
+
 #[test]
 fn check_config_prints_the_profile_and_its_restart_guarantee() {
     let dir = tempfile::tempdir().unwrap();
@@ -150,19 +169,7 @@ async fn admin_endpoints_report_readiness_actors_profile_and_metrics() {
     );
 
     // A message through, then the metrics show it — without per-message labels.
-    let esme = sendium_integration_tests::TestEsme::bind(
-        gw.smpp_addr(),
-        "esme1",
-        "secret",
-        sendium_integration_tests::BindKind::Transceiver,
-    )
-    .await
-    .unwrap();
-    let resp = esme
-        .submit(&sendium_integration_tests::SubmitSpec::gsm("1", "447700900777", "secret body").dlr())
-        .await
-        .unwrap();
-    esme.wait_receipts(1, WAIT).await;
+    let message_id = one_message_and_its_receipt(&gw, "secret body").await;
     assert!(wait_metric(&gw, "sendium_receipts_delivered_total", "", |v| v >= 1.0).await);
     let (_, metrics) = gw.admin_get("/metrics").await;
     for name in [
@@ -178,10 +185,33 @@ async fn admin_endpoints_report_readiness_actors_profile_and_metrics() {
     ] {
         assert!(metrics.contains(name), "{name} missing");
     }
-    assert!(!metrics.contains(&resp.message_id), "no per-message ids in metrics");
+    assert!(!metrics.contains(&message_id), "no per-message ids in metrics");
     assert!(!metrics.contains("secret body"), "no bodies in metrics");
     assert!(!gw.log().contains("secret body"), "no bodies in logs");
-    assert!(!gw.log().contains(&resp.message_id), "no message ids in logs");
+    assert!(!gw.log().contains(&message_id), "no message ids in logs");
+}
+
+/// Every durable acknowledgement waits for a disk sync: `/metrics` shows how long each
+/// store file's syncs take, so an operator can tell a slow disk from a slow gateway.
+#[tokio::test]
+async fn file_profiles_show_each_store_files_sync_times_in_metrics() {
+    let smsc = smsc().await;
+    let gw = gateway(&durable_config(DLR_FILE), &smsc).await;
+    one_message_and_its_receipt(&gw, "hello").await;
+    for file in ["pending.journal", "router-queue.redb", "routed-work.redb", "dlr.redb"] {
+        let labels = format!("file=\"{file}\"");
+        assert!(
+            wait_metric(&gw, "sendium_storage_fsync_seconds_count", &labels, |v| v >= 1.0).await,
+            "no sync of {file} in /metrics"
+        );
+    }
+    let (_, metrics) = gw.admin_get("/metrics").await;
+    // The configured fine buckets, not a summary's quantiles.
+    assert!(
+        metrics.contains("sendium_storage_fsync_seconds_bucket{file=\"pending.journal\",le=\"0.001\"}"),
+        "{metrics}"
+    );
+    assert!(metric(&metrics, "sendium_storage_fsyncs_total", "") >= 4.0);
 }
 
 #[tokio::test]

@@ -17,10 +17,21 @@ pub const ADMISSION_BUCKETS: &[f64] = &[
     10.0, 30.0,
 ];
 
+/// Upper bounds (seconds) of `sendium_storage_fsync_seconds`, one fdatasync of a store
+/// file: from a fast SSD's 0.1 ms to a disk that makes every acknowledgement slow.
+pub const FSYNC_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
 /// Install the global recorder once. `None` if one is installed already (tests).
 pub fn install() -> Option<PrometheusHandle> {
     PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Full("sendium_admission_seconds".into()), ADMISSION_BUCKETS)
+        .ok()?
+        .set_buckets_for_metric(
+            Matcher::Full(sendium_storage::file::FSYNC_SECONDS.into()),
+            FSYNC_BUCKETS,
+        )
         .ok()?
         .install_recorder()
         .ok()

@@ -32,6 +32,8 @@ pub(crate) struct FaultSwitch {
 pub(crate) struct FaultBackend {
     inner: FileBackend,
     faults: Arc<FaultSwitch>,
+    /// The store file's name (`pending.redb`, ...), the label of its fsync timings.
+    name: String,
 }
 
 impl fmt::Debug for FaultBackend {
@@ -41,10 +43,11 @@ impl fmt::Debug for FaultBackend {
 }
 
 impl FaultBackend {
-    pub(crate) fn new(file: File, faults: Arc<FaultSwitch>) -> Result<Self, DatabaseError> {
+    pub(crate) fn new(file: File, name: String, faults: Arc<FaultSwitch>) -> Result<Self, DatabaseError> {
         Ok(Self {
             inner: FileBackend::new(file)?,
             faults,
+            name,
         })
     }
 }
@@ -83,8 +86,7 @@ impl StorageBackend for FaultBackend {
 
     fn sync_data(&self) -> Result<(), io::Error> {
         check_io(&self.faults)?;
-        count_fsync();
-        self.inner.sync_data()
+        timed_sync(&self.name, || self.inner.sync_data())
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
@@ -127,8 +129,18 @@ impl StorageBackend for FaultBackend {
 /// is judged).
 static FSYNCS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-pub(crate) fn count_fsync() {
+/// How long each fdatasync of a store file took, by file name.
+pub const FSYNC_SECONDS: &str = "sendium_storage_fsync_seconds";
+
+/// Run one fdatasync (or fsync) of the store file `name`: counted, and its duration
+/// recorded in [`FSYNC_SECONDS`]. A durable acknowledgement waits for one of these, so
+/// this histogram is how an operator tells a slow disk from a slow gateway.
+pub(crate) fn timed_sync(name: &str, sync: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
     FSYNCS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let started = std::time::Instant::now();
+    let result = sync();
+    metrics::histogram!(FSYNC_SECONDS, "file" => name.to_owned()).record(started.elapsed().as_secs_f64());
+    result
 }
 
 /// fdatasync calls so far, all store files together.

@@ -272,7 +272,12 @@ impl StoreFile {
             .truncate(false)
             .open(&self.path)
             .map_err(|e| super::dir::io_failure(&loc, "cannot open", &e))?;
-        let backend = FaultBackend::new(file, self.faults.clone()).map_err(|e| self.failure(Fail::from(e)))?;
+        let name = self
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let backend = FaultBackend::new(file, name, self.faults.clone()).map_err(|e| self.failure(Fail::from(e)))?;
         let mut builder = Builder::new();
         builder.set_cache_size(self.options.cache_size);
         let logged = AtomicBool::new(false);

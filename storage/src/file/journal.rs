@@ -51,8 +51,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::backend::{FaultSwitch, check_io, check_space, count_fsync};
-use super::dir::{DataDir, io_failure};
+use super::backend::{FaultSwitch, check_io, check_space, timed_sync};
+use super::dir::{DataDir, PENDING_JOURNAL_FILE, io_failure};
 use crate::envelope::{crc32, unseal};
 use crate::error::{BackendFailure, FailureKind};
 
@@ -157,8 +157,7 @@ impl Journal {
             at += n as u64;
         }
         check_io(&self.faults).map_err(|e| fail("cannot sync", e))?;
-        count_fsync();
-        self.file.sync_all().map_err(|e| fail("cannot sync", e))
+        timed_sync(PENDING_JOURNAL_FILE, || self.file.sync_all()).map_err(|e| fail("cannot sync", e))
     }
 
     pub(crate) fn location(&self) -> &str {
@@ -307,8 +306,7 @@ impl Journal {
                         if self.faults.sync.load(std::sync::atomic::Ordering::Relaxed) {
                             return Err(std::io::Error::other("injected fdatasync failure"));
                         }
-                        count_fsync();
-                        self.file.sync_data()
+                        timed_sync(PENDING_JOURNAL_FILE, || self.file.sync_data())
                     })
                     .map_err(|e| io_failure(&self.location, "cannot sync", &e))
             });

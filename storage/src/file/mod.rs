@@ -38,7 +38,7 @@ mod router_queue;
 #[cfg(test)]
 mod tests;
 
-pub use backend::fsyncs;
+pub use backend::{FSYNC_SECONDS, fsyncs};
 pub use db::FileOptions;
 pub use dir::DataDir;
 pub use dlr::FileDlrStore;
