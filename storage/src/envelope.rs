@@ -170,9 +170,10 @@ pub(crate) fn seal(mut bytes: Vec<u8>) -> Vec<u8> {
     bytes
 }
 
-/// CRC-32 (IEEE 802.3, the zlib/PNG polynomial), computed 16 bytes at a time: the
-/// byte-at-a-time table loop this replaced was about 5% of the gateway's CPU under load
-/// (every stored record is sealed when written and checked when read). Same values.
+/// CRC-32 (IEEE 802.3, the zlib/PNG polynomial), computed 16 bytes at a time. Every
+/// stored record is sealed when written and checked when read, so under load the
+/// byte-at-a-time table loop this replaced was a few percent of the gateway's samples
+/// in perf; this one gives the same values for 1.5–2% less CPU per message.
 const CRC32: crc::Crc<u32, crc::Table<16>> = crc::Crc::<u32, crc::Table<16>>::new(&crc::CRC_32_ISO_HDLC);
 
 /// CRC-32 (IEEE 802.3) of `data`.
