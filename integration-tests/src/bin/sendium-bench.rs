@@ -476,6 +476,32 @@ fn reset_peak_rss(pid: u32) -> bool {
     std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok()
 }
 
+/// The machine's CPU time so far from the first line of `/proc/stat`: (busy, total)
+/// ticks over all cores, idle and iowait counting as not busy.
+fn machine_cpu_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    parse_machine_cpu(stat.lines().next()?)
+}
+
+fn parse_machine_cpu(line: &str) -> Option<(u64, u64)> {
+    let mut fields = line.split_whitespace();
+    if fields.next()? != "cpu" {
+        return None;
+    }
+    // user nice system idle iowait irq softirq steal (guest time is inside user).
+    let v: Vec<u64> = fields.take(8).map(|f| f.parse().ok()).collect::<Option<_>>()?;
+    let total: u64 = v.iter().sum();
+    let idle = v.get(3)? + v.get(4)?;
+    Some((total - idle, total))
+}
+
+/// The share of the machine's CPU that was busy between two samples.
+fn busy_share(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> Option<f64> {
+    let ((b0, t0), (b1, t1)) = (before?, after?);
+    let total = t1.checked_sub(t0).filter(|&t| t > 0)?;
+    Some(b1.saturating_sub(b0) as f64 / total as f64)
+}
+
 /// utime + stime of this process (the load generator and the test SMSC).
 fn own_cpu_ticks() -> Option<u64> {
     stat_cpu_ticks(&std::fs::read_to_string("/proc/self/stat").ok()?)
@@ -935,12 +961,14 @@ impl Bench {
         }
         let wall = Instant::now();
         let bench_cpu_before = own_cpu_ticks();
+        let machine_before = machine_cpu_ticks();
         let (outcome, peak_pending) = self.drive(&label, cfg, gw, smsc);
         let wall = wall.elapsed();
         let bench_cpu_s = match (bench_cpu_before, own_cpu_ticks()) {
             (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / self.ticks_per_s as f64),
             _ => None,
         };
+        let machine_busy = busy_share(machine_before, machine_cpu_ticks());
         let after = sample_proc(pid);
         let smsc_after = smsc.stats();
         let metrics = fetch_metrics(&self.ctl, gw);
@@ -955,6 +983,7 @@ impl Bench {
             "gateway": resources,
             "gateway_peak_pending_units": peak_pending,
             "bench_cpu_s": bench_cpu_s,
+            "machine_busy": machine_busy,
             "smsc_before": smsc_json(&smsc_before),
             "smsc_after": smsc_json(&smsc_after),
             "gateway_metrics": metrics.clone().unwrap_or_default(),
@@ -1038,6 +1067,11 @@ impl Bench {
             notes.push(format!("in gateway: p99 ≤ {p99} ms, {:.1}% ≤ 5 ms", within * 100.0));
             detail["admission_p99_ms_bound"] = json!(p99);
             detail["admissions_within_5ms"] = json!(within);
+        }
+        if let Some(busy) = machine_busy {
+            // Gateway, load generator and test SMSC share the cores: how close to full
+            // they were says how much of a tail is waiting for a core.
+            notes.push(format!("machine {:.0}% busy", busy * 100.0));
         }
         if let Some((p99, _)) = journal_syncs
             && rate.is_some()
@@ -1690,6 +1724,21 @@ fn main() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn machine_busy_share_counts_idle_and_iowait_as_not_busy() {
+        let before = parse_machine_cpu("cpu  100 0 50 800 50 0 0 0 0 0").unwrap();
+        assert_eq!(before, (150, 1000));
+        let after = parse_machine_cpu("cpu  400 0 150 1100 150 0 200 0 0 0").unwrap();
+        assert_eq!(after, (750, 2000));
+        assert_eq!(busy_share(Some(before), Some(after)), Some(0.6));
+        assert_eq!(busy_share(Some(after), Some(after)), None, "no time passed");
+        assert_eq!(
+            parse_machine_cpu("cpu0 1 2 3 4 5 6 7 8"),
+            None,
+            "only the all-cores line"
+        );
+    }
 
     #[test]
     fn bucket_p99_reads_the_phase_from_two_scrapes() {
