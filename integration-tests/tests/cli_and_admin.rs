@@ -214,6 +214,31 @@ async fn file_profiles_show_each_store_files_sync_times_in_metrics() {
     assert!(metric(&metrics, "sendium_storage_fsyncs_total", "") >= 4.0);
 }
 
+/// `sendium_admission_seconds` observes every submission once, however the sessions'
+/// reads batched them: its count is the number of submissions answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_latency_is_observed_once_per_submission() {
+    use sendium_integration_tests::loadgen::{self, LoadConfig, Mix};
+    let smsc = smsc().await;
+    let gw = gateway(&memory_config(), &smsc).await;
+    let report = loadgen::run(LoadConfig {
+        addr: gw.smpp_addr(),
+        system_id: "esme1".into(),
+        password: "secret".into(),
+        sessions: 2,
+        count: 400,
+        window: 64,
+        mix: Mix::parse("gsm=1").unwrap(),
+        receipt_timeout: Duration::from_secs(20),
+        ..LoadConfig::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(report.submits_ok, 400, "{report}");
+    let (_, metrics) = gw.admin_get("/metrics").await;
+    assert_eq!(metric(&metrics, "sendium_admission_seconds_count", ""), 400.0);
+}
+
 #[tokio::test]
 async fn admin_token_is_required_when_configured() {
     let smsc = smsc().await;

@@ -9,9 +9,9 @@ use sendium_actors::Snapshot;
 use sendium_actors::supervisor::ActorEntry;
 use sendium_storage::Timestamp;
 
-/// Upper bounds (seconds) of `sendium_admission_seconds`, the time from a submission
-/// batch reaching the pipeline to its answer (stored as promised, or refused). Fine
-/// below 10 ms, where an acknowledgement of a durable profile lives.
+/// Upper bounds (seconds) of `sendium_admission_seconds`, the time from a submission's
+/// batch reaching the pipeline to its answer (stored as promised, or refused), once per
+/// submission. Fine below 10 ms, where an acknowledgement of a durable profile lives.
 pub const ADMISSION_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
     10.0, 30.0,

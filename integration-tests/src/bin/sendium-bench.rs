@@ -1063,7 +1063,8 @@ impl Bench {
             && rate.is_some()
         {
             // The gateway's share of the latency: from the SMPP session handing the read's
-            // submissions to the pipeline to their answers (bucket bound, so an upper bound).
+            // submissions to the pipeline to their answers, per submission (bucket bound,
+            // so an upper bound).
             notes.push(format!("in gateway: p99 ≤ {p99} ms, {:.1}% ≤ 5 ms", within * 100.0));
             detail["admission_p99_ms_bound"] = json!(p99);
             detail["admissions_within_5ms"] = json!(within);
