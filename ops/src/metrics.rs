@@ -1,8 +1,10 @@
 //! Prometheus exposition.
 //!
-//! Counters are recorded where things happen (through the `metrics` facade); gauges of
-//! stage counts, queue depths and ages are read from the actors at scrape time. Labels
-//! are low-cardinality only: stage, actor, destination, status — never message ids.
+//! Counters and histograms are recorded where things happen (through the `metrics`
+//! facade; the storage crate records its fsync timings the same way); gauges of stage
+//! counts, queue depths and ages are read from the actors at scrape time. Labels are
+//! low-cardinality only: stage, actor, destination, status, store file name — never
+//! message ids.
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use sendium_actors::Snapshot;
