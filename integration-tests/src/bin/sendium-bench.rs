@@ -579,12 +579,17 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(250);
 const PROGRESS_TICKS: u64 = 40;
 
 const PENDING_SERIES: &str = "sendium_stage_records{stage=\"pending\"}";
+const FSYNCS_TOTAL: &str = "sendium_storage_fsyncs_total";
 
-async fn fetch_series(addr: std::net::SocketAddr) -> Option<BTreeMap<String, f64>> {
+async fn fetch_text(addr: std::net::SocketAddr) -> Option<String> {
     let resp = http::request_with_timeout(addr, "GET", "/metrics", &[], None, Duration::from_secs(5))
         .await
         .ok()?;
-    (resp.status == 200).then(|| metric_series(&resp.text()))
+    (resp.status == 200).then(|| resp.text())
+}
+
+async fn fetch_series(addr: std::net::SocketAddr) -> Option<BTreeMap<String, f64>> {
+    fetch_text(addr).await.map(|t| metric_series(&t))
 }
 
 /// The cumulative buckets of `sendium_admission_seconds`: the gateway's own view of how
@@ -593,21 +598,11 @@ const ADMISSION_BUCKETS: &str = "sendium_admission_seconds_bucket{le=\"";
 /// The cumulative buckets of the pending journal's fdatasyncs: the disk's share of it.
 const JOURNAL_SYNC_BUCKETS: &str = "sendium_storage_fsync_seconds_bucket{file=\"pending.journal\",le=\"";
 
-/// The cumulative buckets of one histogram series (upper bound in seconds, count), in
-/// order; `series` is its bucket lines' text up to the bound.
-fn fetch_buckets(ctl: &tokio::runtime::Runtime, gw: &GatewayProcess, series: &str) -> Option<Vec<(f64, f64)>> {
-    let resp = ctl
-        .block_on(http::request_with_timeout(
-            gw.admin_addr(),
-            "GET",
-            "/metrics",
-            &[],
-            None,
-            Duration::from_secs(5),
-        ))
-        .ok()?;
+/// The cumulative buckets of one histogram series in Prometheus text (upper bound in
+/// seconds, count), in order; `series` is its bucket lines' text up to the bound.
+fn buckets(text: &str, series: &str) -> Option<Vec<(f64, f64)>> {
     let mut out = Vec::new();
-    for line in resp.text().lines() {
+    for line in text.lines() {
         let Some(rest) = line.strip_prefix(series) else {
             continue;
         };
@@ -619,6 +614,23 @@ fn fetch_buckets(ctl: &tokio::runtime::Runtime, gw: &GatewayProcess, series: &st
     }
     out.sort_by(|a, b| a.0.total_cmp(&b.0));
     (!out.is_empty()).then_some(out)
+}
+
+/// What a phase reads from one scrape of `/metrics` before and after it.
+struct Scrape {
+    /// Every `sendium_*` metric summed over its label sets.
+    sums: BTreeMap<String, f64>,
+    admissions: Vec<(f64, f64)>,
+    journal_syncs: Vec<(f64, f64)>,
+}
+
+fn scrape(ctl: &tokio::runtime::Runtime, gw: &GatewayProcess) -> Option<Scrape> {
+    let text = ctl.block_on(fetch_text(gw.admin_addr()))?;
+    Some(Scrape {
+        sums: metric_sums(&metric_series(&text)),
+        admissions: buckets(&text, ADMISSION_BUCKETS).unwrap_or_default(),
+        journal_syncs: buckets(&text, JOURNAL_SYNC_BUCKETS).unwrap_or_default(),
+    })
 }
 
 /// From two scrapes of a histogram's buckets: the bucket bound (ms) under which 99% of
@@ -638,10 +650,6 @@ fn bucket_p99(before: &[(f64, f64)], after: &[(f64, f64)]) -> Option<(f64, f64)>
     let p99 = delta.iter().find(|(_, n)| *n >= 0.99 * total)?.0 * 1000.0;
     let within_5ms = delta.iter().rfind(|(le, _)| *le <= 0.005).map_or(0.0, |(_, n)| *n) / total;
     Some((p99, within_5ms))
-}
-
-fn fetch_metrics(ctl: &tokio::runtime::Runtime, gw: &GatewayProcess) -> Option<BTreeMap<String, f64>> {
-    ctl.block_on(fetch_series(gw.admin_addr())).map(|s| metric_sums(&s))
 }
 
 /// The few gateway figures that say how far a run got.
@@ -946,9 +954,7 @@ impl Bench {
         let hwm_reset = reset_peak_rss(pid);
         let before = sample_proc(pid);
         let smsc_before = smsc.stats();
-        let fsyncs_before = fetch_metrics(&self.ctl, gw).and_then(|m| m.get("sendium_storage_fsyncs_total").copied());
-        let admissions_before = fetch_buckets(&self.ctl, gw, ADMISSION_BUCKETS).unwrap_or_default();
-        let syncs_before = fetch_buckets(&self.ctl, gw, JOURNAL_SYNC_BUCKETS).unwrap_or_default();
+        let scraped_before = scrape(&self.ctl, gw);
         match rate {
             Some(r) => eprintln!(
                 "  [{label}] {} messages at {r:.0} msg/s, {} sessions × window {}",
@@ -971,11 +977,14 @@ impl Bench {
         let machine_busy = busy_share(machine_before, machine_cpu_ticks());
         let after = sample_proc(pid);
         let smsc_after = smsc.stats();
-        let metrics = fetch_metrics(&self.ctl, gw);
-        let admissions =
-            fetch_buckets(&self.ctl, gw, ADMISSION_BUCKETS).and_then(|a| bucket_p99(&admissions_before, &a));
-        let journal_syncs =
-            fetch_buckets(&self.ctl, gw, JOURNAL_SYNC_BUCKETS).and_then(|a| bucket_p99(&syncs_before, &a));
+        let scraped = scrape(&self.ctl, gw);
+        let (mut fsyncs_before, mut admissions, mut journal_syncs) = (None, None, None);
+        if let (Some(b), Some(a)) = (&scraped_before, &scraped) {
+            fsyncs_before = b.sums.get(FSYNCS_TOTAL).copied();
+            admissions = bucket_p99(&b.admissions, &a.admissions);
+            journal_syncs = bucket_p99(&b.journal_syncs, &a.journal_syncs);
+        }
+        let metrics = scraped.map(|s| s.sums);
         let resources = resources_json(before, after, hwm_reset, self.ticks_per_s);
         let mut detail = json!({
             "rate_limit": rate,
@@ -1048,9 +1057,7 @@ impl Bench {
             errors,
         };
         let mut notes = Vec::new();
-        let fsyncs_after = metrics
-            .as_ref()
-            .and_then(|m| m.get("sendium_storage_fsyncs_total").copied());
+        let fsyncs_after = metrics.as_ref().and_then(|m| m.get(FSYNCS_TOTAL).copied());
         if let (Some(b), Some(a)) = (fsyncs_before, fsyncs_after)
             && a > 0.0
             && report.messages > 0
@@ -1739,6 +1746,21 @@ mod tests {
             None,
             "only the all-cores line"
         );
+    }
+
+    #[test]
+    fn buckets_are_read_per_series_in_bound_order() {
+        let text = "# TYPE x histogram\n\
+            sendium_storage_fsync_seconds_bucket{file=\"pending.journal\",le=\"+Inf\"} 9\n\
+            sendium_storage_fsync_seconds_bucket{file=\"pending.journal\",le=\"0.001\"} 7\n\
+            sendium_storage_fsync_seconds_bucket{file=\"routed-work.redb\",le=\"0.001\"} 3\n\
+            sendium_admission_seconds_bucket{le=\"0.005\"} 4\n";
+        assert_eq!(
+            buckets(text, JOURNAL_SYNC_BUCKETS),
+            Some(vec![(0.001, 7.0), (f64::INFINITY, 9.0)])
+        );
+        assert_eq!(buckets(text, ADMISSION_BUCKETS), Some(vec![(0.005, 4.0)]));
+        assert_eq!(buckets("", ADMISSION_BUCKETS), None);
     }
 
     #[test]
