@@ -21,8 +21,8 @@
 //! router-queue `stage`, routed-work `record` and `complete` commit with
 //! `Durability::Immediate` (one `fdatasync` per call, never per record). Router-queue
 //! `release` and routed-work `remove` commit with `Durability::None`: their loss in a
-//! crash is repaired by reconciliation (see those methods). SIGKILL tests prove crash recovery; the fsync on
-//! every durable commit is what carries the power-loss promise.
+//! crash is repaired by reconciliation (see those methods). SIGKILL tests prove crash
+//! recovery; the fsync on every durable commit is what carries the power-loss promise.
 
 pub(crate) mod backend;
 pub(crate) mod db;
