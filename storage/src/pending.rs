@@ -156,7 +156,18 @@ pub trait PendingStore: Send + Sync + 'static {
 /// [`PendingStore::commit`] as a blocking call (see [`PendingStore::blocking_writer`]).
 /// Never call it on an async runtime's worker thread.
 pub trait BlockingPendingWriter: Send + Sync + 'static {
-    fn commit(&self, admit: Vec<PendingRecord>, complete: &[UnitId]) -> Result<Vec<AdmitOutcome>, PendingError>;
+    /// [`PendingStore::commit`]. If the admissions' outcomes are durable before the
+    /// commit's remaining work is done, `durable` is called with them then, so the
+    /// clients can be answered without waiting for that work (the file store answers
+    /// once the journal frame is synced, before applying the frame to its file); the
+    /// same outcomes are returned either way. `durable` is never called for a commit
+    /// that returns an error.
+    fn commit(
+        &self,
+        admit: Vec<PendingRecord>,
+        complete: &[UnitId],
+        durable: &mut dyn FnMut(&[AdmitOutcome]),
+    ) -> Result<Vec<AdmitOutcome>, PendingError>;
 
     /// Nothing has been handed to the writer for a while: do deferred work now, while
     /// no client waits for it (the file store checkpoints its journal).

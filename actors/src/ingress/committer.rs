@@ -16,7 +16,10 @@
 //! A file store commits with blocking calls (a journal `fdatasync`); through the async
 //! API each commit would be two thread hand-offs (to the blocking pool and back), which
 //! on a busy machine cost as much as the commit. Its writer is therefore a thread of its
-//! own that waits on the channel, commits, and answers, with no hand-off at all.
+//! own that waits on the channel, commits, and answers, with no hand-off at all. Its
+//! commit answers the clients from inside (see [`BlockingPendingWriter::commit`]) as
+//! soon as the journal frame is synced, before the records are applied to the store
+//! file; the Selector is woken when the commit returns, once they are readable.
 //!
 //! When the Ingress actor stops (or is restarted by the supervisor) its handle is
 //! dropped; the writer still commits and answers what was already handed to it, then
@@ -140,6 +143,10 @@ struct Batch {
     requests: Vec<Prepared>,
     records: Vec<PendingRecord>,
     completed: Vec<UnitId>,
+    /// The clients have their answers (see [`Batch::answer`]).
+    answered: bool,
+    /// Records the answers accepted.
+    admitted: u64,
 }
 
 /// Source completions beside admissions in one commit: this many, plus
@@ -185,6 +192,8 @@ impl Batch {
             requests: Vec::new(),
             records: Vec::new(),
             completed: std::mem::take(&mut backlog.carried),
+            answered: false,
+            admitted: 0,
         };
         let mut take = |work: Work, batch: &mut Batch| match work {
             Work::Admit(req) => {
@@ -219,17 +228,30 @@ impl Batch {
         (!self.records.is_empty() || !self.completed.is_empty()).then(|| std::mem::take(&mut self.records))
     }
 
-    /// Answer the clients and pass the completions on.
+    /// Answer the clients, once: with the store's outcomes, or (`None`) as refused
+    /// because the commit failed. Called as soon as the outcomes are durable, which for
+    /// a file store is before its commit returns.
+    fn answer(&mut self, policy: &IngressArgs, outcomes: Option<&[AdmitOutcome]>) {
+        if self.answered {
+            return;
+        }
+        self.answered = true;
+        // Stored (or not) but nobody has been told yet.
+        failpoint::hit("after-admit");
+        self.admitted = policy.answer(std::mem::take(&mut self.requests), outcomes);
+    }
+
+    /// Answer the clients (unless done already) and, the commit done, pass its
+    /// results on.
     fn settle(
-        self,
+        mut self,
         policy: &IngressArgs,
         result: Result<Vec<AdmitOutcome>, sendium_storage::PendingError>,
         backlog: &mut Backlog,
         gauges: &Gauges,
     ) {
-        // Stored (or not) but nobody has been told yet.
-        failpoint::hit("after-admit");
-        if let Some(failed) = policy.finish(self.requests, self.completed, result) {
+        self.answer(policy, result.as_ref().ok().map(Vec::as_slice));
+        if let Some(failed) = policy.finish(self.completed, result, self.admitted) {
             backlog.retry.extend(failed);
         }
         gauges.to_retry.store(backlog.retry.len() as u64, Ordering::Relaxed);
@@ -291,7 +313,14 @@ fn run_on_thread(
             continue;
         };
         let result = match batch.take_write() {
-            Some(records) => writer.commit(records, &batch.completed),
+            Some(records) => {
+                let completed = std::mem::take(&mut batch.completed);
+                let result = writer.commit(records, &completed, &mut |outcomes| {
+                    batch.answer(&policy, Some(outcomes));
+                });
+                batch.completed = completed;
+                result
+            }
             None => Ok(Vec::new()),
         };
         batch.settle(&policy, result, &mut backlog, &gauges);
@@ -338,34 +367,10 @@ impl IngressArgs {
         }
     }
 
-    /// Answer every client of the commit and pass the completions on. Returns the
-    /// completions to retry if the commit failed.
-    fn finish(
-        &self,
-        requests: Vec<Prepared>,
-        completed: Vec<UnitId>,
-        result: Result<Vec<AdmitOutcome>, sendium_storage::PendingError>,
-    ) -> Option<Vec<UnitId>> {
-        let mut retry = None;
-        let mut outcomes = match result {
-            Ok(o) => {
-                self.shared.health.pending.ok();
-                if !completed.is_empty() {
-                    metrics::counter!("sendium_sources_completed_total").increment(completed.len() as u64);
-                    self.shared
-                        .dir
-                        .router
-                        .send(crate::router::RouterMsg::SourcesCompleted(completed));
-                }
-                Some(o.into_iter())
-            }
-            Err(e) => {
-                self.shared.health.pending.failed("pending", &e);
-                // Retried on the tick, so a failing store is not hammered.
-                retry = Some(completed);
-                None
-            }
-        };
+    /// Answer every client of a commit from its outcomes (`None`: the commit failed).
+    /// Returns how many records were accepted.
+    fn answer(&self, requests: Vec<Prepared>, outcomes: Option<&[AdmitOutcome]>) -> u64 {
+        let mut outcomes = outcomes.map(|o| o.iter());
         let mut admitted = 0u64;
         for prepared in requests {
             let mut answers = Vec::with_capacity(prepared.slots.len());
@@ -379,7 +384,7 @@ impl IngressArgs {
                                 admitted += 1;
                                 Admission::Accepted(id)
                             }
-                            Some(AdmitOutcome::Duplicate { existing }) => Admission::Duplicate(existing),
+                            Some(AdmitOutcome::Duplicate { existing }) => Admission::Duplicate(*existing),
                             Some(AdmitOutcome::Full) => Admission::Refused(Refusal::QueueFull),
                             None => Admission::Refused(Refusal::Unavailable),
                         };
@@ -402,8 +407,41 @@ impl IngressArgs {
             let _ = prepared.reply.send(answers);
         }
         if admitted > 0 {
-            metrics::counter!("sendium_admitted_total").increment(admitted);
             failpoint::hit("after-ack");
+        }
+        admitted
+    }
+
+    /// The commit is done and its clients answered: report its health, pass the
+    /// completions on and wake the Selector for what it admitted (only now: a file
+    /// store answers before the admissions are readable). Returns the completions to
+    /// retry if the commit failed.
+    fn finish(
+        &self,
+        completed: Vec<UnitId>,
+        result: Result<Vec<AdmitOutcome>, sendium_storage::PendingError>,
+        admitted: u64,
+    ) -> Option<Vec<UnitId>> {
+        let mut retry = None;
+        match result {
+            Ok(_) => {
+                self.shared.health.pending.ok();
+                if !completed.is_empty() {
+                    metrics::counter!("sendium_sources_completed_total").increment(completed.len() as u64);
+                    self.shared
+                        .dir
+                        .router
+                        .send(crate::router::RouterMsg::SourcesCompleted(completed));
+                }
+            }
+            Err(e) => {
+                self.shared.health.pending.failed("pending", &e);
+                // Retried on the tick, so a failing store is not hammered.
+                retry = Some(completed);
+            }
+        }
+        if admitted > 0 {
+            metrics::counter!("sendium_admitted_total").increment(admitted);
             self.shared.dir.selector.send(crate::selector::SelectorMsg::Wake);
         }
         retry

@@ -120,6 +120,7 @@ macro_rules! sms_cases {
             pending::pages_ready_units_with_a_cursor,
             pending::reports_stats,
             pending::commits_admissions_and_completions_together,
+            pending::a_commit_admits_into_the_room_its_completions_make,
             router_queue::stages_batches_with_cursor,
             router_queue::releases_idempotently,
             routed_work::records_once_and_completes_first_outcome,

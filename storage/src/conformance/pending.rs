@@ -207,3 +207,23 @@ pub(crate) async fn commits_admissions_and_completions_together(f: &dyn Factory)
     assert!(s.commit(Vec::new(), &[]).await.unwrap().is_empty());
     assert_eq!(s.stats().await.unwrap().records, 0);
 }
+
+/// Capacity is decided after the commit's own completions: a full stage admits as many
+/// records as the same commit removes, and no more.
+pub(crate) async fn a_commit_admits_into_the_room_its_completions_make(f: &dyn Factory) {
+    let s = f
+        .pending(PendingLimits {
+            max_records: 2,
+            ..limits()
+        })
+        .await;
+    let (a, b) = (record("a", "1", "1"), record("a", "2", "2"));
+    s.admit(vec![a.clone(), b.clone()]).await.unwrap();
+    let (c, d) = (record("a", "3", "3"), record("a", "4", "4"));
+    assert_eq!(s.admit(vec![c.clone()]).await.unwrap(), vec![AdmitOutcome::Full]);
+    let out = s.commit(vec![c.clone(), d], &[a.id]).await.unwrap();
+    assert_eq!(out, vec![AdmitOutcome::Admitted, AdmitOutcome::Full]);
+    let ready = s.ready_after(ReadySeq(0), 10).await.unwrap();
+    assert_eq!(ready.iter().map(|u| u.unit.id).collect::<Vec<_>>(), vec![b.id, c.id]);
+    assert_eq!(s.stats().await.unwrap().records, 2);
+}

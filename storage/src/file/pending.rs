@@ -26,6 +26,7 @@
 //! by redb in each tree's header, the receipt counter lives in `meta` and is updated in
 //! the same transactions, and the oldest record is the first key of `records`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -90,6 +91,32 @@ enum Change {
     Durable,
     /// By this journal frame, unless a checkpoint is due.
     Frame(JournalFrame),
+    /// By this journal frame, whose admissions were decided but not applied yet: they
+    /// are applied once the frame is synced and its outcomes answered (before the
+    /// durable commit instead, if a checkpoint is due).
+    Decided(JournalFrame, Decided),
+}
+
+/// What a commit decided and has still to apply to the tables: the admitted records
+/// (in the frame's order) and, unless already done, the frame's completions. Applied in
+/// the order the live commit of an earlier build did it and a replay does it:
+/// completions, forgotten idempotency keys, admissions.
+struct Decided {
+    records: Vec<PendingRecord>,
+    completions_applied: bool,
+}
+
+impl Decided {
+    fn apply(&self, t: &mut Tx<'_>, frame: &JournalFrame) -> Result<(), Fail> {
+        if !self.completions_applied {
+            complete_in(t, &frame.complete)?;
+        }
+        t.forget_idempotency(frame.now)?;
+        for (record, bytes) in self.records.iter().zip(&frame.admit) {
+            t.admit_one(record, bytes, frame.idem_expiry)?;
+        }
+        Ok(())
+    }
 }
 
 /// What one commit changed, as journaled: the decisions the live process made (records
@@ -152,6 +179,13 @@ impl FilePendingStore {
     #[cfg(test)]
     pub(crate) fn set_checkpoints(&self, bytes: u64, after: std::time::Duration) {
         self.inner.journal.lock().set_checkpoints(bytes, after);
+    }
+
+    /// Records in the file as a reader sees them now (a read transaction on this
+    /// thread, so it can run while a commit is open).
+    #[cfg(test)]
+    pub(crate) fn records_readable(&self) -> u64 {
+        self.inner.stats().map(|s| s.records).unwrap_or(u64::MAX)
     }
 
     #[cfg(test)]
@@ -529,17 +563,20 @@ fn complete_in(t: &mut Tx<'_>, ids: &[UnitId]) -> Result<bool, Fail> {
 
 impl Inner {
     fn admit(&self, batch: Vec<PendingRecord>) -> Result<Vec<AdmitOutcome>, BackendFailure> {
-        self.commit(batch, &[])
+        self.commit(batch, &[], &mut |_| {})
     }
 
-    /// One write transaction of the pending stage. `body` changes the tables and says
-    /// how the change may be made durable; this records the journal LSN the new state
-    /// corresponds to and makes it durable — by appending the body's frame (one
-    /// `fdatasync`) while the journal takes appends, else by committing with
-    /// `Durability::Immediate`, which is a checkpoint. Durable before it returns.
+    /// One write transaction of the pending stage. `body` changes the tables (or
+    /// decides changes, see [`Change::Decided`]) and says how the change may be made
+    /// durable; this records the journal LSN the new state corresponds to and makes it
+    /// durable — by appending the body's frame (one `fdatasync`) while the journal takes
+    /// appends, else by committing with `Durability::Immediate`, which is a checkpoint.
+    /// Durable before it returns. For a decided change `durable` is called with the
+    /// outcome as soon as the frame is synced, before the decided changes are applied.
     fn write<R: Clone>(
         &self,
         body: impl FnOnce(&mut Tx<'_>) -> Result<(R, Change), Fail>,
+        durable: &mut dyn FnMut(&R),
     ) -> Result<R, BackendFailure> {
         // Set once the frame is synced: from then on the journal, not redb's memory, is
         // the truth, and this is the answer whatever redb's commit does.
@@ -550,32 +587,43 @@ impl Inner {
             let mut t = Tx::open(txn)?;
             journal.check_applied(t.journal_lsn).map_err(Fail::Located)?;
             let (out, change) = body(&mut t)?;
-            let frame = match change {
+            let (frame, decided) = match change {
                 Change::None => return Ok((out, false)),
-                Change::Frame(frame) if journal.can_append() => Some(frame),
-                Change::Frame(_) | Change::Durable => None,
+                Change::Durable => (None, None),
+                Change::Frame(frame) => (Some(frame), None),
+                Change::Decided(frame, decided) => (Some(frame), Some(decided)),
             };
             let lsn = match frame {
-                Some(_) => journal.take_lsn(),
-                None => journal.checkpoint_lsn(),
-            };
-            t.meta.insert(JOURNAL_LSN, lsn)?;
-            t.save_counters()?;
-            drop(t);
-            match frame {
-                None => {
-                    txn.set_durability(Durability::Immediate)?;
-                    checkpoint = Some(lsn);
-                }
-                Some(frame) => {
-                    txn.set_durability(Durability::None)?;
+                Some(frame) if journal.can_append() => {
+                    let lsn = journal.take_lsn();
                     let payload = envelope::encode(RecordKind::PendingJournalFrame, &frame)
                         .map_err(|e| Fail::Located(e.at(journal.location().to_string())))?;
                     journal.append(lsn, &payload).map_err(Fail::Located)?;
                     journal.applying(lsn);
                     journaled = Some(out.clone());
+                    if let Some(decided) = decided {
+                        durable(&out);
+                        decided.apply(&mut t, &frame)?;
+                    }
+                    lsn
                 }
-            }
+                frame => {
+                    if let (Some(frame), Some(decided)) = (frame, decided) {
+                        decided.apply(&mut t, &frame)?;
+                    }
+                    let lsn = journal.checkpoint_lsn();
+                    checkpoint = Some(lsn);
+                    lsn
+                }
+            };
+            t.meta.insert(JOURNAL_LSN, lsn)?;
+            t.save_counters()?;
+            drop(t);
+            txn.set_durability(if checkpoint.is_some() {
+                Durability::Immediate
+            } else {
+                Durability::None
+            })?;
             Ok((out, true))
         });
         match (result, journaled) {
@@ -598,49 +646,83 @@ impl Inner {
     }
 
     /// Admissions and source completions in one write transaction: one journal frame
-    /// (or one checkpoint) for both.
-    fn commit(&self, batch: Vec<PendingRecord>, complete: &[UnitId]) -> Result<Vec<AdmitOutcome>, BackendFailure> {
+    /// (or one checkpoint) for both. The admissions are decided first (idempotency,
+    /// capacity), from the tables as they are and what this batch admitted before; the
+    /// decided records and, when capacity cannot depend on them, the completions are
+    /// applied after the frame is synced and `durable` has been called (see
+    /// [`Change::Decided`]).
+    fn commit(
+        &self,
+        batch: Vec<PendingRecord>,
+        complete: &[UnitId],
+        durable: &mut dyn FnMut(&Vec<AdmitOutcome>),
+    ) -> Result<Vec<AdmitOutcome>, BackendFailure> {
         if batch.is_empty() && complete.is_empty() {
             return Ok(Vec::new());
         }
         let now = Timestamp::now();
         let idem_expiry = now.saturating_add(self.limits.idempotency_retention);
-        self.write(|t| {
-            let mut changed = complete_in(t, complete)?;
-            changed |= t.forget_idempotency(now)?;
-            let mut count = t.records.len()?;
-            let mut outcomes = Vec::with_capacity(batch.len());
-            let mut admitted = Vec::with_capacity(batch.len());
-            for record in batch {
-                if let Some(key) = &record.idempotency_key
-                    && let Some(existing) = t.idempotent(&record.account, key, now)?
-                {
-                    outcomes.push(AdmitOutcome::Duplicate { existing });
-                    continue;
+        let max = self.limits.max_records;
+        self.write(
+            |t| {
+                // Completions only lower the record count: if the batch fits without
+                // them, no outcome depends on them and they wait until after the answer.
+                let fits = t.records.len()?.saturating_add(batch.len() as u64) <= max;
+                let completions_applied = !fits;
+                let mut changed = completions_applied && complete_in(t, complete)?;
+                let mut count = t.records.len()?;
+                let mut outcomes = Vec::with_capacity(batch.len());
+                let mut admitted = Vec::with_capacity(batch.len());
+                let mut records = Vec::with_capacity(batch.len());
+                // Keys this batch admitted, as the tables will hold them once applied.
+                let mut keys: HashMap<(String, String), MessageId> = HashMap::new();
+                for record in batch {
+                    if let Some(key) = &record.idempotency_key {
+                        let existing = match keys.get(&(record.account.clone(), key.clone())) {
+                            Some(id) => Some(*id),
+                            None => t.idempotent(&record.account, key, now)?,
+                        };
+                        if let Some(existing) = existing {
+                            outcomes.push(AdmitOutcome::Duplicate { existing });
+                            continue;
+                        }
+                    }
+                    if count >= max {
+                        outcomes.push(AdmitOutcome::Full);
+                        continue;
+                    }
+                    let bytes = encode(RecordKind::PendingRecord, "records", record.id, &record)?;
+                    admitted.push(ByteBuf::from(bytes));
+                    if let Some(key) = &record.idempotency_key {
+                        keys.insert((record.account.clone(), key.clone()), record.id);
+                    }
+                    records.push(record);
+                    count += 1;
+                    outcomes.push(AdmitOutcome::Admitted);
                 }
-                if count >= self.limits.max_records {
-                    outcomes.push(AdmitOutcome::Full);
-                    continue;
-                }
-                let bytes = encode(RecordKind::PendingRecord, "records", record.id, &record)?;
-                t.admit_one(&record, &bytes, idem_expiry)?;
-                admitted.push(ByteBuf::from(bytes));
-                count += 1;
-                changed = true;
-                outcomes.push(AdmitOutcome::Admitted);
-            }
-            let change = if changed {
-                Change::Frame(JournalFrame {
+                let frame = JournalFrame {
                     now,
                     idem_expiry,
                     complete: complete.to_vec(),
                     admit: admitted,
-                })
-            } else {
-                Change::None
-            };
-            Ok((outcomes, change))
-        })
+                };
+                if !records.is_empty() {
+                    let decided = Decided {
+                        records,
+                        completions_applied,
+                    };
+                    return Ok((outcomes, Change::Decided(frame, decided)));
+                }
+                // Nothing admitted: apply the rest now, and write only if it changed
+                // anything.
+                if !completions_applied {
+                    changed |= complete_in(t, complete)?;
+                }
+                changed |= t.forget_idempotency(now)?;
+                Ok((outcomes, if changed { Change::Frame(frame) } else { Change::None }))
+            },
+            durable,
+        )
     }
 
     /// A durable commit that changes nothing but the recorded LSN, if the journal holds
@@ -651,7 +733,7 @@ impl Inner {
         if !self.journal.lock().wants_idle_checkpoint() {
             return Ok(());
         }
-        self.write(|_| Ok(((), Change::Durable)))
+        self.write(|_| Ok(((), Change::Durable)), &mut |_| {})
     }
 
     fn ready_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<ReadyUnit>, BackendFailure> {
@@ -699,43 +781,46 @@ impl Inner {
             return Ok(0);
         }
         // Durable (a checkpoint): expiry is not journaled.
-        self.write(|t| {
-            let mut expired = 0;
-            let mut changed = false;
-            while expired < limit {
-                let (deadline, gkb) = match t.deadlines.first()? {
-                    Some((k, _)) => {
-                        let (deadline, gkb) = k.value();
-                        if deadline > now.0 {
-                            break;
+        self.write(
+            |t| {
+                let mut expired = 0;
+                let mut changed = false;
+                while expired < limit {
+                    let (deadline, gkb) = match t.deadlines.first()? {
+                        Some((k, _)) => {
+                            let (deadline, gkb) = k.value();
+                            if deadline > now.0 {
+                                break;
+                            }
+                            (deadline, gkb.to_vec())
                         }
-                        (deadline, gkb.to_vec())
+                        None => break,
+                    };
+                    t.deadlines.remove((deadline, gkb.as_slice()))?;
+                    changed = true;
+                    let group = match t.groups.remove(gkb.as_slice())? {
+                        Some(v) => Some(
+                            envelope::decode::<GroupState>(RecordKind::PendingGroup, v.value())
+                                .map_err(|e| Fail::record("groups", format!("deadline {deadline}"), e))?,
+                        ),
+                        None => None,
+                    };
+                    if let Some(group) = group {
+                        let members = group.members();
+                        if let Some(first) = members.first().copied() {
+                            t.make_ready(first, Disposition::Expired, members, group.receipts)?;
+                        }
+                        expired += 1;
                     }
-                    None => break,
-                };
-                t.deadlines.remove((deadline, gkb.as_slice()))?;
-                changed = true;
-                let group = match t.groups.remove(gkb.as_slice())? {
-                    Some(v) => Some(
-                        envelope::decode::<GroupState>(RecordKind::PendingGroup, v.value())
-                            .map_err(|e| Fail::record("groups", format!("deadline {deadline}"), e))?,
-                    ),
-                    None => None,
-                };
-                if let Some(group) = group {
-                    let members = group.members();
-                    if let Some(first) = members.first().copied() {
-                        t.make_ready(first, Disposition::Expired, members, group.receipts)?;
-                    }
-                    expired += 1;
                 }
-            }
-            Ok((expired, if changed { Change::Durable } else { Change::None }))
-        })
+                Ok((expired, if changed { Change::Durable } else { Change::None }))
+            },
+            &mut |_| {},
+        )
     }
 
     fn complete(&self, ids: Vec<UnitId>) -> Result<(), BackendFailure> {
-        self.commit(Vec::new(), &ids).map(|_| ())
+        self.commit(Vec::new(), &ids, &mut |_| {}).map(|_| ())
     }
 
     fn stats(&self) -> Result<PendingStats, BackendFailure> {
@@ -793,7 +878,7 @@ impl PendingStore for FilePendingStore {
 
     async fn commit(&self, admit: Vec<PendingRecord>, complete: &[UnitId]) -> Result<Vec<AdmitOutcome>, PendingError> {
         let complete = complete.to_vec();
-        self.run(move |i| i.commit(admit, &complete)).await
+        self.run(move |i| i.commit(admit, &complete, &mut |_| {})).await
     }
 
     async fn stats(&self) -> Result<PendingStats, PendingError> {
@@ -806,8 +891,15 @@ impl PendingStore for FilePendingStore {
 }
 
 impl BlockingPendingWriter for FilePendingStore {
-    fn commit(&self, admit: Vec<PendingRecord>, complete: &[UnitId]) -> Result<Vec<AdmitOutcome>, PendingError> {
-        Ok(on_this_thread(&self.inner.file, || self.inner.commit(admit, complete))?)
+    fn commit(
+        &self,
+        admit: Vec<PendingRecord>,
+        complete: &[UnitId],
+        durable: &mut dyn FnMut(&[AdmitOutcome]),
+    ) -> Result<Vec<AdmitOutcome>, PendingError> {
+        Ok(on_this_thread(&self.inner.file, || {
+            self.inner.commit(admit, complete, &mut |outcomes| durable(outcomes))
+        })?)
     }
 
     fn idle(&self) {

@@ -329,7 +329,7 @@ fn child_process() {
             use crate::pending::BlockingPendingWriter;
             let dir = Arc::new(DataDir::open(&dir).unwrap());
             let store = FilePendingStore::open(&dir, limits()).unwrap();
-            BlockingPendingWriter::commit(&store, msg_batch(10), &[]).unwrap();
+            BlockingPendingWriter::commit(&store, msg_batch(10), &[], &mut |_| {}).unwrap();
             let small = store.journal_position();
             store.idle();
             assert_eq!(
@@ -341,7 +341,7 @@ fn child_process() {
             let body = "x".repeat(1024);
             for _ in 0..8 {
                 let batch: Vec<_> = (0..50).map(|i| record("a", &i.to_string(), &body)).collect();
-                BlockingPendingWriter::commit(&store, batch, &[]).unwrap();
+                BlockingPendingWriter::commit(&store, batch, &[], &mut |_| {}).unwrap();
             }
             store.idle();
             assert_eq!(store.journal_position(), 0, "the idle checkpoint restarted the journal");
@@ -659,6 +659,43 @@ fn a_failed_journal_write_acknowledges_nothing_and_the_next_commit_is_durable() 
         let s = FilePendingStore::open(&dir, limits()).unwrap();
         assert_eq!(s.stats().await.unwrap().records, 15);
     });
+}
+
+#[test]
+fn clients_are_answered_once_the_frame_is_synced_and_before_it_is_applied() {
+    use crate::pending::BlockingPendingWriter;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = Arc::new(DataDir::open(tmp.path()).unwrap());
+    let s = FilePendingStore::open(&dir, limits()).unwrap();
+    let journal = dir.pending_journal_path();
+    let mut early = Vec::new();
+    let out = BlockingPendingWriter::commit(&s, msg_batch(10), &[], &mut |outcomes| {
+        let header = std::fs::read(&journal).unwrap()[..20].to_vec();
+        early.push((outcomes.to_vec(), s.records_readable(), header));
+    })
+    .unwrap();
+    assert_eq!(early.len(), 1, "answered exactly once");
+    let (outcomes, readable, header) = &early[0];
+    assert_eq!(outcomes, &out, "the early answer is the commit's outcome");
+    assert_eq!(*readable, 0, "answered before the records were applied to the file");
+    assert!(
+        header.iter().any(|b| *b != 0),
+        "the frame was in the journal when answered"
+    );
+    assert_eq!(s.records_readable(), 10, "applied when the commit returns");
+
+    // A commit that admits nothing, or that is a checkpoint, answers when it returns.
+    let mut called = 0;
+    let dup = BlockingPendingWriter::commit(&s, Vec::new(), &[MessageId::generate()], &mut |_| called += 1);
+    assert!(dup.unwrap().is_empty());
+    s.set_checkpoints(0, std::time::Duration::ZERO);
+    let out = BlockingPendingWriter::commit(&s, msg_batch(2), &[], &mut |_| called += 1).unwrap();
+    assert_eq!(out, vec![AdmitOutcome::Admitted; 2]);
+    assert_eq!(called, 0);
+    assert_eq!(s.journal_position(), 0, "that commit was a checkpoint");
+    drop(s);
+    let s = FilePendingStore::open(&dir, limits()).unwrap();
+    assert_eq!(s.records_readable(), 12);
 }
 
 #[test]
