@@ -33,7 +33,7 @@ pub(crate) struct FaultBackend {
     inner: FileBackend,
     faults: Arc<FaultSwitch>,
     /// The store file's name (`pending.redb`, ...), the label of its fsync timings.
-    name: String,
+    name: &'static str,
 }
 
 impl fmt::Debug for FaultBackend {
@@ -43,7 +43,7 @@ impl fmt::Debug for FaultBackend {
 }
 
 impl FaultBackend {
-    pub(crate) fn new(file: File, name: String, faults: Arc<FaultSwitch>) -> Result<Self, DatabaseError> {
+    pub(crate) fn new(file: File, name: &'static str, faults: Arc<FaultSwitch>) -> Result<Self, DatabaseError> {
         Ok(Self {
             inner: FileBackend::new(file)?,
             faults,
@@ -86,7 +86,7 @@ impl StorageBackend for FaultBackend {
 
     fn sync_data(&self) -> Result<(), io::Error> {
         check_io(&self.faults)?;
-        timed_sync(&self.name, || self.inner.sync_data())
+        timed_sync(self.name, || self.inner.sync_data())
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
@@ -135,11 +135,11 @@ pub const FSYNC_SECONDS: &str = "sendium_storage_fsync_seconds";
 /// Run one fdatasync (or fsync) of the store file `name`: counted, and its duration
 /// recorded in [`FSYNC_SECONDS`]. A durable acknowledgement waits for one of these, so
 /// this histogram is how an operator tells a slow disk from a slow gateway.
-pub(crate) fn timed_sync(name: &str, sync: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
+pub(crate) fn timed_sync(name: &'static str, sync: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
     FSYNCS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let started = std::time::Instant::now();
     let result = sync();
-    metrics::histogram!(FSYNC_SECONDS, "file" => name.to_owned()).record(started.elapsed().as_secs_f64());
+    metrics::histogram!(FSYNC_SECONDS, "file" => name).record(started.elapsed().as_secs_f64());
     result
 }
 

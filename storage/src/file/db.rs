@@ -204,6 +204,8 @@ pub(crate) type RecoverFn = Box<dyn Fn(&Database) -> Result<(), Fail> + Send + S
 /// One open redb file.
 pub(crate) struct StoreFile {
     dir: Arc<DataDir>,
+    /// The file's name in the directory (`pending.redb`, ...): its fsync metrics label.
+    name: &'static str,
     path: PathBuf,
     location: String,
     options: FileOptions,
@@ -221,7 +223,7 @@ impl StoreFile {
     /// Open (creating if needed) `<dir>/<name>` and run `init` in a durable transaction.
     pub(crate) fn open(
         dir: &Arc<DataDir>,
-        name: &str,
+        name: &'static str,
         options: FileOptions,
         init: InitFn,
     ) -> Result<StoreFile, BackendFailure> {
@@ -231,7 +233,7 @@ impl StoreFile {
     /// [`open`](Self::open) with the fault switches to use and a recovery step.
     pub(crate) fn open_with(
         dir: &Arc<DataDir>,
-        name: &str,
+        name: &'static str,
         options: FileOptions,
         init: InitFn,
         faults: Arc<FaultSwitch>,
@@ -240,6 +242,7 @@ impl StoreFile {
         let path = dir.path().join(name);
         let file = StoreFile {
             dir: dir.clone(),
+            name,
             location: path.display().to_string(),
             path,
             options,
@@ -272,12 +275,8 @@ impl StoreFile {
             .truncate(false)
             .open(&self.path)
             .map_err(|e| super::dir::io_failure(&loc, "cannot open", &e))?;
-        let name = self
-            .path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let backend = FaultBackend::new(file, name, self.faults.clone()).map_err(|e| self.failure(Fail::from(e)))?;
+        let backend =
+            FaultBackend::new(file, self.name, self.faults.clone()).map_err(|e| self.failure(Fail::from(e)))?;
         let mut builder = Builder::new();
         builder.set_cache_size(self.options.cache_size);
         let logged = AtomicBool::new(false);
