@@ -36,6 +36,22 @@ pub const ROUTED_WORK_FILE: &str = "routed-work.redb";
 /// Reserved for the file DLR store.
 pub const DLR_FILE: &str = "dlr.redb";
 
+/// How often, and how long apart, [`DataDir::open`] tries again when the lock's holder
+/// is this very process. A handle this process has just closed can still hold the lock
+/// for a moment: a child process being started (fork, then exec) holds copies of every
+/// descriptor until its exec closes them. A directory this process really holds open
+/// is refused after these tries.
+const SELF_HELD_RETRIES: u32 = 50;
+const SELF_HELD_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// The pid the lock file names (its holder, while it is locked).
+fn holder_pid(lock: &mut File) -> Option<u32> {
+    let mut holder = String::new();
+    lock.seek(SeekFrom::Start(0)).ok()?;
+    lock.read_to_string(&mut holder).ok()?;
+    holder.trim().parse().ok()
+}
+
 /// An opened, exclusively locked data directory.
 #[derive(Debug)]
 pub struct DataDir {
@@ -46,7 +62,8 @@ pub struct DataDir {
 
 impl DataDir {
     /// Create the directory if needed and lock it. Fails with [`FailureKind::Locked`]
-    /// when another process (or another `DataDir` of this process) holds it.
+    /// when another process (or, after about a second of retries, another `DataDir` of
+    /// this process: see [`SELF_HELD_RETRIES`]) holds it.
     pub fn open(path: impl AsRef<Path>) -> Result<DataDir, BackendFailure> {
         let path = path.as_ref().to_path_buf();
         let loc = path.display().to_string();
@@ -61,16 +78,25 @@ impl DataDir {
             .truncate(false)
             .open(&lock_path)
             .map_err(|e| io_failure(&lock_loc, "cannot open the lock file", &e))?;
-        match lock.try_lock() {
+        let mut attempts = 0;
+        let locked = loop {
+            match lock.try_lock() {
+                Err(TryLockError::WouldBlock)
+                    if attempts < SELF_HELD_RETRIES && holder_pid(&mut lock) == Some(std::process::id()) =>
+                {
+                    attempts += 1;
+                    std::thread::sleep(SELF_HELD_WAIT);
+                }
+                other => break other,
+            }
+        };
+        match locked {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
-                let mut holder = String::new();
-                let _ = lock.read_to_string(&mut holder);
-                let holder = holder.trim();
-                let who = match holder.parse::<u32>() {
-                    Ok(pid) if pid == std::process::id() => format!(" (pid {pid}: this process)"),
-                    Ok(pid) => format!(" (pid {pid})"),
-                    Err(_) => String::new(),
+                let who = match holder_pid(&mut lock) {
+                    Some(pid) if pid == std::process::id() => format!(" (pid {pid}: this process)"),
+                    Some(pid) => format!(" (pid {pid})"),
+                    None => String::new(),
                 };
                 return Err(BackendFailure::new(
                     FailureKind::Locked,
