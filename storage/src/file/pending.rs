@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use redb::{Database, Durability, ReadableTable, ReadableTableMetadata, Table, TableDefinition, WriteTransaction};
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
@@ -81,6 +81,32 @@ struct Inner {
     journal: Arc<Mutex<Journal>>,
     /// Journal frames applied by the last (re)open.
     replayed: Arc<AtomicUsize>,
+    /// Set while a commit's clients have their answers and its records are not yet
+    /// readable (see [`Inner::write`]); reads wait for it, so a read sees every
+    /// acknowledged admission.
+    answered_unapplied: Mutex<bool>,
+    applied: Condvar,
+}
+
+/// Makes the store's readers wait from [`start`](Self::start) until it is dropped: when
+/// the write has committed, or failed (the file is then invalidated, and the next read
+/// reopens it and replays the frame), or panicked.
+struct ReadersWait<'a>(&'a Inner);
+
+impl ReadersWait<'_> {
+    fn start(&self) {
+        *self.0.answered_unapplied.lock() = true;
+    }
+}
+
+impl Drop for ReadersWait<'_> {
+    fn drop(&mut self) {
+        let mut waiting = self.0.answered_unapplied.lock();
+        if *waiting {
+            *waiting = false;
+            self.0.applied.notify_all();
+        }
+    }
 }
 
 /// How a pending write may be made durable (see `Inner::write`).
@@ -160,6 +186,8 @@ impl FilePendingStore {
                 limits,
                 journal,
                 replayed,
+                answered_unapplied: Mutex::new(false),
+                applied: Condvar::new(),
             }),
         })
     }
@@ -181,10 +209,16 @@ impl FilePendingStore {
         self.inner.journal.lock().set_checkpoints(bytes, after);
     }
 
-    /// Records in the file as a reader sees them now (a read transaction on this
-    /// thread, so it can run while a commit is open).
+    /// Records in the file as a read transaction sees them now, without waiting for
+    /// an answered commit to be applied (so it can run inside one).
     #[cfg(test)]
-    pub(crate) fn records_readable(&self) -> u64 {
+    pub(crate) fn records_in_file(&self) -> u64 {
+        self.inner.read_stats().map(|s| s.records).unwrap_or(u64::MAX)
+    }
+
+    /// Records as any reader of the store sees them (waiting for answered commits).
+    #[cfg(test)]
+    pub(crate) fn records_for_readers(&self) -> u64 {
         self.inner.stats().map(|s| s.records).unwrap_or(u64::MAX)
     }
 
@@ -572,7 +606,8 @@ impl Inner {
     /// durable — by appending the body's frame (one `fdatasync`) while the journal takes
     /// appends, else by committing with `Durability::Immediate`, which is a checkpoint.
     /// Durable before it returns. For a decided change `durable` is called with the
-    /// outcome as soon as the frame is synced, before the decided changes are applied.
+    /// outcome as soon as the frame is synced, before the decided changes are applied;
+    /// the store's reads wait from then until the commit is done.
     fn write<R: Clone>(
         &self,
         body: impl FnOnce(&mut Tx<'_>) -> Result<(R, Change), Fail>,
@@ -582,6 +617,7 @@ impl Inner {
         // the truth, and this is the answer whatever redb's commit does.
         let mut journaled = None;
         let mut checkpoint = None;
+        let readers_wait = ReadersWait(self);
         let result = self.file.write_txn(|txn| {
             let mut journal = self.journal.lock();
             let mut t = Tx::open(txn)?;
@@ -602,6 +638,7 @@ impl Inner {
                     journal.applying(lsn);
                     journaled = Some(out.clone());
                     if let Some(decided) = decided {
+                        readers_wait.start();
                         durable(&out);
                         decided.apply(&mut t, &frame)?;
                     }
@@ -626,6 +663,7 @@ impl Inner {
             })?;
             Ok((out, true))
         });
+        drop(readers_wait);
         match (result, journaled) {
             (Ok(out), _) => {
                 if let Some(lsn) = checkpoint {
@@ -736,7 +774,16 @@ impl Inner {
         self.write(|_| Ok(((), Change::Durable)), &mut |_| {})
     }
 
+    /// Wait while a commit's clients are answered and its records not yet readable.
+    fn wait_for_answered(&self) {
+        let mut waiting = self.answered_unapplied.lock();
+        while *waiting {
+            self.applied.wait(&mut waiting);
+        }
+    }
+
     fn ready_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<ReadyUnit>, BackendFailure> {
+        self.wait_for_answered();
         self.file.read(|txn| {
             let ready = txn.open_table(READY)?;
             let records = txn.open_table(RECORDS)?;
@@ -752,6 +799,7 @@ impl Inner {
     }
 
     fn units(&self, ids: &[UnitId]) -> Result<Vec<ReadyUnit>, BackendFailure> {
+        self.wait_for_answered();
         self.file.read(|txn| {
             let ready = txn.open_table(READY)?;
             let unit_seq = txn.open_table(UNIT_SEQ)?;
@@ -824,6 +872,11 @@ impl Inner {
     }
 
     fn stats(&self) -> Result<PendingStats, BackendFailure> {
+        self.wait_for_answered();
+        self.read_stats()
+    }
+
+    fn read_stats(&self) -> Result<PendingStats, BackendFailure> {
         self.file.read(|txn| {
             let records = txn.open_table(RECORDS)?;
             let meta = txn.open_table(META)?;

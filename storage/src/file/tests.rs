@@ -669,11 +669,21 @@ fn clients_are_answered_once_the_frame_is_synced_and_before_it_is_applied() {
     let s = FilePendingStore::open(&dir, limits()).unwrap();
     let journal = dir.pending_journal_path();
     let mut early = Vec::new();
+    let mut reader = None;
     let out = BlockingPendingWriter::commit(&s, msg_batch(10), &[], &mut |outcomes| {
         let header = std::fs::read(&journal).unwrap()[..20].to_vec();
-        early.push((outcomes.to_vec(), s.records_readable(), header));
+        early.push((outcomes.to_vec(), s.records_in_file(), header));
+        // A reader asking now sees what was acknowledged: it waits for the apply.
+        let s = s.clone();
+        reader = Some(std::thread::spawn(move || s.records_for_readers()));
+        std::thread::sleep(Duration::from_millis(50));
     })
     .unwrap();
+    assert_eq!(
+        reader.unwrap().join().unwrap(),
+        10,
+        "a read sees every acknowledged admission"
+    );
     assert_eq!(early.len(), 1, "answered exactly once");
     let (outcomes, readable, header) = &early[0];
     assert_eq!(outcomes, &out, "the early answer is the commit's outcome");
@@ -682,7 +692,7 @@ fn clients_are_answered_once_the_frame_is_synced_and_before_it_is_applied() {
         header.iter().any(|b| *b != 0),
         "the frame was in the journal when answered"
     );
-    assert_eq!(s.records_readable(), 10, "applied when the commit returns");
+    assert_eq!(s.records_in_file(), 10, "applied when the commit returns");
 
     // A commit that admits nothing, or that is a checkpoint, answers when it returns.
     let mut called = 0;
@@ -695,7 +705,7 @@ fn clients_are_answered_once_the_frame_is_synced_and_before_it_is_applied() {
     assert_eq!(s.journal_position(), 0, "that commit was a checkpoint");
     drop(s);
     let s = FilePendingStore::open(&dir, limits()).unwrap();
-    assert_eq!(s.records_readable(), 12);
+    assert_eq!(s.records_in_file(), 12);
 }
 
 #[test]
