@@ -82,8 +82,8 @@ struct Inner {
     /// Journal frames applied by the last (re)open.
     replayed: Arc<AtomicUsize>,
     /// Set while a commit's clients have their answers and its records are not yet
-    /// readable (see [`Inner::write`]); reads wait for it, so a read sees every
-    /// acknowledged admission.
+    /// readable (see [`Inner::write`]); `stats` and `units` wait for it, so they see
+    /// every acknowledged admission.
     answered_unapplied: Mutex<bool>,
     applied: Condvar,
 }
@@ -607,7 +607,7 @@ impl Inner {
     /// appends, else by committing with `Durability::Immediate`, which is a checkpoint.
     /// Durable before it returns. For a decided change `durable` is called with the
     /// outcome as soon as the frame is synced, before the decided changes are applied;
-    /// the store's reads wait from then until the commit is done.
+    /// `stats` and `units` wait from then until the commit is done.
     fn write<R: Clone>(
         &self,
         body: impl FnOnce(&mut Tx<'_>) -> Result<(R, Change), Fail>,
@@ -782,8 +782,10 @@ impl Inner {
         }
     }
 
+    /// Does not wait for an answered commit: its units are picked up by the Selector's
+    /// next read, which the commit's end wakes it for (the Selector reads this on every
+    /// wake, and waiting here would stall it behind the writer's commits).
     fn ready_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<ReadyUnit>, BackendFailure> {
-        self.wait_for_answered();
         self.file.read(|txn| {
             let ready = txn.open_table(READY)?;
             let records = txn.open_table(RECORDS)?;
