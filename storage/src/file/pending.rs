@@ -102,6 +102,11 @@ impl ReadersWait<'_> {
 impl Drop for ReadersWait<'_> {
     fn drop(&mut self) {
         let mut waiting = self.0.answered_unapplied.lock();
+        if *waiting && std::thread::panicking() {
+            // As `StoreFile::panicked` will: redb's state is untrusted, and a reader let
+            // go now must reopen the file (replaying the answered frame), not read it.
+            self.0.file.invalidate(FailureKind::Corrupt);
+        }
         if *waiting {
             *waiting = false;
             self.0.applied.notify_all();
@@ -663,8 +668,7 @@ impl Inner {
             })?;
             Ok((out, true))
         });
-        drop(readers_wait);
-        match (result, journaled) {
+        let outcome = match (result, journaled) {
             (Ok(out), _) => {
                 if let Some(lsn) = checkpoint {
                     self.journal.lock().checkpointed(lsn);
@@ -680,7 +684,11 @@ impl Inner {
                 Ok(out)
             }
             (Err(e), None) => Err(e),
-        }
+        };
+        // Only now, with the file invalidated if the apply failed: a waiting reader
+        // must reopen it (and so replay the frame), not read what redb holds.
+        drop(readers_wait);
+        outcome
     }
 
     /// Admissions and source completions in one write transaction: one journal frame
