@@ -713,10 +713,14 @@ impl Inner {
             |t| {
                 // Completions only lower the record count: if the batch fits without
                 // them, no outcome depends on them and they wait until after the answer.
-                let fits = t.records.len()?.saturating_add(batch.len() as u64) <= max;
-                let completions_applied = !fits;
-                let mut changed = completions_applied && complete_in(t, complete)?;
-                let mut count = t.records.len()?;
+                let stored = t.records.len()?;
+                let completions_applied = stored.saturating_add(batch.len() as u64) > max;
+                let mut changed = false;
+                let mut count = stored;
+                if completions_applied {
+                    changed = complete_in(t, complete)?;
+                    count = t.records.len()?;
+                }
                 let mut outcomes = Vec::with_capacity(batch.len());
                 let mut admitted = Vec::with_capacity(batch.len());
                 let mut records = Vec::with_capacity(batch.len());

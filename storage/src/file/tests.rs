@@ -696,8 +696,8 @@ fn clients_are_answered_once_the_frame_is_synced_and_before_it_is_applied() {
 
     // A commit that admits nothing, or that is a checkpoint, answers when it returns.
     let mut called = 0;
-    let dup = BlockingPendingWriter::commit(&s, Vec::new(), &[MessageId::generate()], &mut |_| called += 1);
-    assert!(dup.unwrap().is_empty());
+    let completion_only = BlockingPendingWriter::commit(&s, Vec::new(), &[MessageId::generate()], &mut |_| called += 1);
+    assert!(completion_only.unwrap().is_empty());
     s.set_checkpoints(0, std::time::Duration::ZERO);
     let out = BlockingPendingWriter::commit(&s, msg_batch(2), &[], &mut |_| called += 1).unwrap();
     assert_eq!(out, vec![AdmitOutcome::Admitted; 2]);
