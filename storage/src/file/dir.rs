@@ -39,8 +39,10 @@ pub const DLR_FILE: &str = "dlr.redb";
 /// How often, and how long apart, [`DataDir::open`] tries again when the lock's holder
 /// is this very process. A handle this process has just closed can still hold the lock
 /// for a moment: a child process being started (fork, then exec) holds copies of every
-/// descriptor until its exec closes them. A directory this process really holds open
-/// is refused after these tries.
+/// descriptor until its exec closes them. Sendium itself starts no child processes, so
+/// this is for processes that do, such as the test suite's (its SIGKILL tests spawn
+/// children while other tests close and reopen directories). A directory this process
+/// really holds open is refused after these tries.
 const SELF_HELD_RETRIES: u32 = 50;
 const SELF_HELD_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 
@@ -184,6 +186,21 @@ mod tests {
         let again = DataDir::open(&dir).unwrap();
         assert_eq!(again.path(), dir.as_path());
         assert_eq!(again.pending_path(), dir.join("pending.redb"));
+    }
+
+    #[test]
+    fn a_directory_this_process_releases_moments_later_opens() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("spool");
+        let held = DataDir::open(&dir).unwrap();
+        // As a child process between fork and exec would: hold the lock a little longer.
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            drop(held);
+        });
+        let again = DataDir::open(&dir).unwrap();
+        release.join().unwrap();
+        assert_eq!(again.path(), dir.as_path());
     }
 
     #[test]
