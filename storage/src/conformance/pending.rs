@@ -48,16 +48,23 @@ pub(crate) async fn deduplicates_idempotency_keys_per_account(f: &dyn Factory) {
     c1.idempotency_key = Some("same".into());
     let mut c2 = record("esme3", "1", "x");
     c2.idempotency_key = Some("same".into());
-    let out = s.admit(vec![c1.clone(), c2]).await.unwrap();
+    // ... where the same key from another account is another message.
+    let mut c3 = record("esme4", "1", "x");
+    c3.idempotency_key = Some("same".into());
+    let out = s.admit(vec![c1.clone(), c2, c3]).await.unwrap();
     assert_eq!(
         out,
-        vec![AdmitOutcome::Admitted, AdmitOutcome::Duplicate { existing: c1.id }]
+        vec![
+            AdmitOutcome::Admitted,
+            AdmitOutcome::Duplicate { existing: c1.id },
+            AdmitOutcome::Admitted
+        ]
     );
     // The key outlives completion of the message (retention, not lifetime).
     s.complete(&[a.id]).await.unwrap();
     let out = s.admit(vec![again]).await.unwrap();
     assert_eq!(out, vec![AdmitOutcome::Duplicate { existing: a.id }]);
-    assert_eq!(s.stats().await.unwrap().records, 2);
+    assert_eq!(s.stats().await.unwrap().records, 3);
 }
 
 pub(crate) async fn refuses_when_full(f: &dyn Factory) {

@@ -724,11 +724,13 @@ impl Inner {
                 let mut outcomes = Vec::with_capacity(batch.len());
                 let mut admitted = Vec::with_capacity(batch.len());
                 let mut records = Vec::with_capacity(batch.len());
-                // Keys this batch admitted, as the tables will hold them once applied.
-                let mut keys: HashMap<(String, String), MessageId> = HashMap::new();
+                // Keys this batch admitted, per account, as the tables will hold them
+                // once applied (looked up by reference: no copy per lookup).
+                let mut keys: HashMap<String, HashMap<String, MessageId>> = HashMap::new();
                 for record in batch {
                     if let Some(key) = &record.idempotency_key {
-                        let existing = match keys.get(&(record.account.clone(), key.clone())) {
+                        let batched = keys.get(record.account.as_str()).and_then(|k| k.get(key.as_str()));
+                        let existing = match batched {
                             Some(id) => Some(*id),
                             None => t.idempotent(&record.account, key, now)?,
                         };
@@ -744,7 +746,9 @@ impl Inner {
                     let bytes = encode(RecordKind::PendingRecord, "records", record.id, &record)?;
                     admitted.push(ByteBuf::from(bytes));
                     if let Some(key) = &record.idempotency_key {
-                        keys.insert((record.account.clone(), key.clone()), record.id);
+                        keys.entry(record.account.clone())
+                            .or_default()
+                            .insert(key.clone(), record.id);
                     }
                     records.push(record);
                     count += 1;
