@@ -160,8 +160,10 @@ pub trait BlockingPendingWriter: Send + Sync + 'static {
     /// commit's remaining work is done, `durable` is called with them then, so the
     /// clients can be answered without waiting for that work (the file store answers
     /// once the journal frame is synced, before applying the frame to its file); the
-    /// same outcomes are returned either way. `durable` is never called for a commit
-    /// that returns an error.
+    /// same outcomes are returned either way. Once `durable` has been called its
+    /// outcomes stand: if the store then fails while finishing the commit (a panic in
+    /// the file store's apply, which invalidates the file so a reopen replays the frame),
+    /// the commit returns that error, and the caller must not answer the clients again.
     fn commit(
         &self,
         admit: Vec<PendingRecord>,
