@@ -202,3 +202,51 @@ async fn a_profile_change_with_outstanding_records_needs_a_drain() {
     let (_, ready) = fresh.admin_get("/readyz").await;
     assert!(ready.contains("\"router-queue\":\"memory\""), "{ready}");
 }
+
+/// The storage engine fails (here: panics) while applying a pending commit whose clients
+/// already have their answers. The journal frame is the truth: the store file is
+/// reopened and the frame replayed before anything reads it, so every acknowledged
+/// message is delivered once with its receipt, nothing stays pending, and the gateway
+/// is ready again without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storage_failure_after_the_answer_loses_no_acknowledged_message() {
+    let smsc = smsc().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = builder(&file_config(FFF), smsc.port(), dir.path())
+        .env("SENDIUM_FAILPOINT", "pending-apply=panic@3")
+        .start()
+        .await;
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
+        .await
+        .unwrap();
+    let specs: Vec<SubmitSpec> = (0..60)
+        .map(|i| SubmitSpec::gsm("1", &format!("4452{i:04}"), "apply fails").dlr())
+        .collect();
+    let mut acked = HashSet::new();
+    // One at a time, so the third commit holds exactly one answered admission.
+    for spec in &specs {
+        let r = esme.submit(spec).await.unwrap();
+        assert!(r.is_ok(), "answered before the apply, so never refused: {:?}", r.status);
+        assert!(acked.insert(r.message_id.clone()), "two submits got one id");
+    }
+    assert!(
+        gw.log().contains("FAILPOINT pending-apply fired"),
+        "the apply failed after an answer"
+    );
+    assert!(
+        eventually(WAIT, || esme.receipts().len() >= acked.len()).await,
+        "receipts for every acknowledged message ({} of {})",
+        esme.receipts().len(),
+        acked.len()
+    );
+    one_receipt_per_id(&esme.receipts(), &acked);
+    let destinations: HashSet<String> = smsc.messages().into_iter().map(|m| m.destination).collect();
+    assert_eq!(destinations.len(), specs.len(), "every message reached the SMSC");
+    assert_eq!(smsc.messages().len(), specs.len(), "and none twice");
+    assert!(
+        wait_metric(&gw, "sendium_stage_records", "stage=\"pending\"", |v| v == 0.0).await,
+        "nothing left pending"
+    );
+    let (status, body) = gw.admin_get("/readyz").await;
+    assert_eq!(status, 200, "ready again after the reopen: {body}");
+}

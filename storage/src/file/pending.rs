@@ -44,6 +44,7 @@ use super::records::{GroupState, IdempotencyEntry, UnitEntry};
 use crate::backend::StageBackend;
 use crate::envelope::{self, RecordKind};
 use crate::error::{BackendFailure, FailureKind, PendingError};
+use crate::failpoint;
 use crate::ids::{MessageId, ReadySeq, Timestamp, UnitId};
 use crate::memory::PendingLimits;
 use crate::pending::{AdmitOutcome, BlockingPendingWriter, Disposition, PendingStats, PendingStore, ReadyUnit, Unit};
@@ -645,6 +646,9 @@ impl Inner {
                     if let Some(decided) = decided {
                         readers_wait.start();
                         durable(&out);
+                        // Answered, not applied: a panic here (`pending-apply=panic`) is
+                        // a storage engine failing after the acknowledgement.
+                        failpoint::hit("pending-apply");
                         decided.apply(&mut t, &frame)?;
                     }
                     lsn
