@@ -597,6 +597,8 @@ async fn fetch_series(addr: std::net::SocketAddr) -> Option<BTreeMap<String, f64
 const ADMISSION_BUCKETS: &str = "sendium_admission_seconds_bucket{le=\"";
 /// The cumulative buckets of the pending journal's fdatasyncs: the disk's share of it.
 const JOURNAL_SYNC_BUCKETS: &str = "sendium_storage_fsync_seconds_bucket{file=\"pending.journal\",le=\"";
+/// The per-file counts of the same histogram.
+const SYNC_COUNTS: &str = "sendium_storage_fsync_seconds_count{";
 
 /// The cumulative buckets of one histogram series in Prometheus text (upper bound in
 /// seconds, count), in order; `series` is its bucket lines' text up to the bound.
@@ -622,6 +624,8 @@ struct Scrape {
     sums: BTreeMap<String, f64>,
     admissions: Vec<(f64, f64)>,
     journal_syncs: Vec<(f64, f64)>,
+    /// fdatasyncs so far of every store file but the pending stage's own.
+    background_syncs: f64,
 }
 
 fn scrape(ctl: &tokio::runtime::Runtime, gw: &GatewayProcess) -> Option<Scrape> {
@@ -630,7 +634,19 @@ fn scrape(ctl: &tokio::runtime::Runtime, gw: &GatewayProcess) -> Option<Scrape> 
         sums: metric_sums(&metric_series(&text)),
         admissions: buckets(&text, ADMISSION_BUCKETS).unwrap_or_default(),
         journal_syncs: buckets(&text, JOURNAL_SYNC_BUCKETS).unwrap_or_default(),
+        background_syncs: background_syncs(&metric_series(&text)),
     })
+}
+
+/// The fdatasyncs of the store files other than the pending stage's (its journal and
+/// its redb file): the router-queue, routed-work and DLR stores, whose syncs share the
+/// disk with the ones acknowledgements wait for.
+fn background_syncs(series: &BTreeMap<String, f64>) -> f64 {
+    series
+        .iter()
+        .filter(|(key, _)| key.starts_with(SYNC_COUNTS) && !key.contains("file=\"pending."))
+        .map(|(_, v)| v)
+        .sum()
 }
 
 /// From two scrapes of a histogram's buckets: the bucket bound (ms) under which 99% of
@@ -979,10 +995,12 @@ impl Bench {
         let smsc_after = smsc.stats();
         let scraped = scrape(&self.ctl, gw);
         let (mut fsyncs_before, mut admissions, mut journal_syncs) = (None, None, None);
+        let mut background_syncs = None;
         if let (Some(b), Some(a)) = (&scraped_before, &scraped) {
             fsyncs_before = b.sums.get(FSYNCS_TOTAL).copied();
             admissions = bucket_p99(&b.admissions, &a.admissions);
             journal_syncs = bucket_p99(&b.journal_syncs, &a.journal_syncs);
+            background_syncs = Some(a.background_syncs - b.background_syncs);
         }
         let metrics = scraped.map(|s| s.sums);
         let resources = resources_json(before, after, hwm_reset, self.ticks_per_s);
@@ -1087,6 +1105,17 @@ impl Bench {
             // What the disk adds: every durable acknowledgement waits for one journal sync.
             notes.push(format!("journal fdatasync p99 ≤ {p99} ms"));
             detail["journal_sync_p99_ms_bound"] = json!(p99);
+        }
+        if let Some(n) = background_syncs
+            && n > 0.0
+            && rate.is_some()
+            && report.elapsed > Duration::ZERO
+        {
+            // The other stores' syncs on the same disk, which a journal sync can queue
+            // behind (docs/benchmarks.md, ninth session).
+            let per_s = n / report.elapsed.as_secs_f64();
+            notes.push(format!("other stores {per_s:.0} fdatasyncs/s"));
+            detail["background_syncs_per_s"] = json!(per_s);
         }
         if !report.statuses.is_empty() {
             let list: Vec<String> = report.statuses.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -1761,6 +1790,18 @@ mod tests {
         );
         assert_eq!(buckets(text, ADMISSION_BUCKETS), Some(vec![(0.005, 4.0)]));
         assert_eq!(buckets("", ADMISSION_BUCKETS), None);
+    }
+
+    #[test]
+    fn background_syncs_count_every_store_file_but_the_pending_stages() {
+        let text = "sendium_storage_fsync_seconds_count{file=\"pending.journal\"} 900\n\
+            sendium_storage_fsync_seconds_count{file=\"pending.redb\"} 4\n\
+            sendium_storage_fsync_seconds_count{file=\"router-queue.redb\"} 30\n\
+            sendium_storage_fsync_seconds_count{file=\"routed-work.redb\"} 20\n\
+            sendium_storage_fsync_seconds_sum{file=\"routed-work.redb\"} 0.5\n\
+            sendium_storage_fsyncs_total 954\n";
+        assert_eq!(background_syncs(&metric_series(text)), 50.0);
+        assert_eq!(background_syncs(&metric_series("")), 0.0);
     }
 
     #[test]
