@@ -272,6 +272,7 @@ impl Stores {
             }
         };
         if let Some(dir) = &data_dir {
+            dir.file_stages_opened();
             dir.write_manifest(&manifest_of(cfg))?;
         }
         Ok(Stores {

@@ -198,7 +198,7 @@ async fn file_profiles_show_each_store_files_sync_times_in_metrics() {
     let smsc = smsc().await;
     let gw = gateway(&durable_config(DLR_FILE), &smsc).await;
     one_message_and_its_receipt(&gw, "hello").await;
-    for file in ["pending.journal", "router-queue.redb", "routed-work.redb", "dlr.redb"] {
+    for file in ["journal", "router-queue.redb", "routed-work.redb", "dlr.redb"] {
         let labels = format!("file=\"{file}\"");
         assert!(
             wait_metric(&gw, "sendium_storage_fsync_seconds_count", &labels, |v| v >= 1.0).await,
@@ -208,7 +208,7 @@ async fn file_profiles_show_each_store_files_sync_times_in_metrics() {
     let (_, metrics) = gw.admin_get("/metrics").await;
     // The configured fine buckets, not a summary's quantiles.
     assert!(
-        metrics.contains("sendium_storage_fsync_seconds_bucket{file=\"pending.journal\",le=\"0.001\"}"),
+        metrics.contains("sendium_storage_fsync_seconds_bucket{file=\"journal\",le=\"0.001\"}"),
         "{metrics}"
     );
     assert!(metric(&metrics, "sendium_storage_fsyncs_total", "") >= 4.0);

@@ -53,6 +53,11 @@ pub enum RecordKind {
     DlrDelivery,
     /// A frame of the pending stage's admission journal: what one commit changed.
     PendingJournalFrame,
+    /// A frame of the router-queue stage in the journal: one `stage` or `release`.
+    RouterQueueJournalFrame,
+    /// A frame of the routed-work stage in the journal: one write's records,
+    /// completions and removals.
+    RoutedWorkJournalFrame,
 }
 
 impl RecordKind {
@@ -68,6 +73,8 @@ impl RecordKind {
             RecordKind::DlrOrphan => "dlr orphan receipt",
             RecordKind::DlrDelivery => "dlr delivery",
             RecordKind::PendingJournalFrame => "pending journal frame",
+            RecordKind::RouterQueueJournalFrame => "router-queue journal frame",
+            RecordKind::RoutedWorkJournalFrame => "routed-work journal frame",
         }
     }
 
@@ -83,7 +90,9 @@ impl RecordKind {
             | RecordKind::DlrTrack
             | RecordKind::DlrOrphan
             | RecordKind::DlrDelivery
-            | RecordKind::PendingJournalFrame => (1, 0),
+            | RecordKind::PendingJournalFrame
+            | RecordKind::RouterQueueJournalFrame
+            | RecordKind::RoutedWorkJournalFrame => (1, 0),
         }
     }
 }

@@ -90,7 +90,7 @@ impl RoutedUnit {
 }
 
 /// A branch completion to record.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BranchDone {
     pub unit: UnitId,
     pub branch: u16,

@@ -595,8 +595,8 @@ async fn fetch_series(addr: std::net::SocketAddr) -> Option<BTreeMap<String, f64
 /// The cumulative buckets of `sendium_admission_seconds`: the gateway's own view of how
 /// long an admission waited for its answer.
 const ADMISSION_BUCKETS: &str = "sendium_admission_seconds_bucket{le=\"";
-/// The cumulative buckets of the pending journal's fdatasyncs: the disk's share of it.
-const JOURNAL_SYNC_BUCKETS: &str = "sendium_storage_fsync_seconds_bucket{file=\"pending.journal\",le=\"";
+/// The cumulative buckets of the stages' journal's fdatasyncs: the disk's share of it.
+const JOURNAL_SYNC_BUCKETS: &str = "sendium_storage_fsync_seconds_bucket{file=\"journal\",le=\"";
 /// The per-file counts of the same histogram.
 const SYNC_COUNTS: &str = "sendium_storage_fsync_seconds_count{";
 
@@ -639,13 +639,15 @@ fn scrape(ctl: &tokio::runtime::Runtime, gw: &GatewayProcess) -> Option<Scrape> 
     })
 }
 
-/// The fdatasyncs of the store files other than the pending stage's (its journal and
-/// its redb file): the router-queue, routed-work and DLR stores, whose syncs share the
-/// disk with the ones acknowledgements wait for.
+/// The fdatasyncs of the store files other than the journal and the pending stage's
+/// redb file: the router-queue and routed-work files' checkpoints and the DLR store,
+/// whose syncs share the disk with the ones acknowledgements wait for.
 fn background_syncs(series: &BTreeMap<String, f64>) -> f64 {
     series
         .iter()
-        .filter(|(key, _)| key.starts_with(SYNC_COUNTS) && !key.contains("file=\"pending."))
+        .filter(|(key, _)| {
+            key.starts_with(SYNC_COUNTS) && !key.contains("file=\"pending.") && !key.contains("file=\"journal\"")
+        })
         .map(|(_, v)| v)
         .sum()
 }
@@ -1781,8 +1783,8 @@ mod tests {
     #[test]
     fn buckets_are_read_per_series_in_bound_order() {
         let text = "# TYPE x histogram\n\
-            sendium_storage_fsync_seconds_bucket{file=\"pending.journal\",le=\"+Inf\"} 9\n\
-            sendium_storage_fsync_seconds_bucket{file=\"pending.journal\",le=\"0.001\"} 7\n\
+            sendium_storage_fsync_seconds_bucket{file=\"journal\",le=\"+Inf\"} 9\n\
+            sendium_storage_fsync_seconds_bucket{file=\"journal\",le=\"0.001\"} 7\n\
             sendium_storage_fsync_seconds_bucket{file=\"routed-work.redb\",le=\"0.001\"} 3\n\
             sendium_admission_seconds_bucket{le=\"0.005\"} 4\n";
         assert_eq!(
@@ -1795,7 +1797,8 @@ mod tests {
 
     #[test]
     fn background_syncs_count_every_store_file_but_the_pending_stages() {
-        let text = "sendium_storage_fsync_seconds_count{file=\"pending.journal\"} 900\n\
+        let text = "sendium_storage_fsync_seconds_count{file=\"journal\"} 900\n\
+            sendium_storage_fsync_seconds_count{file=\"pending.journal\"} 1\n\
             sendium_storage_fsync_seconds_count{file=\"pending.redb\"} 4\n\
             sendium_storage_fsync_seconds_count{file=\"router-queue.redb\"} 30\n\
             sendium_storage_fsync_seconds_count{file=\"routed-work.redb\"} 20\n\

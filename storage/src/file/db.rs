@@ -496,8 +496,10 @@ pub(crate) fn on_this_thread<R>(
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| Err(file.panicked()))
 }
 
-/// Check (or, in a new file, write) the file's layout version.
-pub(crate) fn check_layout(txn: &WriteTransaction, layout: u64) -> Result<(), Fail> {
+/// Check (or, in a new file, write) the file's layout version. A file of one of the
+/// `upgradable` older layouts is marked as `layout` (its tables read the same; what
+/// changed is how later commits are made durable).
+pub(crate) fn check_layout(txn: &WriteTransaction, layout: u64, upgradable: &[u64]) -> Result<(), Fail> {
     let mut meta = txn.open_table(META)?;
     let found = meta.get(LAYOUT_KEY)?.map(|v| v.value());
     match found {
@@ -506,6 +508,10 @@ pub(crate) fn check_layout(txn: &WriteTransaction, layout: u64) -> Result<(), Fa
             Ok(())
         }
         Some(v) if v == layout => Ok(()),
+        Some(v) if upgradable.contains(&v) => {
+            meta.insert(LAYOUT_KEY, layout)?;
+            Ok(())
+        }
         Some(v) if v > layout => Err(Fail::Newer {
             table: "meta",
             detail: format!("table layout {v} was written by a newer Sendium; this build reads layout {layout}"),

@@ -7,6 +7,8 @@
 //! ```text
 //! <dir>/LOCK               exclusive lock, holder's pid
 //! <dir>/manifest.json      which backend each stage used (see manifest.rs)
+//! <dir>/journal.0         the stages' journal, two segments (see `file::journal`)
+//! <dir>/journal.1
 //! <dir>/pending.redb       pending stage
 //! <dir>/router-queue.redb  router-queue stage
 //! <dir>/routed-work.redb   routed-work stage
@@ -23,13 +25,19 @@ use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
+use super::journal::Journal;
 use crate::error::{BackendFailure, FailureKind};
 
 /// File names inside the data directory.
 pub const LOCK_FILE: &str = "LOCK";
 pub const PENDING_FILE: &str = "pending.redb";
-/// The pending stage's admission journal (see `file::journal`): acknowledged admissions
-/// not yet checkpointed into `pending.redb`.
+/// The segments of the stages' journal (see `file::journal`): acknowledged commits not
+/// yet checkpointed into their stage's file.
+pub const JOURNAL_FILES: [&str; 2] = ["journal.0", "journal.1"];
+/// The pending stage's journal of earlier builds: read once by the pending store's
+/// recovery, then removed.
 pub const PENDING_JOURNAL_FILE: &str = "pending.journal";
 pub const ROUTER_QUEUE_FILE: &str = "router-queue.redb";
 pub const ROUTED_WORK_FILE: &str = "routed-work.redb";
@@ -60,6 +68,8 @@ pub struct DataDir {
     path: PathBuf,
     /// Holding the open file holds the lock.
     _lock: File,
+    /// The stages' journal, opened by the first file stage that needs it.
+    journal: parking_lot::Mutex<Option<Arc<Journal>>>,
 }
 
 impl DataDir {
@@ -113,7 +123,11 @@ impl DataDir {
             .and_then(|()| lock.seek(SeekFrom::Start(0)))
             .and_then(|_| lock.write_all(format!("{pid}\n").as_bytes()))
             .map_err(|e| io_failure(&lock_loc, "cannot write the lock holder's pid", &e))?;
-        Ok(DataDir { path, _lock: lock })
+        Ok(DataDir {
+            path,
+            _lock: lock,
+            journal: parking_lot::Mutex::new(None),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -126,6 +140,30 @@ impl DataDir {
 
     pub fn pending_journal_path(&self) -> PathBuf {
         self.path.join(PENDING_JOURNAL_FILE)
+    }
+
+    pub fn journal_paths(&self) -> [PathBuf; 2] {
+        JOURNAL_FILES.map(|name| self.path.join(name))
+    }
+
+    /// The journal every file stage of this directory writes (opened on first use).
+    /// Blocking.
+    pub(crate) fn journal(&self) -> Result<Arc<Journal>, BackendFailure> {
+        let mut slot = self.journal.lock();
+        if let Some(j) = slot.as_ref() {
+            return Ok(j.clone());
+        }
+        let j = Journal::open(self)?;
+        *slot = Some(j.clone());
+        Ok(j)
+    }
+
+    /// Every file stage of the profile is open: journal frames of stages that were not
+    /// opened (the profile keeps them in memory now) stop holding up its segments.
+    pub fn file_stages_opened(&self) {
+        if let Some(j) = self.journal.lock().as_ref() {
+            j.forget_unopened();
+        }
     }
 
     pub fn router_queue_path(&self) -> PathBuf {

@@ -16,19 +16,21 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Durability: pending `admit` and `complete` are durable through the pending journal
-//! (one frame and one `fdatasync` per call, see `journal.rs`); `expire_groups`,
-//! router-queue `stage`, routed-work `record` and `complete` commit with
-//! `Durability::Immediate` (one `fdatasync` per call, never per record). Router-queue
-//! `release` and routed-work `remove` commit with `Durability::None`: their loss in a
-//! crash is repaired by reconciliation (see those methods). SIGKILL tests prove crash
-//! recovery; the fsync on every durable commit is what carries the power-loss promise.
+//! Durability: pending `admit` and `complete`, router-queue `stage` and routed-work
+//! `record` and `complete` are durable through the stages' journal before they return
+//! (one frame per call, its `fdatasync` shared with every frame flushed with it, see
+//! `journal.rs`); `expire_groups` commits with `Durability::Immediate`. Router-queue
+//! `release` and routed-work `remove` are journaled without waiting for the sync:
+//! their loss in a crash is repaired by reconciliation (see those methods). SIGKILL
+//! tests prove crash recovery; the fsync before every acknowledgement is what carries
+//! the power-loss promise.
 
 pub(crate) mod backend;
 pub(crate) mod db;
 pub mod dir;
 mod dlr;
 mod journal;
+mod journaled;
 pub mod manifest;
 mod pending;
 pub(crate) mod records;

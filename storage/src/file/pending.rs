@@ -3,9 +3,10 @@
 //! Semantics are exactly those of [`MemoryPendingStore`](crate::memory::MemoryPendingStore)
 //! (the conformance suite runs against both); what the file adds is that an admitted
 //! record survives SIGKILL: every `admit` is one redb write transaction, made durable
-//! before the caller acknowledges anything — by a frame of the admission journal
-//! (`pending.journal`, one `fdatasync`; see [`super::journal`] for why and how it is
-//! replayed) or, when a checkpoint is due, by committing with `Durability::Immediate`.
+//! before the caller acknowledges anything — by a frame of the stages' journal
+//! (`journal.0`/`journal.1`, one shared `fdatasync`; see [`super::journal`] for why and
+//! how it is replayed) or, when the journal cannot take frames, by committing with
+//! `Durability::Immediate`.
 //!
 //! Tables (keys are big-endian, so byte order is the order the stage needs):
 //!
@@ -27,8 +28,8 @@
 //! the same transactions, and the oldest record is the first key of `records`.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 
 use async_trait::async_trait;
 use parking_lot::{Condvar, Mutex};
@@ -36,10 +37,9 @@ use redb::{Database, Durability, ReadableTable, ReadableTableMetadata, Table, Ta
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
-use super::backend::FaultSwitch;
 use super::db::{Fail, FileOptions, META, StoreFile, blocking, check_layout, get_counter, on_this_thread};
 use super::dir::{DataDir, PENDING_FILE};
-use super::journal::Journal;
+use super::journal::{Checkpoint, Journal, Stage, read_legacy};
 use super::records::{GroupState, IdempotencyEntry, UnitEntry};
 use crate::backend::StageBackend;
 use crate::envelope::{self, RecordKind};
@@ -58,7 +58,9 @@ const DEADLINES: TableDefinition<(u64, &[u8]), ()> = TableDefinition::new("group
 const IDEM: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("idempotency");
 const IDEM_EXPIRY: TableDefinition<(u64, &str, &str), ()> = TableDefinition::new("idempotency_expiry");
 
-const LAYOUT: u64 = 1;
+/// Layout 2: frames in the stages' journal; layout 1 used `pending.journal`, which is
+/// read once and removed (a build that reads layout 1 would not see the new journal).
+const LAYOUT: u64 = 2;
 const NEXT_SEQ: &str = "next_seq";
 const RECEIPTS: &str = "receipt_requests";
 /// The journal LSN the file's state corresponds to (see [`super::journal`]).
@@ -77,9 +79,7 @@ pub struct FilePendingStore {
 struct Inner {
     file: StoreFile,
     limits: PendingLimits,
-    /// Held inside a write transaction of `file`, while `file` (re)opens, and briefly
-    /// beside them — never across a call that may reopen the file (its recovery locks it).
-    journal: Arc<Mutex<Journal>>,
+    journal: Arc<Journal>,
     /// Journal frames applied by the last (re)open.
     replayed: Arc<AtomicUsize>,
     /// Set while a commit's clients have their answers and its records are not yet
@@ -171,31 +171,31 @@ impl FilePendingStore {
     }
 
     pub fn open_with(dir: &Arc<DataDir>, limits: PendingLimits, options: FileOptions) -> Result<Self, BackendFailure> {
-        let faults = Arc::new(FaultSwitch::default());
-        let journal = Arc::new(Mutex::new(Journal::open(dir, faults.clone())?));
+        let journal = dir.journal()?;
         let replayed = Arc::new(AtomicUsize::new(0));
-        let (replay, count) = (journal.clone(), replayed.clone());
+        let (replay, count, d) = (journal.clone(), replayed.clone(), dir.clone());
         let file = StoreFile::open_with(
             dir,
             PENDING_FILE,
             options,
             init,
-            faults,
+            // One disk: a fault of the journal's is one of this file's too.
+            journal.faults().clone(),
             Some(Box::new(move |db| {
-                count.store(recover(db, &replay, options.quick_repair)?, Ordering::Relaxed);
+                count.store(recover(db, &replay, &d, options.quick_repair)?, Ordering::Relaxed);
                 Ok(())
             })),
         )?;
-        Ok(Self {
-            inner: Arc::new(Inner {
-                file,
-                limits,
-                journal,
-                replayed,
-                answered_unapplied: Mutex::new(false),
-                applied: Condvar::new(),
-            }),
-        })
+        let inner = Arc::new(Inner {
+            file,
+            limits,
+            journal: journal.clone(),
+            replayed,
+            answered_unapplied: Mutex::new(false),
+            applied: Condvar::new(),
+        });
+        journal.set_hook(Stage::Pending, Arc::downgrade(&inner) as Weak<dyn Checkpoint>);
+        Ok(Self { inner })
     }
 
     /// The store file (for logs and `sendium inspect`).
@@ -209,10 +209,16 @@ impl FilePendingStore {
         self.inner.replayed.load(Ordering::Relaxed)
     }
 
-    /// Checkpoint after `bytes` of frames or `after` (instead of the defaults).
+    /// Switch journal segments after `bytes` of frames or `after` (instead of the
+    /// defaults).
     #[cfg(test)]
     pub(crate) fn set_checkpoints(&self, bytes: u64, after: std::time::Duration) {
-        self.inner.journal.lock().set_checkpoints(bytes, after);
+        self.inner.journal.set_switch(bytes, after);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn journal(&self) -> &Arc<Journal> {
+        &self.inner.journal
     }
 
     /// Records in the file as a read transaction sees them now, without waiting for
@@ -228,9 +234,10 @@ impl FilePendingStore {
         self.inner.stats().map(|s| s.records).unwrap_or(u64::MAX)
     }
 
+    /// Whether the store has journal frames its file's durable state does not hold.
     #[cfg(test)]
-    pub(crate) fn journal_position(&self) -> u64 {
-        self.inner.journal.lock().position()
+    pub(crate) fn journal_uncovered(&self) -> bool {
+        self.inner.journal.uncovered(Stage::Pending)
     }
 
     #[cfg(test)]
@@ -254,7 +261,7 @@ impl FilePendingStore {
 /// Create the tables, check the layout, and spot-check the first and last entries (a
 /// record of a newer major version, or garbage, stops the open instead of a later read).
 fn init(txn: &WriteTransaction) -> Result<(), Fail> {
-    check_layout(txn, LAYOUT)?;
+    check_layout(txn, LAYOUT, &[1])?;
     let records = txn.open_table(RECORDS)?;
     let ready = txn.open_table(READY)?;
     txn.open_table(UNIT_SEQ)?;
@@ -289,51 +296,65 @@ fn init(txn: &WriteTransaction) -> Result<(), Fail> {
     Ok(())
 }
 
-/// Apply the journal frames the file does not contain yet, durably, and restart the
-/// journal after them. Runs on every (re)open, before any caller sees the file.
-/// Returns how many frames it applied.
-fn recover(db: &Database, journal: &Mutex<Journal>, quick_repair: bool) -> Result<usize, Fail> {
-    let mut journal = journal.lock();
+/// Apply the journal frames the file does not contain yet (those of an earlier build's
+/// `pending.journal` first, which is then removed), durably. Runs on every (re)open,
+/// before any caller sees the file. Returns how many frames it applied.
+fn recover(db: &Database, journal: &Journal, dir: &DataDir, quick_repair: bool) -> Result<usize, Fail> {
     let mut txn = db.begin_write()?;
     txn.set_durability(Durability::Immediate)?;
     txn.set_quick_repair(quick_repair);
+    let legacy = dir.pending_journal_path();
+    let had_legacy = legacy.exists();
     let mut replayed = 0usize;
-    let last = {
+    let lsn = {
         let mut t = Tx::open(&txn)?;
-        let applied = t.journal_lsn;
-        let frames = journal.scan(applied).map_err(Fail::Located)?;
-        let mut last = applied;
-        for frame in frames {
-            if frame.lsn <= applied {
-                continue;
+        let mut stored = t.journal_lsn;
+        if had_legacy {
+            let location = legacy.display().to_string();
+            for frame in read_legacy(&legacy, stored).map_err(Fail::Located)? {
+                let at = || format!("{location} frame {}", frame.lsn);
+                if frame.lsn != stored + 1 {
+                    return Err(Fail::Located(BackendFailure::new(
+                        FailureKind::Corrupt,
+                        at(),
+                        format!(
+                            "the journal continues at frame {} but the store holds frames up to {stored}",
+                            frame.lsn
+                        ),
+                    )));
+                }
+                let decoded: JournalFrame = envelope::decode(RecordKind::PendingJournalFrame, &frame.payload)
+                    .map_err(|e| Fail::Located(e.at(at())))?;
+                apply_frame(&mut t, decoded, frame.lsn)?;
+                stored = frame.lsn;
+                replayed += 1;
             }
+        }
+        for frame in journal.register(Stage::Pending, stored).map_err(Fail::Located)? {
             let at = || format!("{} frame {}", journal.location(), frame.lsn);
-            if frame.lsn != last + 1 {
-                return Err(Fail::Located(BackendFailure::new(
-                    FailureKind::Corrupt,
-                    at(),
-                    format!(
-                        "the journal continues at frame {} but the store holds frames up to {last}",
-                        frame.lsn
-                    ),
-                )));
-            }
             let decoded: JournalFrame = envelope::decode(RecordKind::PendingJournalFrame, &frame.payload)
                 .map_err(|e| Fail::Located(e.at(at())))?;
             apply_frame(&mut t, decoded, frame.lsn)?;
-            last = frame.lsn;
             replayed += 1;
         }
-        // LSNs never repeat: go on after any this process took already (a frame that
-        // failed to write is not in the scan but may be on disk), and one more, the LSN
-        // a frame torn by a crash may carry.
-        let last = last.max(journal.next_lsn() - 1) + 1;
-        t.meta.insert(JOURNAL_LSN, last)?;
+        let lsn = journal.checkpoint_lsn();
+        t.meta.insert(JOURNAL_LSN, lsn)?;
         t.save_counters()?;
-        last
+        lsn
     };
     txn.commit()?;
-    journal.restart(last + 1);
+    journal.checkpointed(Stage::Pending, lsn);
+    if had_legacy {
+        // Everything it held is durable in the store file now.
+        std::fs::remove_file(&legacy).map_err(|e| {
+            Fail::Located(super::dir::io_failure(
+                &legacy.display().to_string(),
+                "cannot remove",
+                &e,
+            ))
+        })?;
+        dir.sync().map_err(Fail::Located)?;
+    }
     if replayed > 0 {
         tracing::info!(file = %journal.location(), frames = replayed, "applied the pending journal after an unclean stop");
     }
@@ -625,9 +646,10 @@ impl Inner {
         let mut checkpoint = None;
         let readers_wait = ReadersWait(self);
         let result = self.file.write_txn(|txn| {
-            let mut journal = self.journal.lock();
             let mut t = Tx::open(txn)?;
-            journal.check_applied(t.journal_lsn).map_err(Fail::Located)?;
+            self.journal
+                .check_applied(Stage::Pending, t.journal_lsn)
+                .map_err(Fail::Located)?;
             let (out, change) = body(&mut t)?;
             let (frame, decided) = match change {
                 Change::None => return Ok((out, false)),
@@ -635,13 +657,20 @@ impl Inner {
                 Change::Frame(frame) => (Some(frame), None),
                 Change::Decided(frame, decided) => (Some(frame), Some(decided)),
             };
-            let lsn = match frame {
-                Some(frame) if journal.can_append() => {
-                    let lsn = journal.take_lsn();
-                    let payload = envelope::encode(RecordKind::PendingJournalFrame, &frame)
-                        .map_err(|e| Fail::Located(e.at(journal.location().to_string())))?;
-                    journal.append(lsn, &payload).map_err(Fail::Located)?;
-                    journal.applying(lsn);
+            let appended = match &frame {
+                Some(frame) => {
+                    let payload = envelope::encode(RecordKind::PendingJournalFrame, frame)
+                        .map_err(|e| Fail::Located(e.at(self.journal.location().to_string())))?;
+                    self.journal
+                        .try_append(Stage::Pending, &payload)
+                        .map_err(Fail::Located)?
+                }
+                None => None,
+            };
+            let lsn = match (appended, frame) {
+                (Some(lsn), Some(frame)) => {
+                    self.journal.sync(lsn).map_err(Fail::Located)?;
+                    self.journal.applying(Stage::Pending, lsn);
                     journaled = Some(out.clone());
                     if let Some(decided) = decided {
                         readers_wait.start();
@@ -653,11 +682,11 @@ impl Inner {
                     }
                     lsn
                 }
-                frame => {
+                (_, frame) => {
                     if let (Some(frame), Some(decided)) = (frame, decided) {
                         decided.apply(&mut t, &frame)?;
                     }
-                    let lsn = journal.checkpoint_lsn();
+                    let lsn = self.journal.checkpoint_lsn();
                     checkpoint = Some(lsn);
                     lsn
                 }
@@ -675,7 +704,7 @@ impl Inner {
         let outcome = match (result, journaled) {
             (Ok(out), _) => {
                 if let Some(lsn) = checkpoint {
-                    self.journal.lock().checkpointed(lsn);
+                    self.journal.checkpointed(Stage::Pending, lsn);
                 }
                 Ok(out)
             }
@@ -783,12 +812,12 @@ impl Inner {
         )
     }
 
-    /// A durable commit that changes nothing but the recorded LSN, if the journal holds
-    /// enough frames to be worth it: afterwards it starts over, and redb holds no
-    /// unsynced pages. Done when idle, so the checkpoint a later commit would do inline
-    /// is small or not due.
-    fn checkpoint(&self) -> Result<(), BackendFailure> {
-        if !self.journal.lock().wants_idle_checkpoint() {
+    /// A durable commit that changes nothing but the recorded LSN, if the store has
+    /// frames its file's durable state does not hold: afterwards redb holds no unsynced
+    /// pages and the journal segments they are in can be reused. Done when the writer is
+    /// idle, and by the journal's checkpointer (see [`super::journal`]).
+    fn checkpoint_uncovered(&self) -> Result<(), BackendFailure> {
+        if !self.journal.uncovered(Stage::Pending) {
             return Ok(());
         }
         self.write(|_| Ok(((), Change::Durable)), &mut |_| {})
@@ -917,6 +946,12 @@ impl Inner {
     }
 }
 
+impl Checkpoint for Inner {
+    fn checkpoint(&self) -> Result<(), BackendFailure> {
+        on_this_thread(&self.file, || self.checkpoint_uncovered())
+    }
+}
+
 #[async_trait]
 impl PendingStore for FilePendingStore {
     fn backend(&self) -> StageBackend {
@@ -978,7 +1013,7 @@ impl BlockingPendingWriter for FilePendingStore {
     }
 
     fn idle(&self) {
-        if let Err(e) = on_this_thread(&self.inner.file, || self.inner.checkpoint()) {
+        if let Err(e) = on_this_thread(&self.inner.file, || self.inner.checkpoint_uncovered()) {
             // The next commit meets the same failure and refuses: nothing more to do here.
             tracing::warn!(error = %e, "pending journal checkpoint failed");
         }

@@ -1,23 +1,28 @@
 //! File-backed routed-work stage (`<dir>/routed-work.redb`).
 //!
 //! Same semantics as [`MemoryRoutedWorkStore`](crate::memory::MemoryRoutedWorkStore).
-//! `record` stores every branch of each unit in one durable transaction per call, and
-//! `complete` stores branch outcomes durably, so after SIGKILL recorded destinations go
-//! back to their workers and completed branches are not sent again.
+//! `record` stores every branch of each unit in one transaction per call, and
+//! `complete` stores branch outcomes, each durable through its journal frame before it
+//! returns (see [`super::journaled`]), so after SIGKILL recorded destinations go back to
+//! their workers and completed branches are not sent again.
 //!
 //! | table | key | value |
 //! |---|---|---|
 //! | `units` | unit id (UUIDv7 bytes: id order) | [`RoutedUnit`] envelope |
-//! | `meta` | name | `layout`, `open_branches` |
+//! | `meta` | name | `layout`, `open_branches`, `journal_lsn` |
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use redb::{Durability, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
+use redb::{ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
+use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
 
-use super::db::{Fail, FileOptions, META, StoreFile, blocking, check_layout, get_counter};
+use super::db::{Fail, FileOptions, META, blocking, check_layout, get_counter};
 use super::dir::{DataDir, ROUTED_WORK_FILE};
+use super::journal::{Checkpoint, Stage};
+use super::journaled::{JournaledFile, Wait};
 use crate::backend::StageBackend;
 use crate::envelope::{self, RecordKind};
 use crate::error::{BackendFailure, RoutedWorkError};
@@ -25,7 +30,9 @@ use crate::ids::{MessageId, UnitId};
 use crate::routed_work::{BranchDone, RoutedUnit, RoutedWorkStats, RoutedWorkStore, RoutedWrite};
 
 const UNITS: TableDefinition<&[u8; 16], &[u8]> = TableDefinition::new("units");
-const LAYOUT: u64 = 1;
+/// Layout 2: commits are durable through the journal (`meta.journal_lsn`); a build
+/// that reads layout 1 would not replay them.
+const LAYOUT: u64 = 2;
 const OPEN_BRANCHES: &str = "open_branches";
 
 /// The file-backed routed-work store.
@@ -35,7 +42,22 @@ pub struct FileRoutedWorkStore {
 }
 
 struct Inner {
-    file: StoreFile,
+    file: JournaledFile,
+}
+
+/// What one routed-work commit changed, as journaled: the recorded units' envelopes
+/// exactly as stored, the completions and the removals, applied in that order.
+#[derive(Serialize, Deserialize)]
+struct RoutedWorkFrame {
+    record: Vec<ByteBuf>,
+    complete: Vec<BranchDone>,
+    remove: Vec<UnitId>,
+}
+
+impl Checkpoint for Inner {
+    fn checkpoint(&self) -> Result<(), BackendFailure> {
+        self.file.checkpoint()
+    }
 }
 
 impl FileRoutedWorkStore {
@@ -45,26 +67,26 @@ impl FileRoutedWorkStore {
     }
 
     pub fn open_with(dir: &Arc<DataDir>, options: FileOptions) -> Result<Self, BackendFailure> {
-        let file = StoreFile::open(dir, ROUTED_WORK_FILE, options, init)?;
-        Ok(Self {
-            inner: Arc::new(Inner { file }),
-        })
+        let file = JournaledFile::open(dir, ROUTED_WORK_FILE, options, init, Stage::RoutedWork, replay)?;
+        let inner = Arc::new(Inner { file });
+        inner.file.checkpoint_through(&inner);
+        Ok(Self { inner })
     }
 
     pub fn path(&self) -> &std::path::Path {
-        self.inner.file.path()
+        self.inner.file.file.path()
     }
 
     async fn run<R: Send + 'static>(
         &self,
         f: impl FnOnce(&Inner) -> Result<R, BackendFailure> + Send + 'static,
     ) -> Result<R, RoutedWorkError> {
-        Ok(blocking(&self.inner, |i| &i.file, f).await?)
+        Ok(blocking(&self.inner, |i| &i.file.file, f).await?)
     }
 }
 
 fn init(txn: &WriteTransaction) -> Result<(), Fail> {
-    check_layout(txn, LAYOUT)?;
+    check_layout(txn, LAYOUT, &[1])?;
     let units = txn.open_table(UNITS)?;
     for entry in [units.first()?, units.last()?].into_iter().flatten() {
         decode(MessageId::from_bytes(*entry.0.value()), entry.1.value())?;
@@ -86,21 +108,23 @@ fn open_count(unit: &RoutedUnit) -> u64 {
 
 type UnitsTable<'t> = redb::Table<'t, &'static [u8; 16], &'static [u8]>;
 
-fn record_in(table: &mut UnitsTable<'_>, open: &mut u64, units: Vec<RoutedUnit>) -> Result<bool, Fail> {
-    let mut changed = false;
+/// Returns the envelopes of the units it recorded.
+fn record_in(table: &mut UnitsTable<'_>, open: &mut u64, units: Vec<RoutedUnit>) -> Result<Vec<ByteBuf>, Fail> {
+    let mut recorded = Vec::with_capacity(units.len());
     for unit in units {
         // Routing decisions are not redone: the first record stays.
         if table.get(&unit.id.to_bytes())?.is_some() {
             continue;
         }
-        table.insert(&unit.id.to_bytes(), encode(&unit)?.as_slice())?;
+        let bytes = encode(&unit)?;
+        table.insert(&unit.id.to_bytes(), bytes.as_slice())?;
         *open += open_count(&unit);
-        changed = true;
+        recorded.push(ByteBuf::from(bytes));
     }
-    Ok(changed)
+    Ok(recorded)
 }
 
-fn complete_in(table: &mut UnitsTable<'_>, open: &mut u64, done: Vec<BranchDone>) -> Result<bool, Fail> {
+fn complete_in(table: &mut UnitsTable<'_>, open: &mut u64, done: &[BranchDone]) -> Result<bool, Fail> {
     // Each touched unit is decoded and re-encoded once, however many of its branches
     // complete in this batch.
     let mut touched: BTreeMap<UnitId, Option<RoutedUnit>> = BTreeMap::new();
@@ -119,7 +143,7 @@ fn complete_in(table: &mut UnitsTable<'_>, open: &mut u64, done: Vec<BranchDone>
         if let Some(branch) = unit.branches.iter_mut().find(|b| b.no == d.branch)
             && branch.outcome.is_none()
         {
-            branch.outcome = Some(d.outcome);
+            branch.outcome = Some(d.outcome.clone());
             closed += 1;
         }
     }
@@ -146,9 +170,9 @@ struct BranchState {
     outcome: Option<serde::de::IgnoredAny>,
 }
 
-fn remove_in(table: &mut UnitsTable<'_>, open: &mut u64, ids: Vec<UnitId>) -> Result<bool, Fail> {
+fn remove_in(table: &mut UnitsTable<'_>, open: &mut u64, ids: &[UnitId]) -> Result<bool, Fail> {
     let mut changed = false;
-    for id in ids {
+    for &id in ids {
         let Some(removed) = table.remove(&id.to_bytes())? else {
             continue;
         };
@@ -161,33 +185,70 @@ fn remove_in(table: &mut UnitsTable<'_>, open: &mut u64, ids: Vec<UnitId>) -> Re
     Ok(changed)
 }
 
+/// Apply records (as envelopes: a replay), completions and removals in one write
+/// transaction. Returns the envelopes recorded, and whether anything changed.
+fn apply_in(
+    txn: &WriteTransaction,
+    record: Vec<RoutedUnit>,
+    complete: &[BranchDone],
+    remove: &[UnitId],
+) -> Result<(Vec<ByteBuf>, bool), Fail> {
+    let mut table = txn.open_table(UNITS)?;
+    let mut meta = txn.open_table(META)?;
+    let mut open = get_counter(&meta, OPEN_BRANCHES)?;
+    let recorded = record_in(&mut table, &mut open, record)?;
+    let mut changed = !recorded.is_empty();
+    changed |= complete_in(&mut table, &mut open, complete)?;
+    changed |= remove_in(&mut table, &mut open, remove)?;
+    if changed {
+        meta.insert(OPEN_BRANCHES, open)?;
+    }
+    Ok((recorded, changed))
+}
+
+/// Redo one journaled commit.
+fn replay(txn: &WriteTransaction, payload: &[u8], lsn: u64) -> Result<(), Fail> {
+    let at = || format!("frame {lsn}");
+    let frame: RoutedWorkFrame =
+        envelope::decode(RecordKind::RoutedWorkJournalFrame, payload).map_err(|e| Fail::record("journal", at(), e))?;
+    let record = frame
+        .record
+        .iter()
+        .map(|bytes| envelope::decode(RecordKind::RoutedUnit, bytes).map_err(|e| Fail::record("journal", at(), e)))
+        .collect::<Result<Vec<RoutedUnit>, Fail>>()?;
+    apply_in(txn, record, &frame.complete, &frame.remove)?;
+    Ok(())
+}
+
 impl Inner {
-    /// Records, completions and removals in one write transaction. Durable when it
-    /// records routes or completions; a removal alone commits without fsync (its loss
-    /// in a crash is repaired by the Router's restore, which drops units whose sources
-    /// are gone).
+    /// Records, completions and removals in one write transaction, durable through its
+    /// journal frame when it records routes or completions. A removal alone does not
+    /// wait for its frame (its loss in a crash is repaired by the Router's restore,
+    /// which drops units whose sources are gone).
     fn apply(
         &self,
         record: Vec<RoutedUnit>,
         complete: Vec<BranchDone>,
         remove: Vec<UnitId>,
     ) -> Result<(), BackendFailure> {
-        let durability = if record.is_empty() && complete.is_empty() {
-            Durability::None
+        let wait = if record.is_empty() && complete.is_empty() {
+            Wait::Buffered
         } else {
-            Durability::Immediate
+            Wait::Synced
         };
-        self.file.write(durability, |txn| {
-            let mut table = txn.open_table(UNITS)?;
-            let mut meta = txn.open_table(META)?;
-            let mut open = get_counter(&meta, OPEN_BRANCHES)?;
-            let mut changed = record_in(&mut table, &mut open, record)?;
-            changed |= complete_in(&mut table, &mut open, complete)?;
-            changed |= remove_in(&mut table, &mut open, remove)?;
-            if changed {
-                meta.insert(OPEN_BRANCHES, open)?;
+        self.file.write(wait, |txn| {
+            let (recorded, changed) = apply_in(txn, record, &complete, &remove)?;
+            if !changed {
+                return Ok(None);
             }
-            Ok(((), changed))
+            let frame = RoutedWorkFrame {
+                record: recorded,
+                complete,
+                remove,
+            };
+            envelope::encode(RecordKind::RoutedWorkJournalFrame, &frame)
+                .map(Some)
+                .map_err(|e| Fail::record("journal", "routed-work frame", e))
         })
     }
 
@@ -204,7 +265,7 @@ impl Inner {
     }
 
     fn load_after(&self, after: Option<UnitId>, limit: usize) -> Result<Vec<RoutedUnit>, BackendFailure> {
-        self.file.read(|txn| {
+        self.file.file.read(|txn| {
             let table = txn.open_table(UNITS)?;
             let mut out = Vec::with_capacity(limit.min(1024));
             let range = match after {
@@ -222,7 +283,7 @@ impl Inner {
     }
 
     fn stats(&self) -> Result<RoutedWorkStats, BackendFailure> {
-        self.file.read(|txn| {
+        self.file.file.read(|txn| {
             let meta = txn.open_table(META)?;
             Ok(RoutedWorkStats {
                 units: txn.open_table(UNITS)?.len()?,
@@ -238,7 +299,7 @@ impl RoutedWorkStore for FileRoutedWorkStore {
         StageBackend::File
     }
 
-    /// One durable transaction for the whole batch.
+    /// One transaction for the whole batch, durable through its journal frame.
     async fn record(&self, units: Vec<RoutedUnit>) -> Result<(), RoutedWorkError> {
         if units.is_empty() {
             return Ok(());
@@ -246,7 +307,8 @@ impl RoutedWorkStore for FileRoutedWorkStore {
         self.run(move |i| i.record(units)).await
     }
 
-    /// One durable transaction: a branch recorded complete is never sent again.
+    /// One transaction, durable through its journal frame: a branch recorded complete
+    /// is never sent again.
     async fn complete(&self, done: Vec<BranchDone>) -> Result<(), RoutedWorkError> {
         if done.is_empty() {
             return Ok(());
@@ -254,11 +316,11 @@ impl RoutedWorkStore for FileRoutedWorkStore {
         self.run(move |i| i.complete(done)).await
     }
 
-    /// Committed with `Durability::None` (no fsync): removal follows source completion,
-    /// so a removal lost to a crash leaves a unit whose pending source is gone. After the
-    /// restart, reconciliation finds that its source no longer exists (`units()` skips
-    /// it) and removes it again; no branch is redelivered because of it. A later durable
-    /// commit or a clean close persists the removal anyway.
+    /// Does not wait for its journal frame to be synced: removal follows source
+    /// completion, so a removal lost to a crash leaves a unit whose pending source is
+    /// gone. After the restart, reconciliation finds that its source no longer exists
+    /// (`units()` skips it) and removes it again; no branch is redelivered because of it.
+    /// The next flush of any stage's frames, or a checkpoint, persists the removal anyway.
     async fn remove(&self, ids: &[UnitId]) -> Result<(), RoutedWorkError> {
         if ids.is_empty() {
             return Ok(());

@@ -1,23 +1,27 @@
 //! File-backed router-queue stage (`<dir>/router-queue.redb`).
 //!
 //! Same semantics as [`MemoryRouterQueueStore`](crate::memory::MemoryRouterQueueStore).
-//! `stage` writes the batch (by seq and by id) and the advanced cursor in one durable
-//! transaction, so after SIGKILL the batch is restored without selecting again and
-//! selection resumes after it.
+//! `stage` writes the batch (by seq and by id) and the advanced cursor in one
+//! transaction, durable through its journal frame before it returns (see
+//! [`super::journaled`]), so after SIGKILL the batch is restored without selecting again
+//! and selection resumes after it.
 //!
 //! | table | key | value |
 //! |---|---|---|
 //! | `staged` | ready seq | staged unit envelope (unit id) |
 //! | `staged_ids` | unit id | ready seq |
-//! | `meta` | name | `layout`, `cursor` |
+//! | `meta` | name | `layout`, `cursor`, `journal_lsn` |
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use redb::{Durability, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
+use redb::{ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
+use serde::{Deserialize, Serialize};
 
-use super::db::{Fail, FileOptions, META, StoreFile, blocking, check_layout, get_counter};
+use super::db::{Fail, FileOptions, META, blocking, check_layout, get_counter};
 use super::dir::{DataDir, ROUTER_QUEUE_FILE};
+use super::journal::{Checkpoint, Stage};
+use super::journaled::{JournaledFile, Wait};
 use super::records::StagedRecord;
 use crate::backend::StageBackend;
 use crate::envelope::{self, RecordKind};
@@ -27,7 +31,9 @@ use crate::router_queue::{RouterQueueStats, RouterQueueStore, StagedUnit};
 
 const STAGED: TableDefinition<u64, &[u8]> = TableDefinition::new("staged");
 const STAGED_IDS: TableDefinition<&[u8; 16], u64> = TableDefinition::new("staged_ids");
-const LAYOUT: u64 = 1;
+/// Layout 2: commits are durable through the journal (`meta.journal_lsn`); a build
+/// that reads layout 1 would not replay them.
+const LAYOUT: u64 = 2;
 const CURSOR: &str = "cursor";
 
 /// The file-backed router-queue store.
@@ -37,7 +43,25 @@ pub struct FileRouterQueueStore {
 }
 
 struct Inner {
-    file: StoreFile,
+    file: JournaledFile,
+}
+
+/// What one router-queue commit changed, as journaled: a `stage` (units and cursor) or
+/// a `release` (ids). A struct, not an enum: envelopes flatten their value.
+#[derive(Default, Serialize, Deserialize)]
+struct RouterQueueFrame {
+    #[serde(default)]
+    stage: Vec<(UnitId, u64)>,
+    #[serde(default)]
+    cursor: u64,
+    #[serde(default)]
+    release: Vec<UnitId>,
+}
+
+impl Checkpoint for Inner {
+    fn checkpoint(&self) -> Result<(), BackendFailure> {
+        self.file.checkpoint()
+    }
 }
 
 impl FileRouterQueueStore {
@@ -47,26 +71,26 @@ impl FileRouterQueueStore {
     }
 
     pub fn open_with(dir: &Arc<DataDir>, options: FileOptions) -> Result<Self, BackendFailure> {
-        let file = StoreFile::open(dir, ROUTER_QUEUE_FILE, options, init)?;
-        Ok(Self {
-            inner: Arc::new(Inner { file }),
-        })
+        let file = JournaledFile::open(dir, ROUTER_QUEUE_FILE, options, init, Stage::RouterQueue, replay)?;
+        let inner = Arc::new(Inner { file });
+        inner.file.checkpoint_through(&inner);
+        Ok(Self { inner })
     }
 
     pub fn path(&self) -> &std::path::Path {
-        self.inner.file.path()
+        self.inner.file.file.path()
     }
 
     async fn run<R: Send + 'static>(
         &self,
         f: impl FnOnce(&Inner) -> Result<R, BackendFailure> + Send + 'static,
     ) -> Result<R, RouterQueueError> {
-        Ok(blocking(&self.inner, |i| &i.file, f).await?)
+        Ok(blocking(&self.inner, |i| &i.file.file, f).await?)
     }
 }
 
 fn init(txn: &WriteTransaction) -> Result<(), Fail> {
-    check_layout(txn, LAYOUT)?;
+    check_layout(txn, LAYOUT, &[1])?;
     let staged = txn.open_table(STAGED)?;
     txn.open_table(STAGED_IDS)?;
     for entry in [staged.first()?, staged.last()?].into_iter().flatten() {
@@ -79,52 +103,96 @@ fn decode(seq: u64, bytes: &[u8]) -> Result<StagedRecord, Fail> {
     envelope::decode(RecordKind::StagedUnit, bytes).map_err(|e| Fail::record("staged", seq, e))
 }
 
+fn encode_frame(frame: &RouterQueueFrame) -> Result<Vec<u8>, Fail> {
+    envelope::encode(RecordKind::RouterQueueJournalFrame, frame)
+        .map_err(|e| Fail::record("journal", "router-queue frame", e))
+}
+
+/// Redo one journaled commit.
+fn replay(txn: &WriteTransaction, payload: &[u8], lsn: u64) -> Result<(), Fail> {
+    let frame: RouterQueueFrame = envelope::decode(RecordKind::RouterQueueJournalFrame, payload)
+        .map_err(|e| Fail::record("journal", format!("frame {lsn}"), e))?;
+    let units: Vec<StagedUnit> = frame
+        .stage
+        .into_iter()
+        .map(|(id, seq)| StagedUnit { id, seq: ReadySeq(seq) })
+        .collect();
+    stage_in(txn, &units, ReadySeq(frame.cursor))?;
+    release_in(txn, &frame.release)?;
+    Ok(())
+}
+
+/// Stage `units` and advance the cursor. Returns whether anything changed.
+fn stage_in(txn: &WriteTransaction, units: &[StagedUnit], cursor: ReadySeq) -> Result<bool, Fail> {
+    let mut staged = txn.open_table(STAGED)?;
+    let mut ids = txn.open_table(STAGED_IDS)?;
+    let mut meta = txn.open_table(META)?;
+    let mut changed = false;
+    for u in units {
+        // Staging a unit again keeps its one entry.
+        if ids.get(&u.id.to_bytes())?.is_some() {
+            continue;
+        }
+        ids.insert(&u.id.to_bytes(), u.seq.0)?;
+        let bytes = envelope::encode(RecordKind::StagedUnit, &StagedRecord { id: u.id })
+            .map_err(|e| Fail::record("staged", u.seq.0, e))?;
+        staged.insert(u.seq.0, bytes.as_slice())?;
+        changed = true;
+    }
+    // The cursor never moves backwards.
+    if cursor.0 > get_counter(&meta, CURSOR)? {
+        meta.insert(CURSOR, cursor.0)?;
+        changed = true;
+    }
+    Ok(changed)
+}
+
+/// Forget staged units. Returns whether anything changed.
+fn release_in(txn: &WriteTransaction, release: &[UnitId]) -> Result<bool, Fail> {
+    let mut staged = txn.open_table(STAGED)?;
+    let mut ids = txn.open_table(STAGED_IDS)?;
+    let mut changed = false;
+    for id in release {
+        let Some(seq) = ids.remove(&id.to_bytes())?.map(|g| g.value()) else {
+            continue;
+        };
+        staged.remove(seq)?;
+        changed = true;
+    }
+    Ok(changed)
+}
+
 impl Inner {
     fn stage(&self, units: Vec<StagedUnit>, cursor: ReadySeq) -> Result<(), BackendFailure> {
-        self.file.write(Durability::Immediate, |txn| {
-            let mut staged = txn.open_table(STAGED)?;
-            let mut ids = txn.open_table(STAGED_IDS)?;
-            let mut meta = txn.open_table(META)?;
-            let mut changed = false;
-            for u in &units {
-                // Staging a unit again keeps its one entry.
-                if ids.get(&u.id.to_bytes())?.is_some() {
-                    continue;
-                }
-                ids.insert(&u.id.to_bytes(), u.seq.0)?;
-                let bytes = envelope::encode(RecordKind::StagedUnit, &StagedRecord { id: u.id })
-                    .map_err(|e| Fail::record("staged", u.seq.0, e))?;
-                staged.insert(u.seq.0, bytes.as_slice())?;
-                changed = true;
+        self.file.write(Wait::Synced, |txn| {
+            if !stage_in(txn, &units, cursor)? {
+                return Ok(None);
             }
-            // The cursor never moves backwards.
-            if cursor.0 > get_counter(&meta, CURSOR)? {
-                meta.insert(CURSOR, cursor.0)?;
-                changed = true;
-            }
-            Ok(((), changed))
+            let frame = RouterQueueFrame {
+                stage: units.iter().map(|u| (u.id, u.seq.0)).collect(),
+                cursor: cursor.0,
+                ..RouterQueueFrame::default()
+            };
+            encode_frame(&frame).map(Some)
         })
     }
 
-    /// `Durability::None`: see [`RouterQueueStore::release`] on [`FileRouterQueueStore`].
+    /// Not waiting for its frame: see [`RouterQueueStore::release`] on [`FileRouterQueueStore`].
     fn release(&self, release: Vec<UnitId>) -> Result<(), BackendFailure> {
-        self.file.write(Durability::None, |txn| {
-            let mut staged = txn.open_table(STAGED)?;
-            let mut ids = txn.open_table(STAGED_IDS)?;
-            let mut changed = false;
-            for id in release {
-                let Some(seq) = ids.remove(&id.to_bytes())?.map(|g| g.value()) else {
-                    continue;
-                };
-                staged.remove(seq)?;
-                changed = true;
+        self.file.write(Wait::Buffered, |txn| {
+            if !release_in(txn, &release)? {
+                return Ok(None);
             }
-            Ok(((), changed))
+            let frame = RouterQueueFrame {
+                release,
+                ..RouterQueueFrame::default()
+            };
+            encode_frame(&frame).map(Some)
         })
     }
 
     fn staged_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<StagedUnit>, BackendFailure> {
-        self.file.read(|txn| {
+        self.file.file.read(|txn| {
             let staged = txn.open_table(STAGED)?;
             let mut out = Vec::with_capacity(limit.min(1024));
             for item in staged.range(after.0.saturating_add(1)..)?.take(limit) {
@@ -140,7 +208,7 @@ impl Inner {
     }
 
     fn stats(&self) -> Result<RouterQueueStats, BackendFailure> {
-        self.file.read(|txn| {
+        self.file.file.read(|txn| {
             let meta = txn.open_table(META)?;
             Ok(RouterQueueStats {
                 staged: txn.open_table(STAGED_IDS)?.len()?,
@@ -156,19 +224,19 @@ impl RouterQueueStore for FileRouterQueueStore {
         StageBackend::File
     }
 
-    /// One durable transaction: the batch and the cursor together, or neither.
+    /// One transaction, durable through its journal frame: the batch and the cursor
+    /// together, or neither.
     async fn stage(&self, units: &[StagedUnit], cursor: ReadySeq) -> Result<(), RouterQueueError> {
         let units = units.to_vec();
         self.run(move |i| i.stage(units, cursor)).await
     }
 
-    /// Committed with `Durability::None` (no fsync): releasing is cleanup whose loss is
-    /// harmless. If the process dies before a later durable commit (or a clean close)
-    /// persists it, the unit is simply still staged after the restart, and restore
-    /// repairs that by stable id: a unit whose source completed is skipped (the pending
-    /// store no longer has it), and one a durable routed-work stage already holds is
-    /// dropped by the Router. Saving the fsync here keeps the Selector's per-batch cost
-    /// at one durable commit.
+    /// Does not wait for its journal frame to be synced: releasing is cleanup whose loss
+    /// is harmless. If the process dies before the frame is flushed (with the next
+    /// commit of any stage) or checkpointed, the unit is simply still staged after the
+    /// restart, and restore repairs that by stable id: a unit whose source completed is
+    /// skipped (the pending store no longer has it), and one a durable routed-work stage
+    /// already holds is dropped by the Router.
     async fn release(&self, ids: &[UnitId]) -> Result<(), RouterQueueError> {
         if ids.is_empty() {
             return Ok(());

@@ -320,6 +320,8 @@ fn child_process() {
         "journal-then-kill" => rt.block_on(async {
             let dir = Arc::new(DataDir::open(&dir).unwrap());
             let store = FilePendingStore::open(&dir, small_limits(40)).unwrap();
+            // No segment switch, so no checkpoint but the one the test asks for.
+            store.set_checkpoints(u64::MAX, LONG);
             let commits = journaled_commits(&store).await;
             std::fs::write(dir.path().join("expected.txt"), pending_snapshot(&store).await).unwrap();
             std::fs::write(dir.path().join("after-checkpoint.txt"), commits.to_string()).unwrap();
@@ -329,48 +331,61 @@ fn child_process() {
             use crate::pending::BlockingPendingWriter;
             let dir = Arc::new(DataDir::open(&dir).unwrap());
             let store = FilePendingStore::open(&dir, limits()).unwrap();
+            store.set_checkpoints(u64::MAX, LONG);
             BlockingPendingWriter::commit(&store, msg_batch(10), &[], &mut |_| {}).unwrap();
-            let small = store.journal_position();
+            assert!(store.journal_uncovered(), "journaled, not yet durable in redb");
             store.idle();
-            assert_eq!(
-                store.journal_position(),
-                small,
-                "a small journal waits for its time checkpoint"
+            assert!(
+                !store.journal_uncovered(),
+                "the idle checkpoint made it durable in redb"
             );
-            // 1 KiB bodies: past the idle threshold.
             let body = "x".repeat(1024);
             for _ in 0..8 {
                 let batch: Vec<_> = (0..50).map(|i| record("a", &i.to_string(), &body)).collect();
                 BlockingPendingWriter::commit(&store, batch, &[], &mut |_| {}).unwrap();
             }
             store.idle();
-            assert_eq!(store.journal_position(), 0, "the idle checkpoint restarted the journal");
+            assert!(!store.journal_uncovered());
             std::fs::write(dir.path().join("expected.txt"), pending_snapshot(&store).await).unwrap();
             sigkill_self();
         }),
         "checkpoint-then-kill" => rt.block_on(async {
             let dir = Arc::new(DataDir::open(&dir).unwrap());
             let store = FilePendingStore::open(&dir, limits()).unwrap();
-            // Commits of ~100 KiB (2 KiB bodies), a checkpoint due after 256 KiB: one in
-            // every four commits is durable in redb, the others only in the journal.
+            // Commits of ~100 KiB (2 KiB bodies), a segment switch due after 256 KiB:
+            // the checkpointer switches about every third commit and then checkpoints
+            // the store, so both segments are reused many times over.
             store.set_checkpoints(256 << 10, LONG);
+            let journal = store.journal().clone();
             let body = "x".repeat(2048);
-            let (mut commits, mut checkpoints, mut since) = (0, 0, 0);
-            while commits < 40 || since < 2 {
+            let (mut commits, mut checkpoints, mut switches) = (0, 0, 0);
+            let mut cycle = journal.active_segment().1;
+            while commits < 40 {
                 let batch: Vec<_> = (0..50).map(|i| record("a", &i.to_string(), &body)).collect();
                 store.admit(batch).await.unwrap();
                 commits += 1;
-                if store.journal_position() == 0 {
+                journal.tick_now();
+                if !store.journal_uncovered() {
                     checkpoints += 1;
-                    since = 0;
-                } else {
-                    since += 1;
                 }
+                let now = journal.active_segment().1;
+                if now != cycle {
+                    switches += 1;
+                    cycle = now;
+                }
+            }
+            // Two commits only the journal holds: no switch (so no checkpoint) after them.
+            crate::pending::BlockingPendingWriter::idle(&store);
+            store.set_checkpoints(u64::MAX, LONG);
+            for _ in 0..2 {
+                let batch: Vec<_> = (0..50).map(|i| record("a", &i.to_string(), &body)).collect();
+                store.admit(batch).await.unwrap();
+                commits += 1;
             }
             std::fs::write(dir.path().join("expected.txt"), pending_snapshot(&store).await).unwrap();
             std::fs::write(
                 dir.path().join("counts.txt"),
-                format!("{commits} {checkpoints} {since}"),
+                format!("{commits} {checkpoints} {switches}"),
             )
             .unwrap();
             sigkill_self();
@@ -397,7 +412,7 @@ fn child_process() {
             assert_eq!(f.failure().kind, FailureKind::Full, "{err}");
             let location = &f.failure().location;
             assert!(
-                location.ends_with("pending.journal") || location.ends_with("pending.redb"),
+                location.contains("journal.") || location.ends_with("pending.redb"),
                 "{err}"
             );
             // The disk stays full: admission keeps failing closed.
@@ -504,9 +519,9 @@ async fn pending_snapshot(s: &FilePendingStore) -> String {
 
 /// Commits of every kind the journal records — admissions with and without
 /// idempotency keys (and their duplicates), multipart parts completing a group and
-/// leaving one open, source completions, admissions refused by a full store — then,
-/// after a pause that makes the next commit a checkpoint, more of them. Returns how
-/// many commits followed the checkpoint (all journaled, none durable in redb).
+/// leaving one open, source completions, admissions refused by a full store — then a
+/// checkpoint, then more of them. Returns how many commits followed the checkpoint (all
+/// journaled, none durable in redb).
 async fn journaled_commits(s: &FilePendingStore) -> usize {
     let mut keyed = record("esme1", "447700900001", "with key");
     keyed.idempotency_key = Some("key-1".into());
@@ -528,9 +543,10 @@ async fn journaled_commits(s: &FilePendingStore) -> usize {
     }
     let first = s.ready_after(ReadySeq(0), 2).await.unwrap();
     s.complete(&[first[0].unit.id]).await.unwrap();
-    // Past the journal's age limit: the next commit is a durable checkpoint.
-    tokio::time::sleep(super::journal::CHECKPOINT_AFTER + Duration::from_millis(100)).await;
     s.admit(msg_batch(2)).await.unwrap();
+    // A checkpoint: everything so far is durable in redb, the rest only in the journal.
+    crate::pending::BlockingPendingWriter::idle(s);
+    assert!(!s.journal_uncovered());
     let mut after = 0;
     let ready = s.ready_after(ReadySeq(0), 3).await.unwrap();
     s.complete(&[ready[1].unit.id]).await.unwrap();
@@ -587,18 +603,19 @@ fn a_journal_past_its_size_limit_is_checkpointed_and_nothing_is_lost() {
     runtime().block_on(async {
         let dir = Arc::new(DataDir::open(tmp.path()).unwrap());
         let counts = std::fs::read_to_string(tmp.path().join("counts.txt")).unwrap();
-        let [commits, checkpoints, since]: [usize; 3] = counts
+        let [commits, checkpoints, switches]: [usize; 3] = counts
             .split(' ')
             .map(|n| n.parse().unwrap())
             .collect::<Vec<_>>()
             .try_into()
             .unwrap();
-        assert!(checkpoints >= 5, "size checkpoints ran: {counts}");
+        assert!(checkpoints >= 5, "checkpoints ran: {counts}");
+        assert!(switches >= 5, "both segments were reused: {counts}");
         let s = FilePendingStore::open(&dir, limits()).unwrap();
         assert_eq!(s.stats().await.unwrap().records, commits as u64 * 50);
         assert_eq!(
             s.replayed_frames(),
-            since,
+            2,
             "exactly the commits after the last checkpoint came from the journal"
         );
         assert_eq!(pending_snapshot(&s).await, expected);
@@ -645,14 +662,15 @@ fn a_failed_journal_write_acknowledges_nothing_and_the_next_commit_is_durable() 
         s.faults().io.store(true, std::sync::atomic::Ordering::Relaxed);
         let err = s.admit(msg_batch(5)).await.unwrap_err();
         let f = crate::StorageError::from(err).failure().clone();
-        assert!(f.location.ends_with("pending.journal"), "{f}");
+        assert!(f.location.contains("journal."), "{f}");
         s.faults().io.store(false, std::sync::atomic::Ordering::Relaxed);
         assert_eq!(s.stats().await.unwrap().records, 10, "the refused batch is not stored");
-        let fsyncs = super::fsyncs();
+        let (segment, ..) = s.journal().active_segment();
         s.admit(msg_batch(3)).await.unwrap();
-        assert!(
-            super::fsyncs() - fsyncs >= 2,
-            "the commit after a journal failure is a durable redb commit (quick-repair: two fsyncs)"
+        assert_ne!(
+            s.journal().active_segment().0,
+            segment,
+            "the commit after a journal failure starts a new cycle in the other segment"
         );
         s.admit(msg_batch(2)).await.unwrap();
         drop(s);
@@ -667,11 +685,11 @@ fn clients_are_answered_once_the_frame_is_synced_and_before_it_is_applied() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = Arc::new(DataDir::open(tmp.path()).unwrap());
     let s = FilePendingStore::open(&dir, limits()).unwrap();
-    let journal = dir.pending_journal_path();
     let mut early = Vec::new();
     let mut reader = None;
     let out = BlockingPendingWriter::commit(&s, msg_batch(10), &[], &mut |outcomes| {
-        let header = std::fs::read(&journal).unwrap()[..20].to_vec();
+        let (segment, ..) = s.journal().active_segment();
+        let header = std::fs::read(&dir.journal_paths()[segment]).unwrap()[16..36].to_vec();
         early.push((outcomes.to_vec(), s.records_in_file(), header));
         // A reader asking now sees what was acknowledged: it waits for the apply.
         let s = s.clone();
@@ -698,11 +716,11 @@ fn clients_are_answered_once_the_frame_is_synced_and_before_it_is_applied() {
     let mut called = 0;
     let completion_only = BlockingPendingWriter::commit(&s, Vec::new(), &[MessageId::generate()], &mut |_| called += 1);
     assert!(completion_only.unwrap().is_empty());
-    s.set_checkpoints(0, std::time::Duration::ZERO);
+    s.journal().refuse_frames(true);
     let out = BlockingPendingWriter::commit(&s, msg_batch(2), &[], &mut |_| called += 1).unwrap();
     assert_eq!(out, vec![AdmitOutcome::Admitted; 2]);
     assert_eq!(called, 0);
-    assert_eq!(s.journal_position(), 0, "that commit was a checkpoint");
+    assert!(!s.journal_uncovered(), "that commit was a checkpoint");
     drop(s);
     let s = FilePendingStore::open(&dir, limits()).unwrap();
     assert_eq!(s.records_in_file(), 12);
@@ -855,12 +873,11 @@ fn a_full_disk_fails_closed_and_recovers_when_space_returns() {
             let err = s.admit(vec![record("a", "1", "refused")]).await.unwrap_err();
             let f = crate::StorageError::from(err).failure().clone();
             assert_eq!(f.kind, FailureKind::Full, "{f}");
-            // The journal's append or the checkpoint's redb commit, whichever met the disk.
-            let files = [dir.pending_journal_path(), dir.pending_path()].map(|p| p.display().to_string());
+            // The journal's append or a checkpoint's redb commit, whichever met the disk.
+            let [a, b] = dir.journal_paths().map(|p| p.display().to_string());
+            let files = [a, b, dir.pending_path().display().to_string()];
             assert!(files.contains(&f.location), "{f}");
         }
-        // Reads fail too while the file cannot be reopened: readiness goes false.
-        assert!(s.stats().await.is_err());
         s.faults().full.store(false, std::sync::atomic::Ordering::Relaxed);
         let st = s.stats().await.unwrap();
         assert_eq!(st.records, 10, "refused batches left nothing behind");

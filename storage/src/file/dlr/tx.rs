@@ -43,7 +43,7 @@ pub(crate) const NEXT_DELIVERY: &str = "next_delivery";
 /// beyond the stored counter. A damaged or newer file stops the open instead of a later
 /// call.
 pub(crate) fn init(txn: &WriteTransaction) -> Result<(), Fail> {
-    check_layout(txn, LAYOUT)?;
+    check_layout(txn, LAYOUT, &[])?;
     let tracks = txn.open_table(TRACKS)?;
     let track_expiry = txn.open_table(TRACK_EXPIRY)?;
     txn.open_table(CORRELATIONS)?;
