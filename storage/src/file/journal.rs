@@ -243,6 +243,8 @@ struct State {
     flushes: u64,
     #[cfg(test)]
     refuse_frames: bool,
+    #[cfg(test)]
+    ticks_paused: bool,
 }
 
 impl State {
@@ -371,6 +373,8 @@ impl Journal {
                 flushes: 0,
                 #[cfg(test)]
                 refuse_frames: false,
+                #[cfg(test)]
+                ticks_paused: false,
             }),
             flushed: Condvar::new(),
         });
@@ -411,7 +415,14 @@ impl Journal {
             s.registered = true;
             s.durable = s.durable.max(stored);
         }
-        st.next_lsn = st.next_lsn.max(stored + 2);
+        if stored >= st.next_lsn {
+            // A file ahead of the journal (an earlier build's journal, or frames lost
+            // with a segment): LSNs go on after it, one more for a frame a crash may
+            // have torn. The active cycle's LSNs must stay consecutive, so the next
+            // frames start a new one.
+            st.next_lsn = stored + 2;
+            st.needs_new_cycle = true;
+        }
         let mut order = [0usize, 1];
         order.sort_by_key(|&i| st.seg[i].cycle_start);
         let mut frames = Vec::new();
@@ -718,8 +729,16 @@ impl Journal {
     fn tick(&self) {
         let hooks: Vec<(Stage, Arc<dyn Checkpoint>)> = {
             let mut st = self.state.lock();
+            #[cfg(test)]
+            if st.ticks_paused {
+                return;
+            }
             if !st.needs_new_cycle && st.switch_due() && st.reclaimable(st.inactive()) {
                 st.switch_wanted = true;
+            }
+            // Frames nobody waits for (cleanup) are not left in memory for long.
+            if st.buf_first != 0 && !st.flushing {
+                self.flush(&mut st);
             }
             let long = st.switch_after * 2;
             Stage::ALL
@@ -755,6 +774,12 @@ impl Journal {
     #[cfg(test)]
     pub(crate) fn refuse_frames(&self, refuse: bool) {
         self.state.lock().refuse_frames = refuse;
+    }
+
+    /// Stop the checkpointer's rounds (a test that needs frames left unflushed).
+    #[cfg(test)]
+    pub(crate) fn pause_ticks(&self) {
+        self.state.lock().ticks_paused = true;
     }
 
     #[cfg(test)]
@@ -1201,6 +1226,19 @@ mod tests {
         damage(&dir, seg, 4);
         let j = reopen(&dir, j);
         assert_eq!(lsns(&j.register(Stage::RoutedWork, 0).unwrap()), [a, b]);
+    }
+
+    #[test]
+    fn a_file_ahead_of_the_journal_starts_a_new_cycle_so_lsns_stay_consecutive() {
+        let (_tmp, dir, j) = fresh();
+        j.register(Stage::Pending, 0).unwrap();
+        let a = append(&j, Stage::Pending, 10);
+        // A routed-work file recording an LSN the journal has not reached.
+        assert!(j.register(Stage::RoutedWork, a + 10).unwrap().is_empty());
+        let b = append(&j, Stage::Pending, 10);
+        assert!(b > a + 10, "LSNs go on after the file's");
+        let j = reopen(&dir, j);
+        assert_eq!(lsns(&j.register(Stage::Pending, 0).unwrap()), [a, b]);
     }
 
     #[test]

@@ -312,7 +312,9 @@ fn child_process() {
                 ),
             )
             .unwrap();
-            // Cleanup with Durability::None, then die before any durable commit.
+            // Cleanup, whose journal frames nobody waits for, then die before anything
+            // flushes them.
+            s.dir.journal().unwrap().pause_ticks();
             s.rq.release(&[w.released]).await.unwrap();
             s.rw.remove(&[w.removed]).await.unwrap();
             sigkill_self();
@@ -462,9 +464,9 @@ fn every_stage_survives_sigkill_and_lost_cleanup_is_harmless() {
     rt.block_on(async {
         // The lock died with the child.
         let s = open_all(tmp.path());
-        // Every durable commit survived; the Durability::None release and remove after
-        // them were lost with the process: the unit is still staged, the routed unit
-        // still recorded. That is the documented, harmless outcome (reconciliation
+        // Every durable commit survived; the release and remove after them, whose
+        // frames were not flushed, were lost with the process: the unit is still staged,
+        // the routed unit still recorded. That is the documented, harmless outcome (reconciliation
         // drops them by stable id).
         assert_eq!(snapshot(&s).await, expected);
         let staged = s.rq.staged_after(ReadySeq(0), 10).await.unwrap();
