@@ -73,8 +73,10 @@ pub struct FileOptions {
 }
 
 impl FileOptions {
-    /// 64 MiB of cache: the pending stage is read by selection and completion.
-    pub const PENDING_CACHE: usize = 64 << 20;
+    /// 32 MiB of cache: the pending stage is read by selection and completion (64 MiB
+    /// put a 1,000,000-message backlog at the 256 MiB RSS limit once router-queue and
+    /// routed-work kept non-durable pages too).
+    pub const PENDING_CACHE: usize = 32 << 20;
     /// 16 MiB of cache for router-queue and routed-work, which hold in-flight work only.
     pub const STAGE_CACHE: usize = 16 << 20;
 

@@ -104,6 +104,11 @@ const INLINE_CHECKPOINT_BYTES: u64 = 2 * PREALLOCATE;
 /// How long a background stage's frame waits to ride along with another flush before
 /// it leads one ([`Journal::sync_riding`]).
 const RIDE_PATIENCE: Duration = Duration::from_millis(2);
+/// A stage that has appended this much since its last checkpoint checkpoints on its
+/// next write instead of appending: redb keeps a non-durable commit's pages in memory
+/// until the next durable one, so this bounds the process's memory at rates where the
+/// checkpointer's rounds come too late (a backlog filled at 250,000 messages/s).
+const STAGE_CHECKPOINT_BYTES: u64 = 8 << 20;
 /// Failed frame ranges remembered for their waiters.
 const FAILED_KEPT: usize = 256;
 
@@ -205,6 +210,8 @@ struct StageState {
     last_frame: u64,
     /// When its first frame after its last checkpoint was appended.
     uncovered_since: Option<Instant>,
+    /// Bytes of its frames appended since its last checkpoint.
+    uncovered_bytes: u64,
     /// A synced frame whose redb commit has not succeeded (yet).
     unapplied: Option<u64>,
     hook: Option<Weak<dyn Checkpoint>>,
@@ -271,6 +278,9 @@ impl State {
             return false;
         }
         if self.needs_new_cycle && !self.reclaimable(self.inactive()) {
+            return false;
+        }
+        if self.stages[s.index()].uncovered_bytes >= STAGE_CHECKPOINT_BYTES {
             return false;
         }
         !(self.seg[self.active].end >= INLINE_CHECKPOINT_BYTES && self.holds_up_switch(s))
@@ -512,6 +522,7 @@ impl Journal {
         let s = &mut st.stages[stage.index()];
         s.last_frame = lsn;
         s.uncovered_since.get_or_insert_with(Instant::now);
+        s.uncovered_bytes += (FRAME_HEADER + payload.len()) as u64;
         Ok(Some(lsn))
     }
 
@@ -573,7 +584,8 @@ impl Journal {
         st.buf_first = 0;
         st.buf_last = 0;
         let other = st.inactive();
-        let new_cycle = st.needs_new_cycle || (st.switch_wanted && st.reclaimable(other));
+        let size_due = st.seg[st.active].end >= st.switch_bytes;
+        let new_cycle = st.needs_new_cycle || ((st.switch_wanted || size_due) && st.reclaimable(other));
         if new_cycle && !st.reclaimable(other) {
             let failure = BackendFailure::new(
                 FailureKind::Unavailable,
@@ -680,6 +692,9 @@ impl Journal {
         let mut st = self.state.lock();
         let s = &mut st.stages[stage.index()];
         s.durable = s.durable.max(lsn);
+        // Its frames up to `lsn` are all of them: a stage appends only inside its own
+        // write transactions, and the checkpoint was one.
+        s.uncovered_bytes = 0;
         if s.last_frame <= s.durable {
             s.uncovered_since = None;
         }
@@ -1177,10 +1192,10 @@ mod tests {
         let (_tmp, _dir, j) = fresh();
         j.register(Stage::Pending, 0).unwrap();
         j.register(Stage::RoutedWork, 0).unwrap();
-        j.set_switch(1, Duration::from_secs(3600));
         let p = append(&j, Stage::Pending, 10);
         let w = append(&j, Stage::RoutedWork, 10);
         let (first_seg, _, _) = j.active_segment();
+        j.set_switch(1, Duration::from_secs(3600));
         // The other segment is empty: a switch is asked for and the next flush makes it.
         j.tick_now();
         append(&j, Stage::Pending, 10);
