@@ -67,8 +67,9 @@ pub struct FileOptions {
     /// phases (two fdatasyncs), so reopening after a crash is instant however large the
     /// file. Worth it for the pending stage, whose backlog can be millions of records;
     /// router-queue and routed-work hold only in-flight work (bounded by
-    /// `max-in-flight`), so their full repair after a crash is fast, and one fdatasync per
-    /// commit keeps their writes from crowding the disk that acknowledgements wait on.
+    /// `max-in-flight`), so their full repair after a crash is fast, and their
+    /// checkpoints (their only durable commits: everything else is journaled) stay at
+    /// one fdatasync each.
     pub quick_repair: bool,
 }
 
@@ -124,7 +125,7 @@ pub(crate) enum Fail {
         table: &'static str,
         detail: String,
     },
-    /// A failure already located elsewhere (the pending journal's file).
+    /// A failure already located elsewhere (the journal's files).
     Located(BackendFailure),
 }
 
