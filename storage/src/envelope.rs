@@ -436,10 +436,15 @@ mod tests {
             RecordKind::PendingGroup,
             &GroupState {
                 parts: vec![
-                    GroupPart { seq: 1, ids: vec![id] },
+                    GroupPart {
+                        seq: 1,
+                        ids: vec![id],
+                        digest: Some(7),
+                    },
                     GroupPart {
                         seq: 3,
                         ids: vec![MessageId::generate(), MessageId::generate()],
+                        digest: None,
                     },
                 ],
                 deadline: Timestamp(42),

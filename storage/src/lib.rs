@@ -24,6 +24,7 @@ pub mod ids;
 pub mod memory;
 pub mod pending;
 pub mod postgresql;
+pub mod reassembly;
 pub mod record;
 pub mod routed_work;
 pub mod router_queue;

@@ -7,6 +7,8 @@
 //!
 //! Multipart parts are admitted one by one. The store tracks each group; when its last
 //! part arrives the group becomes one *ready unit*. Single messages are ready at once.
+//! A part that collides with an open group of an earlier message is placed by the rules
+//! of [`crate::reassembly`].
 //! Ready units get a [`ReadySeq`] so selection can walk them incrementally with a
 //! cursor; an incomplete group whose saved deadline passes becomes a ready unit with
 //! [`Disposition::Expired`], so it flows through the same pipeline to its failure
@@ -26,8 +28,13 @@ use crate::record::PendingRecord;
 pub enum AdmitOutcome {
     /// Stored as promised; acknowledge with the record's id.
     Admitted,
-    /// The account already submitted this idempotency key (and it is still retained):
-    /// nothing new was stored; answer with the earlier id.
+    /// Stored as promised, as the first part of a new message: the open multipart group
+    /// that had its reference was closed as incomplete (see [`crate::reassembly`]).
+    /// Acknowledge with the record's id.
+    Superseding,
+    /// The account already submitted this idempotency key (and it is still retained),
+    /// or this multipart part is a retransmission of one in its open group: nothing new
+    /// was stored; answer with the earlier id.
     Duplicate { existing: MessageId },
     /// Not stored: the stage is at its configured capacity. Answer ESME_RMSGQFUL / 503.
     Full,
@@ -48,9 +55,9 @@ pub enum Disposition {
 pub struct Unit {
     pub id: UnitId,
     pub disposition: Disposition,
-    /// Parts in sequence order (a single message has one). If a client sent the same
-    /// part twice, the repeat follows the part it repeats: it is acknowledged and owed a
-    /// receipt, but its payload is not sent twice.
+    /// Parts in sequence order (a single message has one). If a position holds more
+    /// than one record (a retransmitted part stored as a record of its own), the later
+    /// ones follow the first: each is owed a receipt, but the payload is not sent twice.
     pub parts: Vec<PendingRecord>,
 }
 

@@ -115,19 +115,62 @@ impl PendingRecord {
         self.registered_delivery & 0x03 == 0x02
     }
 
-    /// The key parts of one multipart group share. A group is identified by who sent
-    /// it, between which numbers, and its reference and size — as handsets and SMSCs
-    /// reassemble.
+    /// The key parts of one multipart group share: who sent it, between which numbers,
+    /// and its reference — as handsets and SMSCs reassemble. At most one group per key is
+    /// open at a time (see [`crate::reassembly`]); the group's `total` is kept with it.
     pub fn group_key(&self) -> Option<GroupKey> {
         self.part.map(|p| GroupKey {
             account: self.account.clone(),
             source: self.source.addr.clone(),
             destination: self.destination.addr.clone(),
             reference: p.reference,
-            total: p.total,
         })
     }
+
+    /// A digest of every field the client sent: two admissions with the same digest are
+    /// the same submission sent twice. The id, acceptance time and multipart deadline
+    /// Sendium gave each admission are left out. CRC-64 over a length-prefixed encoding:
+    /// stable across builds, so stored digests stay comparable after an upgrade.
+    pub fn submission_digest(&self) -> u64 {
+        let mut d = SUBMISSION_DIGEST.digest();
+        let mut field = |bytes: &[u8]| {
+            d.update(&u32::try_from(bytes.len()).unwrap_or(u32::MAX).to_be_bytes());
+            d.update(bytes);
+        };
+        let channel: u8 = match self.channel {
+            Channel::Smpp => 0,
+            Channel::Http => 1,
+        };
+        let part = self.part.map_or([0; 4], |p| {
+            let [hi, lo] = p.reference.to_be_bytes();
+            [hi, lo, p.total, p.seq]
+        });
+        field(self.account.as_bytes());
+        field(&[channel, self.source.ton, self.source.npi]);
+        field(self.source.addr.as_bytes());
+        field(&[self.destination.ton, self.destination.npi]);
+        field(self.destination.addr.as_bytes());
+        field(self.service_type.as_bytes());
+        field(&[
+            self.esm_class,
+            self.protocol_id,
+            self.priority,
+            self.data_coding,
+            self.registered_delivery,
+        ]);
+        field(&part);
+        field(&self.payload);
+        for optional in [&self.callback_url, &self.idempotency_key] {
+            match optional {
+                Some(s) => field(s.as_bytes()),
+                None => field(&[0xff]),
+            }
+        }
+        d.finalize()
+    }
 }
+
+const SUBMISSION_DIGEST: crc::Crc<u64> = crc::Crc::<u64>::new(&crc::CRC_64_XZ);
 
 /// Identity of a multipart group while its parts arrive.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -136,5 +179,4 @@ pub struct GroupKey {
     pub source: String,
     pub destination: String,
     pub reference: u16,
-    pub total: u8,
 }

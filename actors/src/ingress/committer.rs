@@ -384,6 +384,11 @@ impl IngressArgs {
                                 admitted += 1;
                                 Admission::Accepted(id)
                             }
+                            Some(AdmitOutcome::Superseding) => {
+                                admitted += 1;
+                                metrics::counter!("sendium_multipart_groups_superseded_total").increment(1);
+                                Admission::Accepted(id)
+                            }
                             Some(AdmitOutcome::Duplicate { existing }) => Admission::Duplicate(*existing),
                             Some(AdmitOutcome::Full) => Admission::Refused(Refusal::QueueFull),
                             None => Admission::Refused(Refusal::Unavailable),

@@ -6,6 +6,7 @@ use super::{Factory, part, record};
 use crate::ids::{ReadySeq, Timestamp};
 use crate::memory::PendingLimits;
 use crate::pending::{AdmitOutcome, Disposition};
+use crate::record::PendingRecord;
 
 fn limits() -> PendingLimits {
     PendingLimits::default()
@@ -113,20 +114,159 @@ pub(crate) async fn reassembles_multipart_groups(f: &dyn Factory) {
     assert_eq!(s.stats().await.unwrap().incomplete_groups, 1);
 }
 
-pub(crate) async fn keeps_repeated_parts(f: &dyn Factory) {
+/// A part `text` of a `total`-part message with reference 9 to 4477.
+fn text_part(total: u8, seq: u8, text: &str) -> crate::record::PendingRecord {
+    let mut p = part("esme1", "4477", 9, total, seq, LONG);
+    p.payload = text.as_bytes().to_vec();
+    p
+}
+
+pub(crate) async fn answers_a_retransmitted_part_with_its_first_id(f: &dyn Factory) {
     let s = f.pending(limits()).await;
-    let p1 = part("esme1", "4477", 9, 2, 1, LONG);
-    let p1_again = part("esme1", "4477", 9, 2, 1, LONG);
-    let p2 = part("esme1", "4477", 9, 2, 2, LONG);
-    s.admit(vec![p1.clone(), p1_again.clone()]).await.unwrap();
-    assert!(s.ready_after(ReadySeq(0), 10).await.unwrap().is_empty());
-    s.admit(vec![p2.clone()]).await.unwrap();
+    let p1 = text_part(2, 1, "first half ");
+    let p1_again = text_part(2, 1, "first half ");
+    let p1_third = text_part(2, 1, "first half ");
+    let p2 = text_part(2, 2, "second half");
+    // In the batch that admits the part, and in a later one.
+    let out = s.admit(vec![p1.clone(), p1_again]).await.unwrap();
+    assert_eq!(
+        out,
+        vec![AdmitOutcome::Admitted, AdmitOutcome::Duplicate { existing: p1.id }]
+    );
+    let out = s.admit(vec![p1_third]).await.unwrap();
+    assert_eq!(out, vec![AdmitOutcome::Duplicate { existing: p1.id }]);
+    assert_eq!(s.stats().await.unwrap().records, 1, "a retransmission stores nothing");
+    assert_eq!(s.admit(vec![p2.clone()]).await.unwrap(), vec![AdmitOutcome::Admitted]);
     let ready = s.ready_after(ReadySeq(0), 10).await.unwrap();
     assert_eq!(ready.len(), 1);
-    let unit = &ready[0].unit;
-    assert_eq!(unit.member_ids(), vec![p1.id, p1_again.id, p2.id]);
-    let distinct: Vec<_> = unit.distinct_parts().map(|p| p.id).collect();
-    assert_eq!(distinct, vec![p1.id, p2.id]);
+    assert_eq!(ready[0].unit.member_ids(), vec![p1.id, p2.id]);
+    assert_eq!(ready[0].unit.payload(), b"first half second half");
+}
+
+/// The expired unit of a superseded group and the new message's unit, checked.
+async fn check_superseded(s: &dyn crate::pending::PendingStore, old: &[&PendingRecord], new: &[&PendingRecord]) {
+    let ready = s.ready_after(ReadySeq(0), 10).await.unwrap();
+    assert_eq!(ready.len(), 2, "{ready:?}");
+    assert_eq!(ready[0].unit.disposition, Disposition::Expired);
+    assert_eq!(ready[0].unit.member_ids(), old.iter().map(|p| p.id).collect::<Vec<_>>());
+    assert_eq!(ready[1].unit.disposition, Disposition::Deliver);
+    assert_eq!(ready[1].unit.id, new[0].id);
+    assert_eq!(ready[1].unit.member_ids(), new.iter().map(|p| p.id).collect::<Vec<_>>());
+    let text: Vec<u8> = new.iter().flat_map(|p| p.payload.clone()).collect();
+    assert_eq!(ready[1].unit.payload(), text);
+    let stats = s.stats().await.unwrap();
+    assert_eq!(stats.incomplete_groups, 0);
+    assert_eq!(stats.records, (old.len() + new.len()) as u64);
+}
+
+pub(crate) async fn a_new_message_supersedes_the_open_group_with_its_reference(f: &dyn Factory) {
+    // One call per part, and every part in one batch.
+    for batched in [false, true] {
+        let s = f.pending(limits()).await;
+        let old1 = text_part(3, 1, "old message, part one ");
+        let old2 = text_part(3, 2, "old message, part two ");
+        s.admit(vec![old1.clone(), old2.clone()]).await.unwrap();
+        let new = [
+            text_part(3, 1, "new message, part one "),
+            text_part(3, 2, "new message, part two "),
+            text_part(3, 3, "new message, part three"),
+        ];
+        let out = if batched {
+            s.admit(new.to_vec()).await.unwrap()
+        } else {
+            let mut out = Vec::new();
+            for p in &new {
+                out.extend(s.admit(vec![p.clone()]).await.unwrap());
+            }
+            out
+        };
+        assert_eq!(
+            out,
+            vec![
+                AdmitOutcome::Superseding,
+                AdmitOutcome::Admitted,
+                AdmitOutcome::Admitted
+            ]
+        );
+        check_superseded(s.as_ref(), &[&old1, &old2], &[&new[0], &new[1], &new[2]]).await;
+    }
+}
+
+/// A later part that collides with one of the new message's: the part that collided
+/// first, even with the same text, is not a retransmission of the abandoned one.
+pub(crate) async fn a_collision_at_a_later_position_supersedes_too(f: &dyn Factory) {
+    let s = f.pending(limits()).await;
+    let old1 = text_part(3, 1, "old one ");
+    let old3 = text_part(3, 3, "old three");
+    s.admit(vec![old1.clone(), old3.clone()]).await.unwrap();
+    // The new message's part 3 comes first; then its parts 1 and 2.
+    let new3 = text_part(3, 3, "new three");
+    let new1 = text_part(3, 1, "new one ");
+    let new2 = text_part(3, 2, "new two ");
+    let out = s.admit(vec![new3.clone(), new1.clone(), new2.clone()]).await.unwrap();
+    assert_eq!(
+        out,
+        vec![
+            AdmitOutcome::Superseding,
+            AdmitOutcome::Admitted,
+            AdmitOutcome::Admitted
+        ]
+    );
+    check_superseded(s.as_ref(), &[&old1, &old3], &[&new1, &new2, &new3]).await;
+}
+
+pub(crate) async fn a_part_with_another_total_starts_a_new_message(f: &dyn Factory) {
+    let s = f.pending(limits()).await;
+    let old1 = text_part(3, 1, "old one ");
+    s.admit(vec![old1.clone()]).await.unwrap();
+    // Part 2 of a 2-part message: its position is free in the open group, but the
+    // group is another message's.
+    let new2 = text_part(2, 2, "new two");
+    let new1 = text_part(2, 1, "new one ");
+    let out = s.admit(vec![new2.clone()]).await.unwrap();
+    assert_eq!(out, vec![AdmitOutcome::Superseding]);
+    assert_eq!(s.admit(vec![new1.clone()]).await.unwrap(), vec![AdmitOutcome::Admitted]);
+    check_superseded(s.as_ref(), &[&old1], &[&new1, &new2]).await;
+}
+
+pub(crate) async fn a_part_after_its_group_completed_is_a_retransmission_or_a_new_message(f: &dyn Factory) {
+    let s = f.pending(limits()).await;
+    let p1 = text_part(2, 1, "one ");
+    let p2 = text_part(2, 2, "two");
+    s.admit(vec![p1.clone(), p2.clone()]).await.unwrap();
+    // Part 2 sent again (its answer was lost) is answered with its id; it does not
+    // linger as the start of a group the next message with this reference would join.
+    let late2 = text_part(2, 2, "two");
+    let out = s.admit(vec![late2]).await.unwrap();
+    assert_eq!(out, vec![AdmitOutcome::Duplicate { existing: p2.id }]);
+    // Another message with the reference is a new message, whole.
+    let other1 = text_part(2, 1, "another one ");
+    let other2 = text_part(2, 2, "another two");
+    let out = s.admit(vec![other1.clone(), other2.clone()]).await.unwrap();
+    assert_eq!(out, vec![AdmitOutcome::Admitted, AdmitOutcome::Admitted]);
+    let ready = s.ready_after(ReadySeq(0), 10).await.unwrap();
+    assert_eq!(ready.len(), 2, "the completed message and the new one");
+    assert_eq!(ready[0].unit.member_ids(), vec![p1.id, p2.id]);
+    assert_eq!(ready[1].unit.member_ids(), vec![other1.id, other2.id]);
+    assert_eq!(ready[1].unit.payload(), b"another one another two");
+    assert_eq!(s.stats().await.unwrap().incomplete_groups, 0);
+
+    // A completed group is known until its deadline only.
+    let mut q1 = part("esme1", "4478", 5, 2, 1, Duration::from_millis(50));
+    let mut q2 = part("esme1", "4478", 5, 2, 2, Duration::from_millis(50));
+    q1.payload = b"q1".to_vec();
+    q2.payload = b"q2".to_vec();
+    s.admit(vec![q1, q2.clone()]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut q2_late = part("esme1", "4478", 5, 2, 2, LONG);
+    q2_late.payload = b"q2".to_vec();
+    let out = s.admit(vec![q2_late]).await.unwrap();
+    assert_eq!(
+        out,
+        vec![AdmitOutcome::Admitted],
+        "past the deadline it is a new message"
+    );
+    assert_eq!(s.stats().await.unwrap().incomplete_groups, 1);
 }
 
 pub(crate) async fn expires_incomplete_groups_at_saved_deadline(f: &dyn Factory) {

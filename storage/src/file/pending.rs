@@ -17,6 +17,8 @@
 //! | `unit_seq` | unit id | its ready seq |
 //! | `groups` | encoded [`GroupKey`] | incomplete group envelope (parts, deadline) |
 //! | `group_deadlines` | (deadline ms, group key) | — |
+//! | `completed_groups` | encoded [`GroupKey`] | completed group envelope, kept until its deadline |
+//! | `completed_group_deadlines` | (deadline ms, group key) | — |
 //! | `idempotency` | (account, key) | first admission's id and retention deadline |
 //! | `idempotency_expiry` | (deadline ms, account, key) | — |
 //! | `meta` | name | `layout`, `next_seq`, `receipt_requests` |
@@ -48,6 +50,7 @@ use crate::failpoint;
 use crate::ids::{MessageId, ReadySeq, Timestamp, UnitId};
 use crate::memory::PendingLimits;
 use crate::pending::{AdmitOutcome, BlockingPendingWriter, Disposition, PendingStats, PendingStore, ReadyUnit, Unit};
+use crate::reassembly::{self, GroupView, KeyState, Placement};
 use crate::record::{GroupKey, PendingRecord};
 
 const RECORDS: TableDefinition<&[u8; 16], &[u8]> = TableDefinition::new("records");
@@ -55,6 +58,8 @@ const READY: TableDefinition<u64, &[u8]> = TableDefinition::new("ready");
 const UNIT_SEQ: TableDefinition<&[u8; 16], u64> = TableDefinition::new("unit_seq");
 const GROUPS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("groups");
 const DEADLINES: TableDefinition<(u64, &[u8]), ()> = TableDefinition::new("group_deadlines");
+const COMPLETED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("completed_groups");
+const COMPLETED_DEADLINES: TableDefinition<(u64, &[u8]), ()> = TableDefinition::new("completed_group_deadlines");
 const IDEM: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("idempotency");
 const IDEM_EXPIRY: TableDefinition<(u64, &str, &str), ()> = TableDefinition::new("idempotency_expiry");
 
@@ -144,8 +149,9 @@ impl Decided {
             complete_in(t, &frame.complete)?;
         }
         t.forget_idempotency(frame.now)?;
+        t.forget_completed_groups(frame.now)?;
         for (record, bytes) in self.records.iter().zip(&frame.admit) {
-            t.admit_one(record, bytes, frame.idem_expiry)?;
+            t.admit_one(record, bytes, frame.now, frame.idem_expiry)?;
         }
         Ok(())
     }
@@ -267,6 +273,8 @@ fn init(txn: &WriteTransaction) -> Result<(), Fail> {
     txn.open_table(UNIT_SEQ)?;
     let groups = txn.open_table(GROUPS)?;
     txn.open_table(DEADLINES)?;
+    txn.open_table(COMPLETED)?;
+    txn.open_table(COMPLETED_DEADLINES)?;
     let idem = txn.open_table(IDEM)?;
     txn.open_table(IDEM_EXPIRY)?;
     let meta = txn.open_table(META)?;
@@ -365,10 +373,11 @@ fn recover(db: &Database, journal: &Journal, dir: &DataDir, quick_repair: bool) 
 fn apply_frame(t: &mut Tx<'_>, frame: JournalFrame, lsn: u64) -> Result<(), Fail> {
     complete_in(t, &frame.complete)?;
     t.forget_idempotency(frame.now)?;
+    t.forget_completed_groups(frame.now)?;
     for bytes in frame.admit {
         let record: PendingRecord = envelope::decode(RecordKind::PendingRecord, &bytes)
             .map_err(|e| Fail::record("journal", format!("frame {lsn}"), e))?;
-        t.admit_one(&record, &bytes, frame.idem_expiry)?;
+        t.admit_one(&record, &bytes, frame.now, frame.idem_expiry)?;
     }
     Ok(())
 }
@@ -381,6 +390,18 @@ fn decode_unit(seq: u64, bytes: &[u8]) -> Result<UnitEntry, Fail> {
     envelope::decode(RecordKind::PendingUnit, bytes).map_err(|e| Fail::record("ready", seq, e))
 }
 
+/// Decode a value of `table` (`groups` or `completed_groups`; `key`: its key, named in
+/// an error by its reference).
+fn decode_group(table: &'static str, key: &[u8], bytes: &[u8]) -> Result<GroupState, Fail> {
+    envelope::decode(RecordKind::PendingGroup, bytes).map_err(|e| {
+        let reference = match *key {
+            [.., hi, lo, _total] => u16::from_be_bytes([hi, lo]),
+            _ => 0,
+        };
+        Fail::record(table, format!("reference {reference}"), e)
+    })
+}
+
 fn encode<T: serde::Serialize>(
     kind: RecordKind,
     table: &'static str,
@@ -390,17 +411,75 @@ fn encode<T: serde::Serialize>(
     envelope::encode(kind, v).map_err(|e| Fail::record(table, key, e))
 }
 
-/// A group key as bytes: three length-prefixed strings, reference, total. Stable, so
-/// it can key the `groups` table across restarts.
-fn group_key_bytes(gk: &GroupKey) -> Vec<u8> {
+/// A group key as bytes: three length-prefixed strings and the reference (the prefix
+/// every open group of the key starts with; see [`group_key_bytes`]).
+fn group_prefix(gk: &GroupKey) -> Vec<u8> {
     let mut out = Vec::with_capacity(gk.account.len() + gk.source.len() + gk.destination.len() + 15);
     for s in [&gk.account, &gk.source, &gk.destination] {
         out.extend_from_slice(&u32::try_from(s.len()).unwrap_or(u32::MAX).to_be_bytes());
         out.extend_from_slice(s.as_bytes());
     }
     out.extend_from_slice(&gk.reference.to_be_bytes());
-    out.push(gk.total);
     out
+}
+
+/// The `groups` table's key of a group: its [`group_prefix`], then its total. Stable,
+/// so it keys the table across restarts.
+fn group_key_bytes(prefix: &[u8], total: u8) -> Vec<u8> {
+    let mut out = Vec::with_capacity(prefix.len() + 1);
+    out.extend_from_slice(prefix);
+    out.push(total);
+    out
+}
+
+/// A group as the `groups` or `completed_groups` table holds it.
+struct StoredGroup {
+    key: Vec<u8>,
+    total: u8,
+    state: GroupState,
+}
+
+/// The group [`Tx::key_state`] found for a group key.
+struct KnownGroup {
+    /// In `groups` (else in `completed_groups`).
+    open: bool,
+    group: StoredGroup,
+}
+
+impl KnownGroup {
+    /// The group as [`reassembly::place`] sees it for a part at position `seq`.
+    fn state(&self, seq: u8) -> KeyState {
+        let at_seq = self
+            .group
+            .state
+            .at(seq)
+            .and_then(|p| Some((*p.ids.first()?, p.digest?)));
+        KeyState::new(
+            self.open,
+            GroupView {
+                total: self.group.total,
+                at_seq,
+            },
+        )
+    }
+}
+
+/// The first group of a group key (its [`group_prefix`]) in `table`, named `name`
+/// (`groups` or `completed_groups`).
+fn first_group(
+    name: &'static str,
+    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    prefix: &[u8],
+) -> Result<Option<StoredGroup>, Fail> {
+    let (low, high) = (group_key_bytes(prefix, 0), group_key_bytes(prefix, u8::MAX));
+    let Some(entry) = table.range::<&[u8]>(low.as_slice()..=high.as_slice())?.next() else {
+        return Ok(None);
+    };
+    let (k, v) = entry?;
+    let key = k.value().to_vec();
+    let state = decode_group(name, &key, v.value())?;
+    let total = key.last().copied().unwrap_or(0);
+    Ok(Some(StoredGroup { key, total, state }))
 }
 
 /// Build a unit from its entry, reading its member records.
@@ -425,6 +504,93 @@ fn build_unit(
     })
 }
 
+/// The group keys a commit's admissions touch, as its admissions leave them, for
+/// placing each part before any of the batch is applied (see [`Change::Decided`]): what
+/// [`Tx::admit_one`] will find when it applies the same records in the same order.
+#[derive(Default)]
+struct BatchGroups {
+    /// Group key prefix → what is known of it (`None`: no group, open or completed).
+    keys: HashMap<Vec<u8>, Option<BatchGroup>>,
+}
+
+struct BatchGroup {
+    /// Open (else completed: known until its deadline).
+    open: bool,
+    total: u8,
+    deadline: Timestamp,
+    /// Position → the id and submission digest of the record first admitted there.
+    parts: std::collections::BTreeMap<u8, (MessageId, u64)>,
+}
+
+impl BatchGroup {
+    fn state(&self, seq: u8, now: Timestamp) -> Option<KeyState> {
+        if !self.open && self.deadline <= now {
+            return None;
+        }
+        let view = GroupView {
+            total: self.total,
+            at_seq: self.parts.get(&seq).copied(),
+        };
+        Some(KeyState::new(self.open, view))
+    }
+}
+
+impl BatchGroups {
+    /// Where `record` (with submission digest `digest`) goes at `now` (see
+    /// [`crate::reassembly`]).
+    fn place(&mut self, t: &Tx<'_>, record: &PendingRecord, digest: u64, now: Timestamp) -> Result<Placement, Fail> {
+        let (Some(gk), Some(info)) = (record.group_key(), record.part) else {
+            return Ok(Placement::Join);
+        };
+        let prefix = group_prefix(&gk);
+        let known = match self.keys.get(&prefix) {
+            Some(known) => known.as_ref(),
+            None => {
+                let stored = t.key_state(&prefix, now)?.map(|k| BatchGroup {
+                    open: k.open,
+                    total: k.group.total,
+                    deadline: k.group.state.deadline,
+                    parts: k
+                        .group
+                        .state
+                        .parts
+                        .iter()
+                        .filter_map(|p| Some((p.seq, (*p.ids.first()?, p.digest?))))
+                        .collect(),
+                });
+                self.keys.entry(prefix).or_insert(stored).as_ref()
+            }
+        };
+        Ok(reassembly::place(
+            record,
+            digest,
+            known.and_then(|g| g.state(info.seq, now)),
+        ))
+    }
+
+    /// `record`, placed by [`Self::place`] (not a retransmission), is admitted.
+    fn admitted(&mut self, record: &PendingRecord, digest: u64, placement: Placement) {
+        let (Some(gk), Some(info)) = (record.group_key(), record.part) else {
+            return;
+        };
+        let slot = self.keys.entry(group_prefix(&gk)).or_insert(None);
+        if placement == Placement::Supersede || slot.as_ref().is_some_and(|g| !g.open) {
+            *slot = None;
+        }
+        let group = slot.get_or_insert_with(|| BatchGroup {
+            open: true,
+            total: info.total,
+            deadline: info.expires_at,
+            parts: Default::default(),
+        });
+        group.deadline = group.deadline.min(info.expires_at);
+        group.parts.entry(info.seq).or_insert((record.id, digest));
+        if group.parts.len() == usize::from(group.total) {
+            group.open = false;
+        }
+    }
+}
+
 /// The tables of one write transaction and the counters it updates.
 struct Tx<'t> {
     records: Table<'t, &'static [u8; 16], &'static [u8]>,
@@ -432,6 +598,8 @@ struct Tx<'t> {
     unit_seq: Table<'t, &'static [u8; 16], u64>,
     groups: Table<'t, &'static [u8], &'static [u8]>,
     deadlines: Table<'t, (u64, &'static [u8]), ()>,
+    completed: Table<'t, &'static [u8], &'static [u8]>,
+    completed_deadlines: Table<'t, (u64, &'static [u8]), ()>,
     idem: Table<'t, (&'static str, &'static str), &'static [u8]>,
     idem_expiry: Table<'t, (u64, &'static str, &'static str), ()>,
     meta: Table<'t, &'static str, u64>,
@@ -453,6 +621,8 @@ impl<'t> Tx<'t> {
             unit_seq: txn.open_table(UNIT_SEQ)?,
             groups: txn.open_table(GROUPS)?,
             deadlines: txn.open_table(DEADLINES)?,
+            completed: txn.open_table(COMPLETED)?,
+            completed_deadlines: txn.open_table(COMPLETED_DEADLINES)?,
             idem: txn.open_table(IDEM)?,
             idem_expiry: txn.open_table(IDEM_EXPIRY)?,
             meta,
@@ -491,6 +661,100 @@ impl<'t> Tx<'t> {
             self.ready.remove(old)?;
         }
         Ok(())
+    }
+
+    /// The open group of a group key (its [`group_prefix`]). Normally at most one is
+    /// open; should the table hold several (groups of one reference with different
+    /// totals), the first in key order is the open one, and superseding it closes all.
+    fn open_group(&self, prefix: &[u8]) -> Result<Option<StoredGroup>, Fail> {
+        first_group("groups", &self.groups, prefix)
+    }
+
+    /// What the store knows of a group key at `now`: its open group, else its completed
+    /// group if that one's deadline has not passed. Digests missing from a stored group
+    /// are computed from its records.
+    fn key_state(&self, prefix: &[u8], now: Timestamp) -> Result<Option<KnownGroup>, Fail> {
+        let (open, mut group) = match self.open_group(prefix)? {
+            Some(g) => (true, g),
+            None => match first_group("completed_groups", &self.completed, prefix)? {
+                Some(g) if g.state.deadline > now => (false, g),
+                _ => return Ok(None),
+            },
+        };
+        for part in &mut group.state.parts {
+            if part.digest.is_none()
+                && let Some(first) = part.ids.first()
+            {
+                part.digest = self.record(*first)?.map(|r| r.submission_digest());
+            }
+        }
+        Ok(Some(KnownGroup { open, group }))
+    }
+
+    /// Close every open group of a group key as incomplete (see [`Tx::close_incomplete`]).
+    fn close_open_groups(&mut self, prefix: &[u8]) -> Result<(), Fail> {
+        while let Some(g) = self.open_group(prefix)? {
+            self.groups.remove(g.key.as_slice())?;
+            self.close_incomplete(&g.key, g.state)?;
+        }
+        Ok(())
+    }
+
+    /// Turn a group removed from `groups` into a ready unit that expires: each of its
+    /// parts that asked for a receipt gets a failure receipt.
+    fn close_incomplete(&mut self, key: &[u8], group: GroupState) -> Result<(), Fail> {
+        self.deadlines.remove((group.deadline.0, key))?;
+        let members = group.members();
+        if let Some(first) = members.first().copied() {
+            self.make_ready(first, Disposition::Expired, members, group.receipts)?;
+        }
+        Ok(())
+    }
+
+    /// Forget the completed groups of a group key.
+    fn forget_completed(&mut self, prefix: &[u8]) -> Result<(), Fail> {
+        while let Some(g) = first_group("completed_groups", &self.completed, prefix)? {
+            self.completed.remove(g.key.as_slice())?;
+            self.completed_deadlines
+                .remove((g.state.deadline.0, g.key.as_slice()))?;
+        }
+        Ok(())
+    }
+
+    /// Forget completed groups whose deadline has passed (at most [`FORGET_PER_ADMIT`];
+    /// [`Tx::key_state`] ignores any left). Returns whether anything changed.
+    fn forget_completed_groups(&mut self, now: Timestamp) -> Result<bool, Fail> {
+        let mut changed = false;
+        for _ in 0..FORGET_PER_ADMIT {
+            let (at, key) = match self.completed_deadlines.first()? {
+                Some((k, _)) => {
+                    let (at, key) = k.value();
+                    if at > now.0 {
+                        break;
+                    }
+                    (at, key.to_vec())
+                }
+                None => break,
+            };
+            self.completed_deadlines.remove((at, key.as_slice()))?;
+            let current = match self.completed.get(key.as_slice())? {
+                Some(v) => Some(decode_group("completed_groups", &key, v.value())?.deadline),
+                None => None,
+            };
+            if current.is_some_and(|d| d.0 == at) {
+                self.completed.remove(key.as_slice())?;
+            }
+            changed = true;
+        }
+        Ok(changed)
+    }
+
+    /// A stored record, if present.
+    fn record(&self, id: MessageId) -> Result<Option<PendingRecord>, Fail> {
+        match self.records.get(&id.to_bytes())? {
+            Some(v) => Ok(Some(decode_record(id, v.value())?)),
+            None => Ok(None),
+        }
     }
 
     /// Forget idempotency keys whose retention ended. Returns whether anything changed.
@@ -534,8 +798,15 @@ impl<'t> Tx<'t> {
         Ok((entry.expires_at > now).then_some(entry.id))
     }
 
-    /// Store `record` (whose envelope is `bytes`).
-    fn admit_one(&mut self, record: &PendingRecord, bytes: &[u8], idem_expiry: Timestamp) -> Result<(), Fail> {
+    /// Store `record` (whose envelope is `bytes`), a part where the rules of
+    /// [`crate::reassembly`] put it at `now`.
+    fn admit_one(
+        &mut self,
+        record: &PendingRecord,
+        bytes: &[u8],
+        now: Timestamp,
+        idem_expiry: Timestamp,
+    ) -> Result<(), Fail> {
         let id = record.id;
         let wants = u64::from(record.wants_receipt());
         self.receipts += wants;
@@ -552,40 +823,57 @@ impl<'t> Tx<'t> {
         }
         match (record.group_key(), record.part) {
             (Some(gk), Some(part)) => {
-                let gkb = group_key_bytes(&gk);
-                let existing = match self.groups.get(gkb.as_slice())? {
-                    Some(v) => Some(
-                        envelope::decode::<GroupState>(RecordKind::PendingGroup, v.value())
-                            .map_err(|e| Fail::record("groups", format!("reference {}", gk.reference), e))?,
-                    ),
-                    None => None,
+                let prefix = group_prefix(&gk);
+                let digest = record.submission_digest();
+                let known = self.key_state(&prefix, now)?;
+                let placement = reassembly::place(record, digest, known.as_ref().map(|k| k.state(part.seq)));
+                // A retransmission is never admitted by a live commit; one met here was
+                // acknowledged with an id of its own, so it is kept beside the first
+                // (in an open group), or starts a group (after a completed one).
+                let open = match (placement, known) {
+                    (Placement::Supersede, _) => {
+                        self.close_open_groups(&prefix)?;
+                        None
+                    }
+                    (_, Some(KnownGroup { open: true, group })) => Some(group.state),
+                    _ => None,
                 };
-                let mut group = existing.unwrap_or_else(|| GroupState {
-                    deadline: part.expires_at,
-                    ..GroupState::default()
-                });
-                group.add(part.seq, id);
+                let mut group = match open {
+                    Some(group) => group,
+                    None => {
+                        // A new message with this reference: the completed one is no
+                        // longer expected.
+                        self.forget_completed(&prefix)?;
+                        GroupState {
+                            deadline: part.expires_at,
+                            ..GroupState::default()
+                        }
+                    }
+                };
+                let gkb = group_key_bytes(&prefix, part.total);
+                group.add(part.seq, id, digest);
                 group.receipts += wants;
                 let complete = group.parts.len() == usize::from(part.total);
                 let old_deadline = group.deadline;
-                if part.expires_at < group.deadline {
-                    group.deadline = part.expires_at;
-                }
+                group.deadline = group.deadline.min(part.expires_at);
                 self.records.insert(&id.to_bytes(), bytes)?;
                 self.deadlines.remove((old_deadline.0, gkb.as_slice()))?;
+                let gbytes = encode(
+                    RecordKind::PendingGroup,
+                    "groups",
+                    format!("reference {}", gk.reference),
+                    &group,
+                )?;
                 if complete {
                     self.groups.remove(gkb.as_slice())?;
                     let members = group.members();
                     if let Some(first) = members.first().copied() {
                         self.make_ready(first, Disposition::Deliver, members, group.receipts)?;
                     }
+                    self.completed.insert(gkb.as_slice(), gbytes.as_slice())?;
+                    self.completed_deadlines
+                        .insert((group.deadline.0, gkb.as_slice()), ())?;
                 } else {
-                    let gbytes = encode(
-                        RecordKind::PendingGroup,
-                        "groups",
-                        format!("reference {}", gk.reference),
-                        &group,
-                    )?;
                     self.groups.insert(gkb.as_slice(), gbytes.as_slice())?;
                     self.deadlines.insert((group.deadline.0, gkb.as_slice()), ())?;
                 }
@@ -760,6 +1048,7 @@ impl Inner {
                 // Keys this batch admitted, per account, as the tables will hold them
                 // once applied (looked up by reference: no copy per lookup).
                 let mut keys: HashMap<String, HashMap<String, MessageId>> = HashMap::new();
+                let mut groups = BatchGroups::default();
                 for record in batch {
                     if let Some(key) = &record.idempotency_key {
                         let batched = keys.get(record.account.as_str()).and_then(|k| k.get(key.as_str()));
@@ -772,10 +1061,22 @@ impl Inner {
                             continue;
                         }
                     }
+                    // Only parts are compared with other admissions.
+                    let digest = if record.part.is_some() {
+                        record.submission_digest()
+                    } else {
+                        0
+                    };
+                    let placement = groups.place(t, &record, digest, now)?;
+                    if let Placement::Retransmission { existing } = placement {
+                        outcomes.push(AdmitOutcome::Duplicate { existing });
+                        continue;
+                    }
                     if count >= max {
                         outcomes.push(AdmitOutcome::Full);
                         continue;
                     }
+                    groups.admitted(&record, digest, placement);
                     let bytes = encode(RecordKind::PendingRecord, "records", record.id, &record)?;
                     admitted.push(ByteBuf::from(bytes));
                     if let Some(key) = &record.idempotency_key {
@@ -785,7 +1086,11 @@ impl Inner {
                     }
                     records.push(record);
                     count += 1;
-                    outcomes.push(AdmitOutcome::Admitted);
+                    outcomes.push(if placement == Placement::Supersede {
+                        AdmitOutcome::Superseding
+                    } else {
+                        AdmitOutcome::Admitted
+                    });
                 }
                 let frame = JournalFrame {
                     now,
@@ -806,6 +1111,7 @@ impl Inner {
                     changed |= complete_in(t, complete)?;
                 }
                 changed |= t.forget_idempotency(now)?;
+                changed |= t.forget_completed_groups(now)?;
                 Ok((outcomes, if changed { Change::Frame(frame) } else { Change::None }))
             },
             durable,
@@ -898,17 +1204,11 @@ impl Inner {
                     t.deadlines.remove((deadline, gkb.as_slice()))?;
                     changed = true;
                     let group = match t.groups.remove(gkb.as_slice())? {
-                        Some(v) => Some(
-                            envelope::decode::<GroupState>(RecordKind::PendingGroup, v.value())
-                                .map_err(|e| Fail::record("groups", format!("deadline {deadline}"), e))?,
-                        ),
+                        Some(v) => Some(decode_group("groups", &gkb, v.value())?),
                         None => None,
                     };
                     if let Some(group) = group {
-                        let members = group.members();
-                        if let Some(first) = members.first().copied() {
-                            t.make_ready(first, Disposition::Expired, members, group.receipts)?;
-                        }
+                        t.close_incomplete(&gkb, group)?;
                         expired += 1;
                     }
                 }
@@ -1082,8 +1382,11 @@ mod tests {
             source: s.into(),
             destination: "d".into(),
             reference: 1,
-            total: 2,
         };
-        assert_ne!(group_key_bytes(&gk("ab", "c")), group_key_bytes(&gk("a", "bc")));
+        assert_ne!(group_prefix(&gk("ab", "c")), group_prefix(&gk("a", "bc")));
+        // Every total of one key shares the prefix, and only those.
+        let prefix = group_prefix(&gk("a", "b"));
+        assert!(group_key_bytes(&prefix, 3).starts_with(&prefix));
+        assert_eq!(group_key_bytes(&prefix, 3).len(), prefix.len() + 1);
     }
 }

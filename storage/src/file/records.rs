@@ -27,9 +27,14 @@ pub(crate) struct GroupPart {
     pub seq: u8,
     /// First is the one whose payload is used; the rest are repeats.
     pub ids: Vec<MessageId>,
+    /// The first's [submission digest](crate::PendingRecord::submission_digest) (absent
+    /// in groups stored without one: then it is computed from the record when needed).
+    #[serde(default)]
+    pub digest: Option<u64>,
 }
 
-/// An incomplete multipart group, stored under its encoded [`crate::GroupKey`].
+/// A multipart group, stored under its encoded [`crate::GroupKey`] and total: in
+/// `groups` while incomplete, in `completed_groups` from completion to its deadline.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct GroupState {
     /// Ordered by `seq`.
@@ -41,11 +46,24 @@ pub(crate) struct GroupState {
 }
 
 impl GroupState {
-    pub(crate) fn add(&mut self, seq: u8, id: MessageId) {
+    pub(crate) fn add(&mut self, seq: u8, id: MessageId, digest: u64) {
         match self.parts.binary_search_by_key(&seq, |p| p.seq) {
             Ok(i) => self.parts[i].ids.push(id),
-            Err(i) => self.parts.insert(i, GroupPart { seq, ids: vec![id] }),
+            Err(i) => self.parts.insert(
+                i,
+                GroupPart {
+                    seq,
+                    ids: vec![id],
+                    digest: Some(digest),
+                },
+            ),
         }
+    }
+
+    /// The part at position `seq`, if any.
+    pub(crate) fn at(&self, seq: u8) -> Option<&GroupPart> {
+        let i = self.parts.binary_search_by_key(&seq, |p| p.seq).ok()?;
+        self.parts.get(i)
     }
 
     pub(crate) fn members(&self) -> Vec<MessageId> {

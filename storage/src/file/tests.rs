@@ -561,6 +561,22 @@ async fn journaled_commits(s: &FilePendingStore) -> usize {
     late.idempotency_key = Some("key-2".into());
     s.admit(vec![late]).await.unwrap();
     after += 1;
+    // A new message with the open group's reference supersedes it.
+    let mut new1 = part("esme1", "447700900005", 78, 3, 1, LONG);
+    new1.payload = b"a new message".to_vec();
+    assert_eq!(s.admit(vec![new1]).await.unwrap(), vec![AdmitOutcome::Superseding]);
+    after += 1;
+    // A group completed in one commit, and remembered: the reopened store answers its
+    // part 2 sent again as a retransmission.
+    let out = s
+        .admit(vec![
+            part("esme1", "447700900006", 79, 2, 1, LONG),
+            part("esme1", "447700900006", 79, 2, 2, LONG),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(out, vec![AdmitOutcome::Admitted; 2]);
+    after += 1;
     // Fills the store to its limit of 40: some admitted, the rest refused as full.
     let out = s.admit(msg_batch(30)).await.unwrap();
     assert!(
@@ -595,6 +611,19 @@ fn journaled_commits_survive_sigkill_with_the_live_process_decisions() {
         let s = FilePendingStore::open(&dir, small_limits(5)).unwrap();
         assert_eq!(s.replayed_frames(), 0);
         assert_eq!(pending_snapshot(&s).await, expected);
+        // The replayed completion is remembered like the live one.
+        let ready = s.ready_after(ReadySeq(0), usize::MAX).await.unwrap();
+        let completed = ready
+            .iter()
+            .find(|u| u.unit.parts[0].destination.addr == "447700900006")
+            .unwrap();
+        let again = part("esme1", "447700900006", 79, 2, 2, LONG);
+        assert_eq!(
+            s.admit(vec![again]).await.unwrap(),
+            vec![AdmitOutcome::Duplicate {
+                existing: completed.unit.parts[1].id
+            }]
+        );
     });
 }
 

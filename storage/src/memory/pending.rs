@@ -13,6 +13,7 @@ use crate::backend::StageBackend;
 use crate::error::PendingError;
 use crate::ids::{MessageId, ReadySeq, Timestamp, UnitId};
 use crate::pending::{AdmitOutcome, Disposition, PendingStats, PendingStore, ReadyUnit, Unit};
+use crate::reassembly::{self, GroupView, KeyState, Placement};
 use crate::record::{GroupKey, PendingRecord};
 
 /// Limits of the pending stage that every backend applies at admission.
@@ -40,11 +41,36 @@ struct UnitEntry {
     members: Vec<MessageId>,
 }
 
+/// A multipart group: open while its parts arrive, then remembered until its deadline
+/// once complete (see [`crate::reassembly`]).
 #[derive(Debug, Default)]
 struct Group {
-    /// seq → ids admitted for it (first is the one whose payload is used).
-    parts: BTreeMap<u8, Vec<MessageId>>,
+    /// The number of parts, as the group's first part said.
+    total: u8,
+    /// seq → the records admitted for it.
+    parts: BTreeMap<u8, GroupPart>,
     deadline: Timestamp,
+}
+
+#[derive(Debug)]
+struct GroupPart {
+    /// The first is the one whose payload is used.
+    ids: Vec<MessageId>,
+    /// The first's submission digest.
+    digest: u64,
+}
+
+impl Group {
+    fn members(&self) -> Vec<MessageId> {
+        self.parts.values().flat_map(|p| p.ids.iter().copied()).collect()
+    }
+
+    fn view(&self, seq: u8) -> GroupView {
+        GroupView {
+            total: self.total,
+            at_seq: self.parts.get(&seq).and_then(|p| Some((*p.ids.first()?, p.digest))),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -54,6 +80,9 @@ struct Inner {
     ready: BTreeMap<ReadySeq, UnitId>,
     groups: HashMap<GroupKey, Group>,
     deadlines: BTreeMap<(Timestamp, GroupKey), ()>,
+    /// Completed groups, until their deadlines.
+    completed: HashMap<GroupKey, Group>,
+    completed_deadlines: BTreeMap<(Timestamp, GroupKey), ()>,
     idempotency: HashMap<(String, String), (MessageId, Timestamp)>,
     idempotency_expiry: BTreeMap<(Timestamp, String, String), ()>,
     receipt_requests: u64,
@@ -92,6 +121,56 @@ impl Inner {
         })
     }
 
+    /// Where `part` (with submission digest `digest`) goes (see [`crate::reassembly`]).
+    fn place(&self, part: &PendingRecord, digest: u64, now: Timestamp) -> Placement {
+        let (Some(gk), Some(info)) = (part.group_key(), part.part) else {
+            return Placement::Join;
+        };
+        let known = match self.groups.get(&gk) {
+            Some(open) => Some(KeyState::Open(open.view(info.seq))),
+            None => self
+                .completed
+                .get(&gk)
+                .filter(|c| c.deadline > now)
+                .map(|c| KeyState::Completed(c.view(info.seq))),
+        };
+        reassembly::place(part, digest, known)
+    }
+
+    /// Close the open group of `gk` as incomplete: a ready unit that expires.
+    fn close_incomplete(&mut self, gk: &GroupKey) -> bool {
+        let Some(group) = self.groups.remove(gk) else {
+            return false;
+        };
+        self.deadlines.remove(&(group.deadline, gk.clone()));
+        let members = group.members();
+        if let Some(first) = members.first().copied() {
+            self.make_ready(first, Disposition::Expired, members);
+        }
+        true
+    }
+
+    /// Forget the completed group of `gk`, if one is remembered.
+    fn forget_completed(&mut self, gk: &GroupKey) {
+        if let Some(c) = self.completed.remove(gk) {
+            self.completed_deadlines.remove(&(c.deadline, gk.clone()));
+        }
+    }
+
+    /// Forget completed groups whose deadline has passed.
+    fn forget_completed_groups(&mut self, now: Timestamp) {
+        while let Some(((at, gk), ())) = self.completed_deadlines.first_key_value() {
+            if *at > now {
+                break;
+            }
+            let key = (*at, gk.clone());
+            self.completed_deadlines.remove(&key);
+            if self.completed.get(&key.1).is_some_and(|c| c.deadline == key.0) {
+                self.completed.remove(&key.1);
+            }
+        }
+    }
+
     fn forget_idempotency(&mut self, now: Timestamp) {
         while let Some(((at, account, key), ())) = self.idempotency_expiry.first_key_value() {
             if *at > now {
@@ -123,8 +202,9 @@ impl MemoryPendingStore {
     }
 }
 
-/// Admit one record into the structures (shared by every admission path).
-fn admit_one(inner: &mut Inner, record: PendingRecord, idem_expiry: Timestamp) {
+/// Admit one record into the structures (shared by every admission path), where
+/// [`Inner::place`] put it (a retransmission is not admitted at all).
+fn admit_one(inner: &mut Inner, record: PendingRecord, digest: u64, placement: Placement, idem_expiry: Timestamp) {
     let id = record.id;
     if record.wants_receipt() {
         inner.receipt_requests += 1;
@@ -136,36 +216,49 @@ fn admit_one(inner: &mut Inner, record: PendingRecord, idem_expiry: Timestamp) {
             .insert((idem_expiry, k.0.clone(), k.1.clone()), ());
         inner.idempotency.insert(k, (id, idem_expiry));
     }
-    match (record.group_key(), record.part) {
-        (Some(gk), Some(part)) => {
-            let group = inner.groups.entry(gk.clone()).or_insert_with(|| Group {
-                parts: BTreeMap::new(),
-                deadline: part.expires_at,
-            });
-            group.parts.entry(part.seq).or_default().push(id);
-            let complete = group.parts.len() == usize::from(part.total);
-            let old_deadline = group.deadline;
-            if part.expires_at < group.deadline {
-                group.deadline = part.expires_at;
-            }
-            let new_deadline = group.deadline;
-            inner.records.insert(id, record);
-            inner.deadlines.remove(&(old_deadline, gk.clone()));
-            if complete {
-                if let Some(group) = inner.groups.remove(&gk) {
-                    let members: Vec<MessageId> = group.parts.values().flatten().copied().collect();
-                    if let Some(first) = members.first().copied() {
-                        inner.make_ready(first, Disposition::Deliver, members);
-                    }
-                }
-            } else {
-                inner.deadlines.insert((new_deadline, gk), ());
-            }
+    let (Some(gk), Some(part)) = (record.group_key(), record.part) else {
+        inner.records.insert(id, record);
+        inner.make_ready(id, Disposition::Deliver, vec![id]);
+        return;
+    };
+    if placement == Placement::Supersede {
+        inner.close_incomplete(&gk);
+    }
+    if !inner.groups.contains_key(&gk) {
+        // A new message with this reference: the completed one is no longer expected.
+        inner.forget_completed(&gk);
+    }
+    let group = inner.groups.entry(gk.clone()).or_insert_with(|| Group {
+        total: part.total,
+        parts: BTreeMap::new(),
+        deadline: part.expires_at,
+    });
+    group
+        .parts
+        .entry(part.seq)
+        .or_insert_with(|| GroupPart {
+            ids: Vec::new(),
+            digest,
+        })
+        .ids
+        .push(id);
+    let complete = group.parts.len() == usize::from(group.total);
+    let old_deadline = group.deadline;
+    group.deadline = group.deadline.min(part.expires_at);
+    let new_deadline = group.deadline;
+    inner.records.insert(id, record);
+    inner.deadlines.remove(&(old_deadline, gk.clone()));
+    if !complete {
+        inner.deadlines.insert((new_deadline, gk), ());
+        return;
+    }
+    if let Some(group) = inner.groups.remove(&gk) {
+        let members = group.members();
+        if let Some(first) = members.first().copied() {
+            inner.make_ready(first, Disposition::Deliver, members);
         }
-        _ => {
-            inner.records.insert(id, record);
-            inner.make_ready(id, Disposition::Deliver, vec![id]);
-        }
+        inner.completed_deadlines.insert((group.deadline, gk.clone()), ());
+        inner.completed.insert(gk, group);
     }
 }
 
@@ -180,6 +273,7 @@ impl PendingStore for MemoryPendingStore {
         let idem_expiry = now.saturating_add(self.limits.idempotency_retention);
         let mut inner = self.inner.lock();
         inner.forget_idempotency(now);
+        inner.forget_completed_groups(now);
         let mut outcomes = Vec::with_capacity(batch.len());
         for record in batch {
             if let Some(key) = &record.idempotency_key
@@ -188,12 +282,27 @@ impl PendingStore for MemoryPendingStore {
                 outcomes.push(AdmitOutcome::Duplicate { existing: *existing });
                 continue;
             }
+            // Only parts are compared with other admissions.
+            let digest = if record.part.is_some() {
+                record.submission_digest()
+            } else {
+                0
+            };
+            let placement = inner.place(&record, digest, now);
+            if let Placement::Retransmission { existing } = placement {
+                outcomes.push(AdmitOutcome::Duplicate { existing });
+                continue;
+            }
             if inner.records.len() as u64 >= self.limits.max_records {
                 outcomes.push(AdmitOutcome::Full);
                 continue;
             }
-            admit_one(&mut inner, record, idem_expiry);
-            outcomes.push(AdmitOutcome::Admitted);
+            admit_one(&mut inner, record, digest, placement, idem_expiry);
+            outcomes.push(if placement == Placement::Supersede {
+                AdmitOutcome::Superseding
+            } else {
+                AdmitOutcome::Admitted
+            });
         }
         Ok(outcomes)
     }
@@ -226,11 +335,7 @@ impl PendingStore for MemoryPendingStore {
             }
             let key = (*deadline, gk.clone());
             inner.deadlines.remove(&key);
-            if let Some(group) = inner.groups.remove(&key.1) {
-                let members: Vec<MessageId> = group.parts.values().flatten().copied().collect();
-                if let Some(first) = members.first().copied() {
-                    inner.make_ready(first, Disposition::Expired, members);
-                }
+            if inner.close_incomplete(&key.1) {
                 expired += 1;
             }
         }
