@@ -57,6 +57,56 @@ pub struct Snapshot {
     pub smpp_sessions: usize,
 }
 
+/// One line of `/admin/destinations`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DestinationEntry {
+    pub name: String,
+    /// `bound`, `reconnecting`, or `unknown` while its worker does not answer.
+    pub state: &'static str,
+    /// When it entered that state (RFC 3339), and how many seconds ago.
+    pub since: Option<String>,
+    pub for_seconds: Option<u64>,
+    /// Branches its worker holds: being submitted, or waiting to be retried.
+    pub open_branches: u64,
+    /// Branches queued for it, beyond what its worker holds at once.
+    pub queued: u64,
+    /// Branches that wait for it to become reachable (it is their first preference).
+    pub waiting: u64,
+    /// Submissions sent and not answered yet.
+    pub parts_in_flight: u64,
+}
+
+impl Snapshot {
+    /// The destinations, from the Router's and the workers' views.
+    pub fn destinations(&self) -> Vec<DestinationEntry> {
+        let now = std::time::SystemTime::now();
+        self.workers
+            .iter()
+            .map(|(name, w)| {
+                let routed = self
+                    .router
+                    .as_ref()
+                    .and_then(|r| r.destinations.iter().find(|d| &d.name == name));
+                let since = w.as_ref().and_then(|w| w.since);
+                DestinationEntry {
+                    name: name.clone(),
+                    state: match w {
+                        Some(w) if w.up => "bound",
+                        Some(_) => "reconnecting",
+                        None => "unknown",
+                    },
+                    since: since.map(|at| humantime::format_rfc3339_seconds(now - at.elapsed()).to_string()),
+                    for_seconds: since.map(|at| at.elapsed().as_secs()),
+                    open_branches: w.as_ref().map_or(0, |w| w.branches),
+                    queued: routed.map_or(0, |d| d.queued),
+                    waiting: routed.map_or(0, |d| d.waiting),
+                    parts_in_flight: w.as_ref().map_or(0, |w| w.parts_in_flight),
+                }
+            })
+            .collect()
+    }
+}
+
 /// How the gateway runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {

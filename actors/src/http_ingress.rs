@@ -58,6 +58,7 @@ pub fn record(s: HttpSubmission) -> Result<PendingRecord, (&'static str, String)
         callback_url: s.callback_url,
         idempotency_key: s.idempotency_key,
         accepted_at: Timestamp::now(),
+        valid_until: None,
     })
 }
 

@@ -69,6 +69,7 @@ pub fn record(account: &str, s: InboundSubmit, now: Timestamp, multipart_expiry:
         callback_url: None,
         idempotency_key: None,
         accepted_at: now,
+        valid_until: s.validity.map(Timestamp),
     }
 }
 

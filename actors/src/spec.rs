@@ -20,6 +20,9 @@ pub struct DestinationSpec {
     pub name: String,
     pub id_format: WireIdFormat,
     pub window: usize,
+    /// Work held for this destination moves to the next reachable destination of its
+    /// route once it has been unreachable, or has kept throttling, this long.
+    pub failover_after: Duration,
     pub smpp: Option<ClientConfig>,
     pub simulator: Option<SimulatorConfig>,
 }
@@ -46,6 +49,8 @@ pub struct GatewaySpec {
     pub callback_timeout: Duration,
     pub claim_lease: Duration,
     pub multipart_expiry: Duration,
+    /// `[sms] max-age`: the longest a message is kept trying.
+    pub max_age: Duration,
     pub destinations: Vec<DestinationSpec>,
     /// False while draining: Ingress refuses every admission.
     pub accepting: bool,
@@ -107,6 +112,7 @@ impl GatewaySpec {
                     name: d.name.clone(),
                     id_format: wire_id_format(d.id_format),
                     window,
+                    failover_after: d.failover_after,
                     smpp,
                     simulator,
                 }
@@ -123,6 +129,7 @@ impl GatewaySpec {
             callback_timeout: cfg.dlr.callback_timeout,
             claim_lease: cfg.dlr.claim_lease,
             multipart_expiry: cfg.sms.multipart_expiry,
+            max_age: cfg.sms.max_age,
             destinations,
             accepting: true,
         }

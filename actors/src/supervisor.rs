@@ -141,6 +141,12 @@ impl SupervisorState {
                     routes: spec.routes.clone(),
                     max_in_flight: spec.max_in_flight,
                     worker_capacity: spec.worker_capacity(),
+                    failover_after: spec
+                        .destinations
+                        .iter()
+                        .map(|d| (d.name.clone(), d.failover_after))
+                        .collect(),
+                    max_age: spec.max_age,
                     dlr_enabled: shared.dlr_enabled,
                 };
                 let (r, _) = Actor::spawn_linked(name, Router, args, cell).await?;
@@ -168,6 +174,7 @@ impl SupervisorState {
                     name: d.name.clone(),
                     id_format: d.id_format,
                     provider: d.provider(),
+                    failover_after: d.failover_after,
                 };
                 let (r, _) = Actor::spawn_linked(name, DestinationWorker, args, cell).await?;
                 r.get_cell()

@@ -281,6 +281,8 @@ pub struct SubmitSpec {
     pub short_message: Vec<u8>,
     pub message_payload: Option<Vec<u8>>,
     pub sar: Option<(u16, u8, u8)>,
+    /// SMPP time (`YYMMDDhhmmsstnnp`), empty for none.
+    pub validity_period: String,
 }
 
 impl SubmitSpec {
@@ -299,6 +301,7 @@ impl SubmitSpec {
             short_message: Vec::new(),
             message_payload: None,
             sar: None,
+            validity_period: String::new(),
         }
     }
 
@@ -462,8 +465,27 @@ impl SubmitSpec {
         split_user_data(self.esm_class, data, &tlvs).1
     }
 
+    /// With this `validity_period` (an SMPP time such as `000000000005000R`: 5 s).
+    pub fn with_validity(mut self, validity_period: &str) -> SubmitSpec {
+        self.validity_period = validity_period.to_owned();
+        self
+    }
+
     /// The submit_sm PDU with sequence number `seq`.
     pub fn to_command(&self, seq: u32) -> Result<Command, BuildError> {
+        let mut command = self.to_command_without_validity(seq)?;
+        if !self.validity_period.is_empty()
+            && let Some(Pdu::SubmitSm(sm)) = command.pdu()
+        {
+            let mut sm = sm.clone();
+            sm.validity_period = rusmpp::types::EmptyOrFullCOctetString::from_string(self.validity_period.clone())
+                .expect("validity_period is 16 ASCII characters");
+            command.set_pdu(sm);
+        }
+        Ok(command)
+    }
+
+    fn to_command_without_validity(&self, seq: u32) -> Result<Command, BuildError> {
         build::submit_sm(
             seq,
             &ShortMessage {

@@ -1,10 +1,10 @@
 //! The admin HTTP endpoints.
 //!
 //! `/healthz` (process alive), `/readyz` (stores open and healthy, reconciliation done),
-//! `/metrics` (Prometheus text), `/admin/actors`, `/admin/profile`. Served on loopback by
-//! default; when a token is configured (required for a non-loopback listen address),
-//! `/metrics` and `/admin/*` need `Authorization: Bearer <token>`, compared in constant
-//! time.
+//! `/metrics` (Prometheus text), `/admin/actors`, `/admin/destinations`, `/admin/profile`.
+//! Served on loopback by default; when a token is configured (required for a
+//! non-loopback listen address), `/metrics` and `/admin/*` need
+//! `Authorization: Bearer <token>`, compared in constant time.
 
 use std::sync::Arc;
 
@@ -30,6 +30,7 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/admin/actors", get(actors))
+        .route("/admin/destinations", get(destinations))
         .route("/admin/profile", get(profile))
         .with_state(state)
 }
@@ -103,6 +104,13 @@ async fn actors(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Res
         return unauthorized();
     }
     axum::Json(state.gateway.actors().await).into_response()
+}
+
+async fn destinations(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Response {
+    if !authorized(&state, &headers) {
+        return unauthorized();
+    }
+    axum::Json(state.gateway.snapshot().await.destinations()).into_response()
 }
 
 async fn profile(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Response {

@@ -66,14 +66,12 @@ pub fn publish(s: &Snapshot, actors: &[ActorEntry], ready: bool) {
         metrics::gauge!("sendium_routed_awaiting_handoff").set(r.awaiting_handoff as f64);
         metrics::gauge!("sendium_router_queued_branches").set(r.queued_for_workers as f64);
         metrics::gauge!("sendium_router_free_slots").set(r.free as f64);
-        for (name, up, assigned) in &r.destinations {
-            metrics::gauge!("sendium_destination_reachable", "destination" => name.clone()).set(if *up {
-                1.0
-            } else {
-                0.0
-            });
-            metrics::gauge!("sendium_destination_assigned_branches", "destination" => name.clone())
-                .set(*assigned as f64);
+        metrics::gauge!("sendium_branches_waiting_oldest_age_seconds").set(r.oldest_waiting.as_secs_f64());
+        for d in &r.destinations {
+            let name = || d.name.clone();
+            metrics::gauge!("sendium_destination_reachable", "destination" => name()).set(if d.up { 1.0 } else { 0.0 });
+            metrics::gauge!("sendium_destination_assigned_branches", "destination" => name()).set(d.assigned as f64);
+            metrics::gauge!("sendium_branches_waiting", "destination" => name()).set(d.waiting as f64);
         }
     }
     if let Some(d) = &s.dlr {

@@ -468,7 +468,7 @@ copy-to = []
         // snake_case is not kebab-case.
         assert_eq!(
             err("[sms.router_queue]\nbackend = \"memory\"\n"),
-            "unknown key sms.router_queue: expected one of multipart-expiry, pending, \
+            "unknown key sms.router_queue: expected one of multipart-expiry, max-age, pending, \
              router-queue, routed-work"
         );
         let e = err("[[destinations]]\nname = \"a\"\nkind = \"simulator\"\nsource-ton = 1\n");

@@ -381,6 +381,11 @@ pub struct SmsConfig {
     /// extend it).
     #[serde(deserialize_with = "crate::duration::deserialize")]
     pub multipart_expiry: Duration,
+    /// The longest a message is kept trying: a message whose destinations stay
+    /// unreachable fails with an EXPIRED receipt this long after its acceptance, or at
+    /// the `validity_period` its ESME gave if that comes first.
+    #[serde(deserialize_with = "crate::duration::deserialize")]
+    pub max_age: Duration,
     /// `[sms.pending]`
     pub pending: PendingConfig,
     /// `[sms.router-queue]`
@@ -393,6 +398,7 @@ impl Default for SmsConfig {
     fn default() -> Self {
         Self {
             multipart_expiry: Duration::from_secs(10 * 60),
+            max_age: Duration::from_secs(48 * 3600),
             pending: PendingConfig::default(),
             router_queue: RouterQueueConfig::default(),
             routed_work: RoutedWorkConfig::default(),
@@ -697,6 +703,10 @@ fn default_response_timeout() -> Duration {
 fn default_reconnect_min() -> Duration {
     Duration::from_secs(1)
 }
+fn default_failover_after() -> Duration {
+    Duration::from_secs(10)
+}
+
 fn default_reconnect_max() -> Duration {
     Duration::from_secs(30)
 }
@@ -761,6 +771,15 @@ pub struct DestinationConfig {
     /// Longest reconnect delay.
     #[serde(default = "default_reconnect_max", deserialize_with = "crate::duration::deserialize")]
     pub reconnect_max: Duration,
+    /// Work this destination holds moves to the next reachable destination of its route
+    /// once the destination has been unreachable, or has kept throttling it, this long.
+    /// (A submission left unanswered by a lost session or a response timeout moves at
+    /// once.)
+    #[serde(
+        default = "default_failover_after",
+        deserialize_with = "crate::duration::deserialize"
+    )]
+    pub failover_after: Duration,
 }
 
 fn default_route_account() -> String {

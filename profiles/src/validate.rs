@@ -133,6 +133,7 @@ impl Validator {
     fn sms(&mut self, cfg: &Config) {
         let s = &cfg.sms;
         self.nonzero("sms.multipart-expiry", s.multipart_expiry);
+        self.nonzero("sms.max-age", s.max_age);
         self.at_least_usize("sms.pending.max-messages", s.pending.max_messages, 1);
         self.at_least_usize("sms.router-queue.batch-size", s.router_queue.batch_size, 1);
         self.at_least_usize("sms.routed-work.max-in-flight", s.routed_work.max_in_flight, 1);
@@ -318,6 +319,7 @@ impl Validator {
             self.at_least(&format!("{key}.window"), d.window, 1);
             self.nonzero(&format!("{key}.enquire-link-interval"), d.enquire_link_interval);
             self.nonzero(&format!("{key}.response-timeout"), d.response_timeout);
+            self.nonzero(&format!("{key}.failover-after"), d.failover_after);
             self.nonzero(&format!("{key}.reconnect-min"), d.reconnect_min);
             if d.reconnect_max < d.reconnect_min {
                 self.value(

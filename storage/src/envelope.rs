@@ -404,6 +404,7 @@ mod tests {
             callback_url: Some("http://127.0.0.1/cb".into()),
             idempotency_key: Some("k-1".into()),
             accepted_at: Timestamp::now(),
+            valid_until: None,
         }
     }
 
@@ -475,6 +476,7 @@ mod tests {
                             destination: "a".into(),
                             provider_ids: vec!["0A1B".into(), "0A1C".into()],
                         }),
+                        failed_over_from: vec!["b".into()],
                     },
                     Branch {
                         no: 1,
@@ -484,12 +486,14 @@ mod tests {
                             destination: None,
                             failure: BranchFailure::Rejected { status: 0x45 },
                         }),
+                        failed_over_from: Vec::new(),
                     },
                     Branch {
                         no: 2,
                         kind: BranchKind::Copy,
                         targets: vec!["c".into()],
                         outcome: None,
+                        failed_over_from: Vec::new(),
                     },
                 ],
             },

@@ -44,7 +44,7 @@ pub use ids::{MessageId, ReadySeq, Timestamp, UnitId};
 pub use pending::{AdmitOutcome, BlockingPendingWriter, Disposition, PendingStats, PendingStore, ReadyUnit, Unit};
 pub use record::{Address, Channel, GroupKey, PartInfo, PendingRecord};
 pub use routed_work::{
-    Branch, BranchDone, BranchFailure, BranchKind, BranchOutcome, RoutedUnit, RoutedWorkStats, RoutedWorkStore,
-    RoutedWrite,
+    Branch, BranchDone, BranchFailure, BranchKind, BranchMove, BranchOutcome, RoutedUnit, RoutedWorkStats,
+    RoutedWorkStore, RoutedWrite,
 };
 pub use router_queue::{RouterQueueStats, RouterQueueStore, StagedUnit};

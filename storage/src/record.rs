@@ -102,6 +102,11 @@ pub struct PendingRecord {
     pub idempotency_key: Option<String>,
     #[serde(rename = "at")]
     pub accepted_at: Timestamp,
+    /// The client's validity period as an absolute deadline (SMPP `validity_period`):
+    /// a message not delivered by then fails with an EXPIRED receipt. `None`: the
+    /// gateway's `[sms] max-age` alone bounds it.
+    #[serde(default, rename = "vu", skip_serializing_if = "Option::is_none")]
+    pub valid_until: Option<Timestamp>,
 }
 
 impl PendingRecord {
@@ -129,8 +134,10 @@ impl PendingRecord {
 
     /// A digest of every field the client sent: two admissions with the same digest are
     /// the same submission sent twice. The id, acceptance time and multipart deadline
-    /// Sendium gave each admission are left out. CRC-64 over a length-prefixed encoding:
-    /// stable across builds, so stored digests stay comparable after an upgrade.
+    /// Sendium gave each admission are left out, and so is the validity deadline (a
+    /// relative validity period resolves to another instant each time it is sent).
+    /// CRC-64 over a length-prefixed encoding: stable across builds, so stored digests
+    /// stay comparable after an upgrade.
     pub fn submission_digest(&self) -> u64 {
         let mut d = SUBMISSION_DIGEST.digest();
         let mut field = |bytes: &[u8]| {

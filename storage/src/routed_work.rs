@@ -69,6 +69,35 @@ pub struct Branch {
     /// Destinations in failover order (first reachable wins). Empty when no route matched.
     pub targets: Vec<String>,
     pub outcome: Option<BranchOutcome>,
+    /// Targets this branch failed over from, the longest ago first. They come after the
+    /// other targets when the branch is placed, so a restart does not send it back to a
+    /// destination it left (see [`Branch::preference`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_over_from: Vec<String>,
+}
+
+impl Branch {
+    /// The targets in the order to try them: those the branch has not failed over from,
+    /// in route order, then those it has, the longest ago first.
+    pub fn preference(&self) -> impl Iterator<Item = &str> {
+        let left = |t: &&String| self.failed_over_from.contains(*t);
+        self.targets
+            .iter()
+            .filter(move |t| !left(t))
+            .chain(self.failed_over_from.iter().filter(|t| self.targets.contains(*t)))
+            .map(String::as_str)
+    }
+
+    /// Note that the branch left `from`. False when that changes nothing (the branch is
+    /// finished, or `from` is already the last destination it left).
+    pub fn moved_from(&mut self, from: &str) -> bool {
+        if self.outcome.is_some() || self.failed_over_from.last().is_some_and(|l| l == from) {
+            return false;
+        }
+        self.failed_over_from.retain(|l| l != from);
+        self.failed_over_from.push(from.to_string());
+        true
+    }
 }
 
 /// Everything routing decided for one unit.
@@ -89,6 +118,14 @@ impl RoutedUnit {
     }
 }
 
+/// A branch leaving a destination that could not take it (a failover decision).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BranchMove {
+    pub unit: UnitId,
+    pub branch: u16,
+    pub from: String,
+}
+
 /// A branch completion to record.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BranchDone {
@@ -103,17 +140,18 @@ pub struct RoutedWorkStats {
     pub open_branches: u64,
 }
 
-/// Several routed-work changes to make in one transition.
+/// Several routed-work changes to make in one transition, applied in this order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RoutedWrite {
     pub record: Vec<RoutedUnit>,
+    pub moves: Vec<BranchMove>,
     pub complete: Vec<BranchDone>,
     pub remove: Vec<UnitId>,
 }
 
 impl RoutedWrite {
     pub fn is_empty(&self) -> bool {
-        self.record.is_empty() && self.complete.is_empty() && self.remove.is_empty()
+        self.record.is_empty() && self.moves.is_empty() && self.complete.is_empty() && self.remove.is_empty()
     }
 }
 
@@ -131,16 +169,21 @@ pub trait RoutedWorkStore: Send + Sync + 'static {
     /// completions for unknown units are ignored.
     async fn complete(&self, done: Vec<BranchDone>) -> Result<(), RoutedWorkError>;
 
+    /// Record failovers ([`Branch::moved_from`]). Moves of unknown units or finished
+    /// branches are ignored.
+    async fn move_branches(&self, moves: Vec<BranchMove>) -> Result<(), RoutedWorkError>;
+
     /// Forget units whose sources completed. Idempotent.
     async fn remove(&self, ids: &[UnitId]) -> Result<(), RoutedWorkError>;
 
     /// Recorded units with `id > after` in id order, at most `limit`.
     async fn load_after(&self, after: Option<UnitId>, limit: usize) -> Result<Vec<RoutedUnit>, RoutedWorkError>;
 
-    /// Record, complete and remove in one transition (the file backend shares one
-    /// commit between them); the same semantics as the three calls in that order.
+    /// Record, move, complete and remove in one transition (the file backend shares one
+    /// commit between them); the same semantics as the four calls in that order.
     async fn apply(&self, write: RoutedWrite) -> Result<(), RoutedWorkError> {
         self.record(write.record).await?;
+        self.move_branches(write.moves).await?;
         self.complete(write.complete).await?;
         self.remove(&write.remove).await
     }

@@ -2,11 +2,21 @@
 //!
 //! Holds a bounded in-memory window of branches (the Router gives it no more than its
 //! credit), splits each into provider parts, submits them over the destination's
-//! session(s) within window and TPS, retries transient failures (ESME_RTHROTTLED,
-//! ESME_RMSGQFUL, timeouts, dropped connections) with backoff, ends a branch on a
-//! permanent error, and reports every branch outcome to the Router. Receipts arriving
-//! from the provider go to the DlrCorrelator, and are acknowledged to the provider only
-//! after the DLR store took them.
+//! session(s) within window and TPS, retries transient refusals (ESME_RTHROTTLED,
+//! ESME_RMSGQFUL, ESME_RSYSERR) with backoff, ends a branch on a permanent error, and
+//! reports every branch outcome to the Router. A branch this destination cannot take is
+//! handed back to the Router (*bounced*), which moves it to the next reachable
+//! destination of its route or holds it until one is reachable:
+//!
+//! - at once when a submission of it was left unanswered: the session was lost, or
+//!   no response came within the response timeout (the provider may still deliver
+//!   it: at least once);
+//! - when the destination has been unreachable for `failover-after`: everything the
+//!   worker holds;
+//! - when the provider has kept refusing it as throttled or full for `failover-after`.
+//!
+//! Receipts arriving from the provider go to the DlrCorrelator, and are acknowledged to
+//! the provider only after the DLR store took them.
 //!
 //! A worker stores nothing: a crash loses its window, and the Router re-dispatches the
 //! open branches (at least once: a part the provider accepted just before the crash is
@@ -56,6 +66,8 @@ pub enum WorkerMsg {
 #[derive(Clone, Debug, Default)]
 pub struct WorkerStatus {
     pub up: bool,
+    /// When `up` last changed (or the worker started).
+    pub since: Option<Instant>,
     pub branches: u64,
     pub parts_in_flight: u64,
     pub retries_waiting: u64,
@@ -73,6 +85,8 @@ pub struct WorkerArgs {
     pub name: String,
     pub id_format: IdFormat,
     pub provider: ProviderSpec,
+    /// See [`crate::spec::DestinationSpec::failover_after`].
+    pub failover_after: Duration,
 }
 
 /// How to build the provider connection when the worker (re)starts.
@@ -105,6 +119,9 @@ struct Job {
     key: BranchKey,
     parts: Vec<Part>,
     attempts: u32,
+    /// Since when the provider has refused it as throttled or full, without accepting
+    /// any part in between.
+    throttled_since: Option<Instant>,
 }
 
 pub struct WorkerState {
@@ -113,6 +130,9 @@ pub struct WorkerState {
     id_format: IdFormat,
     provider: Provider,
     up: bool,
+    /// When `up` last changed (or the worker started).
+    since: Instant,
+    failover_after: Duration,
     jobs: HashMap<BranchKey, Job>,
     tokens: HashMap<u64, (BranchKey, usize)>,
     next_reference: u8,
@@ -185,6 +205,7 @@ impl WorkerState {
                         })
                         .collect(),
                     attempts: 0,
+                    throttled_since: None,
                 },
             );
             if let Some(job) = self.jobs.get(&key) {
@@ -242,6 +263,9 @@ impl WorkerState {
             match ev {
                 ClientEvent::Up => {
                     tracing::info!(destination = %self.name, "destination bound");
+                    if !self.up {
+                        self.since = Instant::now();
+                    }
                     self.up = true;
                     self.shared.dir.router.send(RouterMsg::DestinationState {
                         name: self.name.clone(),
@@ -252,6 +276,7 @@ impl WorkerState {
                 ClientEvent::Down { reason } => {
                     if self.up {
                         tracing::warn!(destination = %self.name, %reason, "destination down");
+                        self.since = Instant::now();
                     }
                     self.up = false;
                     self.shared.dir.router.send(RouterMsg::DestinationState {
@@ -315,15 +340,30 @@ impl WorkerState {
         match result {
             Ok(provider_id) => {
                 part.provider_id = Some(provider_id);
+                job.throttled_since = None;
                 if job.parts.iter().all(|p| p.provider_id.is_some()) {
                     self.finish_submitted(key);
                 }
             }
+            // Unanswered: the provider may have it, but cannot be asked. Move it on.
+            Err(f @ (SubmitFailure::Disconnected | SubmitFailure::Timeout)) => {
+                metrics::counter!("sendium_provider_retries_total", "destination" => self.name.clone(), "reason" => f.label())
+                    .increment(1);
+                self.bounce(key, f.label());
+            }
             Err(f) if f.is_transient() => {
                 metrics::counter!("sendium_provider_retries_total", "destination" => self.name.clone(), "reason" => f.label())
                     .increment(1);
+                let now = Instant::now();
+                if matches!(f, SubmitFailure::Status(_)) {
+                    let since = *job.throttled_since.get_or_insert(now);
+                    if now.duration_since(since) >= self.failover_after {
+                        self.bounce(key, "throttled");
+                        return;
+                    }
+                }
                 job.attempts += 1;
-                let at = Instant::now() + backoff(job.attempts);
+                let at = now + backoff(job.attempts);
                 self.retry_seq += 1;
                 self.retry.insert((at, self.retry_seq), (key, idx));
             }
@@ -343,6 +383,24 @@ impl WorkerState {
         let keys = provider_ids.iter().map(|id| resp_key(self.id_format, id)).collect();
         self.submitted_total += 1;
         self.finish(key, WorkerResult::Submitted { provider_ids, keys });
+    }
+
+    /// Hand a branch back to the Router to be placed elsewhere (see the module docs).
+    fn bounce(&mut self, key: BranchKey, reason: &'static str) {
+        metrics::counter!("sendium_branches_bounced_total", "destination" => self.name.clone(), "reason" => reason)
+            .increment(1);
+        self.finish(key, WorkerResult::Bounced);
+    }
+
+    /// Unreachable for `failover-after`: hand back everything this worker holds.
+    fn bounce_if_unreachable(&mut self) {
+        if self.up || self.jobs.is_empty() || self.since.elapsed() < self.failover_after {
+            return;
+        }
+        let keys: Vec<BranchKey> = self.jobs.keys().copied().collect();
+        for key in keys {
+            self.bounce(key, "unreachable");
+        }
     }
 
     fn finish(&mut self, key: BranchKey, result: WorkerResult) {
@@ -440,6 +498,8 @@ impl Actor for DestinationWorker {
             id_format: args.id_format,
             provider,
             up,
+            since: Instant::now(),
+            failover_after: args.failover_after,
             jobs: HashMap::new(),
             tokens: HashMap::new(),
             next_reference: 0,
@@ -488,6 +548,7 @@ impl Actor for DestinationWorker {
             WorkerMsg::Tick => {
                 state.sync_up();
                 state.retry_due(false);
+                state.bounce_if_unreachable();
             }
             WorkerMsg::ReportState => {
                 state.shared.dir.router.send(RouterMsg::DestinationState {
@@ -498,6 +559,7 @@ impl Actor for DestinationWorker {
             WorkerMsg::Status(reply) => {
                 let _ = reply.send(WorkerStatus {
                     up: state.up,
+                    since: Some(state.since),
                     branches: state.jobs.len() as u64,
                     parts_in_flight: state.tokens.len() as u64,
                     retries_waiting: state.retry.len() as u64,

@@ -101,6 +101,7 @@ mod tests {
             callback_url: None,
             idempotency_key: None,
             accepted_at: Timestamp::now(),
+            valid_until: None,
         }
     }
 

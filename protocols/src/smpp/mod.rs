@@ -5,6 +5,7 @@ pub mod build;
 pub mod client;
 pub mod frame;
 pub mod server;
+pub mod time;
 
 /// An SMPP address as sessions exchange it with the rest of Sendium.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]

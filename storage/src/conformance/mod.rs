@@ -57,6 +57,7 @@ pub(crate) fn record(account: &str, to: &str, text: &str) -> PendingRecord {
         callback_url: None,
         idempotency_key: None,
         accepted_at: Timestamp::now(),
+        valid_until: None,
     }
 }
 
@@ -130,6 +131,7 @@ macro_rules! sms_cases {
             routed_work::records_once_and_completes_first_outcome,
             routed_work::pages_and_removes,
             routed_work::applies_record_complete_and_remove_together,
+            routed_work::records_failovers_with_the_branch,
         );
     };
 }

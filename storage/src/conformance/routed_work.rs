@@ -2,7 +2,7 @@
 
 use super::Factory;
 use crate::ids::{MessageId, Timestamp};
-use crate::routed_work::{Branch, BranchDone, BranchFailure, BranchKind, BranchOutcome, RoutedUnit};
+use crate::routed_work::{Branch, BranchDone, BranchFailure, BranchKind, BranchMove, BranchOutcome, RoutedUnit};
 
 fn unit(branches: u16) -> RoutedUnit {
     let id = MessageId::generate();
@@ -17,6 +17,7 @@ fn unit(branches: u16) -> RoutedUnit {
                 kind: if no == 0 { BranchKind::Primary } else { BranchKind::Copy },
                 targets: vec!["a".into(), "b".into()],
                 outcome: None,
+                failed_over_from: Vec::new(),
             })
             .collect(),
     }
@@ -112,6 +113,7 @@ pub(crate) async fn applies_record_complete_and_remove_together(f: &dyn Factory)
     s.record(vec![a.clone()]).await.unwrap();
     s.apply(crate::routed_work::RoutedWrite {
         record: vec![b.clone()],
+        moves: Vec::new(),
         complete: vec![BranchDone {
             unit: b.id,
             branch: 0,
@@ -131,4 +133,59 @@ pub(crate) async fn applies_record_complete_and_remove_together(f: &dyn Factory)
     );
     let st = s.stats().await.unwrap();
     assert_eq!((st.units, st.open_branches), (1, 0));
+}
+
+/// Failovers are recorded with the branch; the targets a branch left come last, the one
+/// it left longest ago first, and a finished branch or an unknown unit is not moved.
+pub(crate) async fn records_failovers_with_the_branch(f: &dyn Factory) {
+    let s = f.routed_work().await;
+    let mut u = unit(2);
+    u.branches[0].targets = vec!["a".into(), "b".into(), "c".into()];
+    s.record(vec![u.clone()]).await.unwrap();
+    let moved = |from: &str| BranchMove {
+        unit: u.id,
+        branch: 0,
+        from: from.into(),
+    };
+    let preference = |u: &RoutedUnit| u.branches[0].preference().map(str::to_string).collect::<Vec<_>>();
+    s.move_branches(vec![moved("a")]).await.unwrap();
+    let all = s.load_after(None, 10).await.unwrap();
+    assert_eq!(all[0].branches[0].failed_over_from, vec!["a".to_string()]);
+    assert_eq!(preference(&all[0]), vec!["b", "c", "a"]);
+    // In one write with other changes, and twice from the same target: no change.
+    s.apply(crate::routed_work::RoutedWrite {
+        moves: vec![moved("b"), moved("b")],
+        complete: vec![BranchDone {
+            unit: u.id,
+            branch: 1,
+            outcome: submitted("p1"),
+        }],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let all = s.load_after(None, 10).await.unwrap();
+    assert_eq!(preference(&all[0]), vec!["c", "a", "b"]);
+    s.move_branches(vec![moved("a")]).await.unwrap();
+    let all = s.load_after(None, 10).await.unwrap();
+    assert_eq!(preference(&all[0]), vec!["c", "b", "a"], "left again: last again");
+    // A finished branch stays where it ended; an unknown unit is ignored.
+    s.move_branches(vec![
+        BranchMove {
+            unit: u.id,
+            branch: 1,
+            from: "a".into(),
+        },
+        BranchMove {
+            unit: MessageId::generate(),
+            branch: 0,
+            from: "a".into(),
+        },
+    ])
+    .await
+    .unwrap();
+    let all = s.load_after(None, 10).await.unwrap();
+    assert_eq!(all.len(), 1);
+    assert!(all[0].branches[1].failed_over_from.is_empty());
+    assert_eq!(s.stats().await.unwrap().open_branches, 1);
 }

@@ -27,7 +27,7 @@ use crate::backend::StageBackend;
 use crate::envelope::{self, RecordKind};
 use crate::error::{BackendFailure, RoutedWorkError};
 use crate::ids::{MessageId, UnitId};
-use crate::routed_work::{BranchDone, RoutedUnit, RoutedWorkStats, RoutedWorkStore, RoutedWrite};
+use crate::routed_work::{BranchDone, BranchMove, RoutedUnit, RoutedWorkStats, RoutedWorkStore, RoutedWrite};
 
 const UNITS: TableDefinition<&[u8; 16], &[u8]> = TableDefinition::new("units");
 /// Layout 2: commits are durable through the journal (`meta.journal_lsn`); a build
@@ -46,10 +46,13 @@ struct Inner {
 }
 
 /// What one routed-work commit changed, as journaled: the recorded units' envelopes
-/// exactly as stored, the completions and the removals, applied in that order.
+/// exactly as stored, the failovers, the completions and the removals, applied in that
+/// order.
 #[derive(Serialize, Deserialize)]
 struct RoutedWorkFrame {
     record: Vec<ByteBuf>,
+    #[serde(default)]
+    moves: Vec<BranchMove>,
     complete: Vec<BranchDone>,
     remove: Vec<UnitId>,
 }
@@ -124,6 +127,28 @@ fn record_in(table: &mut UnitsTable<'_>, open: &mut u64, units: Vec<RoutedUnit>)
     Ok(recorded)
 }
 
+fn moves_in(table: &mut UnitsTable<'_>, moves: &[BranchMove]) -> Result<bool, Fail> {
+    let mut changed = false;
+    for m in moves {
+        let Some(mut unit) = (match table.get(&m.unit.to_bytes())? {
+            Some(v) => Some(decode(m.unit, v.value())?),
+            None => None,
+        }) else {
+            continue;
+        };
+        if unit
+            .branches
+            .iter_mut()
+            .find(|b| b.no == m.branch)
+            .is_some_and(|b| b.moved_from(&m.from))
+        {
+            table.insert(&m.unit.to_bytes(), encode(&unit)?.as_slice())?;
+            changed = true;
+        }
+    }
+    Ok(changed)
+}
+
 fn complete_in(table: &mut UnitsTable<'_>, open: &mut u64, done: &[BranchDone]) -> Result<bool, Fail> {
     // Each touched unit is decoded and re-encoded once, however many of its branches
     // complete in this batch.
@@ -185,19 +210,16 @@ fn remove_in(table: &mut UnitsTable<'_>, open: &mut u64, ids: &[UnitId]) -> Resu
     Ok(changed)
 }
 
-/// Apply records (as envelopes: a replay), completions and removals in one write
-/// transaction. Returns the envelopes recorded, and whether anything changed.
-fn apply_in(
-    txn: &WriteTransaction,
-    record: Vec<RoutedUnit>,
-    complete: &[BranchDone],
-    remove: &[UnitId],
-) -> Result<(Vec<ByteBuf>, bool), Fail> {
+/// Apply records, failovers, completions and removals in one write transaction.
+/// Returns the envelopes recorded, and whether anything changed.
+fn apply_in(txn: &WriteTransaction, record: Vec<RoutedUnit>, rest: &Changes) -> Result<(Vec<ByteBuf>, bool), Fail> {
     let mut table = txn.open_table(UNITS)?;
     let mut meta = txn.open_table(META)?;
     let mut open = get_counter(&meta, OPEN_BRANCHES)?;
     let recorded = record_in(&mut table, &mut open, record)?;
     let mut changed = !recorded.is_empty();
+    changed |= moves_in(&mut table, &rest.moves)?;
+    let (complete, remove) = (&rest.complete, &rest.remove);
     changed |= complete_in(&mut table, &mut open, complete)?;
     changed |= remove_in(&mut table, &mut open, remove)?;
     if changed {
@@ -216,35 +238,44 @@ fn replay(txn: &WriteTransaction, payload: &[u8], lsn: u64) -> Result<(), Fail> 
         .iter()
         .map(|bytes| envelope::decode(RecordKind::RoutedUnit, bytes).map_err(|e| Fail::record("journal", at(), e)))
         .collect::<Result<Vec<RoutedUnit>, Fail>>()?;
-    apply_in(txn, record, &frame.complete, &frame.remove)?;
+    let rest = Changes {
+        moves: frame.moves,
+        complete: frame.complete,
+        remove: frame.remove,
+    };
+    apply_in(txn, record, &rest)?;
     Ok(())
 }
 
+/// The changes of a write besides its records.
+#[derive(Default)]
+struct Changes {
+    moves: Vec<BranchMove>,
+    complete: Vec<BranchDone>,
+    remove: Vec<UnitId>,
+}
+
 impl Inner {
-    /// Records, completions and removals in one write transaction, durable through its
-    /// journal frame when it records routes or completions. A removal alone does not
-    /// wait for its frame (its loss in a crash is repaired by the Router's restore,
-    /// which drops units whose sources are gone).
-    fn apply(
-        &self,
-        record: Vec<RoutedUnit>,
-        complete: Vec<BranchDone>,
-        remove: Vec<UnitId>,
-    ) -> Result<(), BackendFailure> {
-        let wait = if record.is_empty() && complete.is_empty() {
+    /// Records, failovers, completions and removals in one write transaction, durable
+    /// through its journal frame when it records routes, failovers or completions. A
+    /// removal alone does not wait for its frame (its loss in a crash is repaired by the
+    /// Router's restore, which drops units whose sources are gone).
+    fn apply(&self, record: Vec<RoutedUnit>, rest: Changes) -> Result<(), BackendFailure> {
+        let wait = if record.is_empty() && rest.moves.is_empty() && rest.complete.is_empty() {
             Wait::Buffered
         } else {
             Wait::Synced
         };
         self.file.write(wait, |txn| {
-            let (recorded, changed) = apply_in(txn, record, &complete, &remove)?;
+            let (recorded, changed) = apply_in(txn, record, &rest)?;
             if !changed {
                 return Ok(None);
             }
             let frame = RoutedWorkFrame {
                 record: recorded,
-                complete,
-                remove,
+                moves: rest.moves,
+                complete: rest.complete,
+                remove: rest.remove,
             };
             envelope::encode(RecordKind::RoutedWorkJournalFrame, &frame)
                 .map(Some)
@@ -253,15 +284,7 @@ impl Inner {
     }
 
     fn record(&self, units: Vec<RoutedUnit>) -> Result<(), BackendFailure> {
-        self.apply(units, Vec::new(), Vec::new())
-    }
-
-    fn complete(&self, done: Vec<BranchDone>) -> Result<(), BackendFailure> {
-        self.apply(Vec::new(), done, Vec::new())
-    }
-
-    fn remove(&self, ids: Vec<UnitId>) -> Result<(), BackendFailure> {
-        self.apply(Vec::new(), Vec::new(), ids)
+        self.apply(units, Changes::default())
     }
 
     fn load_after(&self, after: Option<UnitId>, limit: usize) -> Result<Vec<RoutedUnit>, BackendFailure> {
@@ -313,7 +336,11 @@ impl RoutedWorkStore for FileRoutedWorkStore {
         if done.is_empty() {
             return Ok(());
         }
-        self.run(move |i| i.complete(done)).await
+        let complete = Changes {
+            complete: done,
+            ..Changes::default()
+        };
+        self.run(move |i| i.apply(Vec::new(), complete)).await
     }
 
     /// Does not wait for its journal frame to be synced: removal follows source
@@ -325,16 +352,36 @@ impl RoutedWorkStore for FileRoutedWorkStore {
         if ids.is_empty() {
             return Ok(());
         }
-        let ids = ids.to_vec();
-        self.run(move |i| i.remove(ids)).await
+        let remove = Changes {
+            remove: ids.to_vec(),
+            ..Changes::default()
+        };
+        self.run(move |i| i.apply(Vec::new(), remove)).await
+    }
+
+    /// One transaction, durable through its journal frame: a restart does not send a
+    /// branch back to a destination it failed over from.
+    async fn move_branches(&self, moves: Vec<BranchMove>) -> Result<(), RoutedWorkError> {
+        if moves.is_empty() {
+            return Ok(());
+        }
+        let moves = Changes {
+            moves,
+            ..Changes::default()
+        };
+        self.run(move |i| i.apply(Vec::new(), moves)).await
     }
 
     async fn apply(&self, write: RoutedWrite) -> Result<(), RoutedWorkError> {
         if write.is_empty() {
             return Ok(());
         }
-        self.run(move |i| i.apply(write.record, write.complete, write.remove))
-            .await
+        let rest = Changes {
+            moves: write.moves,
+            complete: write.complete,
+            remove: write.remove,
+        };
+        self.run(move |i| i.apply(write.record, rest)).await
     }
 
     async fn load_after(&self, after: Option<UnitId>, limit: usize) -> Result<Vec<RoutedUnit>, RoutedWorkError> {

@@ -67,6 +67,7 @@ fn routed(id: MessageId, branches: u16) -> RoutedUnit {
                 kind: if no == 0 { BranchKind::Primary } else { BranchKind::Copy },
                 targets: vec!["up-a".into(), "up-b".into()],
                 outcome: None,
+                failed_over_from: Vec::new(),
             })
             .collect(),
     }
@@ -100,7 +101,8 @@ struct Written {
 
 /// Write state into every stage: single messages (with and without receipts and
 /// idempotency keys), a complete group, two incomplete groups (one about to expire),
-/// staged batches with a cursor, routed units with a completed branch. Then a released
+/// staged batches with a cursor, routed units with a completed branch and a failover.
+/// Then a released
 /// staged unit and a removed routed unit (both `Durability::None`).
 async fn populate(s: &Stores) -> Written {
     let mut idem = record("esme1", "447700900001", "with key");
@@ -158,6 +160,13 @@ async fn populate(s: &Stores) -> Written {
             destination: Some("up-b".into()),
             failure: BranchFailure::Rejected { status: 0x45 },
         },
+    }])
+    .await
+    .unwrap();
+    s.rw.move_branches(vec![crate::routed_work::BranchMove {
+        unit: units[0].id,
+        branch: 0,
+        from: "up-a".into(),
     }])
     .await
     .unwrap();

@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use crate::backend::StageBackend;
 use crate::error::RoutedWorkError;
 use crate::ids::UnitId;
-use crate::routed_work::{BranchDone, RoutedUnit, RoutedWorkStats, RoutedWorkStore};
+use crate::routed_work::{BranchDone, BranchMove, RoutedUnit, RoutedWorkStats, RoutedWorkStore};
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -65,6 +65,20 @@ impl RoutedWorkStore for MemoryRoutedWorkStore {
             }
         }
         inner.open_branches = inner.open_branches.saturating_sub(closed);
+        Ok(())
+    }
+
+    async fn move_branches(&self, moves: Vec<BranchMove>) -> Result<(), RoutedWorkError> {
+        let mut inner = self.inner.lock();
+        for m in moves {
+            if let Some(branch) = inner
+                .units
+                .get_mut(&m.unit)
+                .and_then(|u| u.branches.iter_mut().find(|b| b.no == m.branch))
+            {
+                branch.moved_from(&m.from);
+            }
+        }
         Ok(())
     }
 

@@ -2,6 +2,8 @@
 //! [`InboundSubmit`] (or the status refusing it), an [`OutboundDeliver`] into a deliver_sm,
 //! and a submit_sm_resp written straight into the output buffer.
 
+use std::time::{SystemTime, UNIX_EPOCH};
+
 use bytes::{BufMut, BytesMut};
 use rusmpp::pdus::SubmitSm;
 use rusmpp::tlvs::TlvValue;
@@ -12,14 +14,29 @@ use crate::multipart::{self, MultipartError};
 use crate::smpp::SmppAddress;
 use crate::smpp::build::{self, Address, BuildError, ReceiptTlvs, ShortMessage};
 use crate::smpp::frame::HEADER_LEN;
+use crate::smpp::time;
 
 /// esm_class bit 6: the short message starts with a User Data Header.
 const UDHI: u8 = 0x40;
 
-/// Validates a submit_sm and turns it into what the pipeline sees.
+/// Validates a submit_sm and turns it into what the pipeline sees; a relative
+/// validity_period counts from now.
 ///
 /// See the module documentation of [`super`] for the statuses.
 pub(super) fn inbound_submit(sm: &SubmitSm) -> Result<InboundSubmit, CommandStatus> {
+    inbound_submit_at(sm, now_ms)
+}
+
+/// The system clock in ms since the Unix epoch (0 if it is set before the epoch).
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// [`inbound_submit`] with the clock passed in; it is only read when the submit has a
+/// validity_period, which keeps it off the common path.
+fn inbound_submit_at(sm: &SubmitSm, now_ms: impl FnOnce() -> u64) -> Result<InboundSubmit, CommandStatus> {
     let destination = sm.destination_addr.as_str();
     if destination.is_empty() {
         return Err(CommandStatus::EsmeRinvdstadr);
@@ -60,6 +77,13 @@ pub(super) fn inbound_submit(sm: &SubmitSm) -> Result<InboundSubmit, CommandStat
         _ => return Err(CommandStatus::EsmeRinvtlvval),
     };
 
+    let validity_period = sm.validity_period.as_str();
+    let validity = if validity_period.is_empty() {
+        None
+    } else {
+        time::parse_validity(validity_period, now_ms()).map_err(|_| CommandStatus::EsmeRinvexpiry)?
+    };
+
     Ok(InboundSubmit {
         service_type: sm.service_type.value().as_str().to_owned(),
         source: SmppAddress {
@@ -81,6 +105,7 @@ pub(super) fn inbound_submit(sm: &SubmitSm) -> Result<InboundSubmit, CommandStat
         // A concatenation element in the UDH describes the octets actually sent; it wins
         // over SAR TLVs (which are still validated above).
         concat: udh_concat.or(sar_concat),
+        validity,
     })
 }
 
@@ -319,6 +344,41 @@ mod tests {
         let mut both = submit(0, b"", Some(b"x"), None);
         both.set_short_message(rusmpp::types::OctetString::from_static_slice(b"y").unwrap());
         assert_eq!(inbound_submit(&both), Err(CommandStatus::EsmeRinvmsglen));
+    }
+
+    #[test]
+    fn validity_period() {
+        let with_validity = |value: &str| {
+            let mut sm = submit(0, b"x", None, None);
+            sm.validity_period = rusmpp::types::EmptyOrFullCOctetString::from_string(value.to_owned()).unwrap();
+            sm
+        };
+        let now = 1_700_000_000_000;
+        // None given: the clock is not read.
+        let inbound = inbound_submit_at(&submit(0, b"x", None, None), || panic!("clock read")).unwrap();
+        assert_eq!(inbound.validity, None);
+        assert_eq!(
+            inbound_submit_at(&with_validity("000001000000000R"), || now).map(|s| s.validity),
+            Ok(Some(now + 86_400_000))
+        );
+        assert_eq!(
+            inbound_submit_at(&with_validity("250101000000004+"), || now).map(|s| s.validity),
+            Ok(Some(1_735_689_600_000 - 3_600_000))
+        );
+        for bad in ["251301000000000+", "000001000000100R", "2023-10-01T12:00"] {
+            assert_eq!(
+                inbound_submit_at(&with_validity(bad), || now),
+                Err(CommandStatus::EsmeRinvexpiry),
+                "{bad}"
+            );
+        }
+        // The real clock: a relative validity lands just after now.
+        let before = now_ms();
+        let validity = inbound_submit(&with_validity("000000000100000R"))
+            .unwrap()
+            .validity
+            .unwrap();
+        assert!((before + 60_000..=now_ms() + 60_000).contains(&validity));
     }
 
     #[test]

@@ -5,7 +5,7 @@ use crate::multipart::Concat;
 use crate::text::{concat_udh_8bit, concat_udh_16bit};
 use rusmpp::pdus::SubmitSm;
 use rusmpp::tlvs::MessageSubmissionRequestTlvValue;
-use rusmpp::types::{AnyOctetString, COctetString, OctetString};
+use rusmpp::types::{AnyOctetString, COctetString, EmptyOrFullCOctetString, OctetString};
 use rusmpp::values::{EsmClass, MessagePayload};
 
 #[tokio::test]
@@ -31,6 +31,7 @@ async fn submit_is_answered_with_the_handlers_id() {
             data_coding: 0,
             user_data: b"hello".to_vec(),
             concat: None,
+            validity: None,
         }]
     );
 }
@@ -233,6 +234,85 @@ async fn invalid_submits_get_their_status_without_reaching_the_handler() {
         assert_eq!(message_id(&resp), "");
     }
     assert_eq!(server.handler.calls(), 0);
+}
+
+/// A valid submit_sm with `validity_period` set (as the ESME would send it; the builders
+/// leave it empty).
+fn submit_with_validity(validity_period: &str) -> SubmitSm {
+    let mut sm = raw_submit(b"447700900123\0", 0, b"hello");
+    sm.validity_period = EmptyOrFullCOctetString::from_string(validity_period.to_owned()).unwrap();
+    sm
+}
+
+fn unix_ms() -> u64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    u64::try_from(since.as_millis()).unwrap()
+}
+
+#[tokio::test]
+async fn an_unreadable_validity_period_is_refused_with_rinvexpiry() {
+    let server = start(config(), FakeHandler::new()).await;
+    let mut esme = server.bound(BindKind::Transceiver).await;
+    // Month 13, Feb 30, tenths in a relative time, an unknown indicator, not a time at all.
+    for bad in [
+        "251301000000000+",
+        "250230000000000+",
+        "000001000000100R",
+        "000001000000000X",
+        "2023-10-01T12:00",
+    ] {
+        let seq = esme.next_seq();
+        esme.send(&Command::new(CommandStatus::EsmeRok, seq, submit_with_validity(bad)))
+            .await;
+        let resp = esme.recv().await;
+        assert_eq!((resp.id(), resp.sequence_number()), (CommandId::SubmitSmResp, seq));
+        assert_eq!(resp.status(), CommandStatus::EsmeRinvexpiry, "{bad}");
+        assert_eq!(message_id(&resp), "");
+    }
+    assert_eq!(server.handler.calls(), 0);
+}
+
+#[tokio::test]
+async fn a_valid_validity_period_reaches_the_handler_as_a_deadline() {
+    let server = start(config(), FakeHandler::new()).await;
+    let mut esme = server.bound(BindKind::Transceiver).await;
+    let hour = 3_600_000;
+
+    // Relative: one day, two hours from receipt.
+    let before = unix_ms();
+    let seq = esme.next_seq();
+    esme.send(&Command::new(
+        CommandStatus::EsmeRok,
+        seq,
+        submit_with_validity("000001020000000R"),
+    ))
+    .await;
+    assert_eq!(esme.recv().await.status(), CommandStatus::EsmeRok);
+    let after = unix_ms();
+    // Absolute: 2025-01-01T00:00 local, one hour ahead of UTC.
+    let seq = esme.next_seq();
+    esme.send(&Command::new(
+        CommandStatus::EsmeRok,
+        seq,
+        submit_with_validity("250101000000004+"),
+    ))
+    .await;
+    assert_eq!(esme.recv().await.status(), CommandStatus::EsmeRok);
+
+    let submits = server.handler.submits();
+    assert_eq!(submits.len(), 2);
+    let period = 26 * hour;
+    let relative = submits[0].validity.unwrap();
+    assert!(
+        (before + period..=after + period).contains(&relative),
+        "{relative} not within [{}, {}]",
+        before + period,
+        after + period
+    );
+    assert_eq!(submits[1].validity, Some(1_735_689_600_000 - hour));
+    assert_eq!(submits[1].user_data, b"hello");
 }
 
 #[tokio::test]

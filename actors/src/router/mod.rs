@@ -10,6 +10,10 @@
 //! The Router's in-memory map is a bounded projection (`max-in-flight` units) of the
 //! routed-work store, rebuilt from it at startup and after any restart; every message it
 //! exchanges is keyed by stable ids so a lost message is repaired by re-sending.
+//!
+//! Where each open branch goes — failover included — is decided in [`placement`].
+
+mod placement;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -19,10 +23,12 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use sendium_profiles::RouteTable;
 use sendium_storage::failpoint;
 use sendium_storage::{
-    Branch, BranchDone, BranchFailure, BranchKind, BranchOutcome, Channel, Disposition, DlrState, Handoff,
+    Branch, BranchDone, BranchFailure, BranchKind, BranchMove, BranchOutcome, Channel, Disposition, DlrState, Handoff,
     HandoffOutcome, ReadyUnit, ReceiptOutcome, ReceiptTarget, ReplyPath, RoutedUnit, RoutedWorkStore, Timestamp, Unit,
     UnitId,
 };
+
+use self::placement::{Occasion, Waiting};
 
 use crate::context::Shared;
 use crate::dlr::DlrMsg;
@@ -55,7 +61,8 @@ pub enum WorkerResult {
     },
     /// Ended for good.
     Failed(BranchFailure),
-    /// Handed back unsent: the destination went down and the branch may fail over.
+    /// Handed back: this destination cannot take it (see [`crate::worker`]); it moves
+    /// to the next reachable destination of its route.
     Bounced,
 }
 
@@ -96,13 +103,31 @@ pub struct RouterStatus {
     pub awaiting_handoff: u64,
     pub queued_for_workers: u64,
     pub free: u64,
-    pub destinations: Vec<(String, bool, u64)>,
+    /// Branches no destination can take now (see [`placement`]), and how long the
+    /// oldest of them has waited.
+    pub waiting: u64,
+    pub oldest_waiting: Duration,
+    pub destinations: Vec<DestinationView>,
+}
+
+/// One destination as the Router sees it.
+#[derive(Clone, Debug)]
+pub struct DestinationView {
+    pub name: String,
+    pub up: bool,
+    /// Branches given to its worker.
+    pub assigned: u64,
+    /// Branches queued for it, beyond its worker's credit.
+    pub queued: u64,
+    /// Waiting branches whose first preference it is.
+    pub waiting: u64,
 }
 
 /// One routed-work write — routes recorded, branches completed, units removed — and
 /// how it went.
 pub struct Written {
     batch: Vec<(Arc<Unit>, RoutedUnit)>,
+    moves: Vec<BranchMove>,
     done: Vec<BranchDone>,
     removed: Vec<UnitId>,
     result: Result<(), sendium_storage::RoutedWorkError>,
@@ -115,6 +140,10 @@ pub struct RouterArgs {
     pub max_in_flight: usize,
     /// Branches a destination worker holds at once.
     pub worker_capacity: HashMap<String, usize>,
+    /// Each destination's `failover-after`.
+    pub failover_after: HashMap<String, Duration>,
+    /// `[sms] max-age`.
+    pub max_age: Duration,
     pub dlr_enabled: bool,
 }
 
@@ -134,6 +163,11 @@ struct Tracked {
     completion_sent: bool,
     /// When the source completion was last asked for (re-asked if no answer came).
     completion_asked: Option<Instant>,
+    /// When the message's validity runs out (see [`placement::deadline`]).
+    deadline: Timestamp,
+    /// How often each branch was handed back by a destination (a unit has few
+    /// branches, and few are ever handed back).
+    bounced: Vec<(u16, u32)>,
 }
 
 impl Tracked {
@@ -154,6 +188,17 @@ impl Tracked {
         self.routed.branches.iter().find(|b| b.no == no)
     }
 
+    fn bounces(&self, no: u16) -> u32 {
+        self.bounced.iter().find(|(b, _)| *b == no).map_or(0, |(_, n)| *n)
+    }
+
+    fn count_bounce(&mut self, no: u16) {
+        match self.bounced.iter_mut().find(|(b, _)| *b == no) {
+            Some((_, n)) => *n = n.saturating_add(1),
+            None => self.bounced.push((no, 1)),
+        }
+    }
+
     /// Ended: recorded complete, or its completion is on its way to the store.
     fn is_done(&self, no: u16) -> bool {
         self.closing.contains(&no) || self.branch(no).is_some_and(|b| b.outcome.is_some())
@@ -163,6 +208,7 @@ impl Tracked {
 struct Destination {
     name: Arc<str>,
     up: bool,
+    failover_after: Duration,
     assigned: usize,
     capacity: usize,
     queue: VecDeque<BranchKey>,
@@ -173,9 +219,17 @@ pub struct RouterState {
     store: Arc<dyn RoutedWorkStore>,
     routes: Arc<RouteTable>,
     max_in_flight: usize,
+    max_age: Duration,
     dlr_enabled: bool,
     units: HashMap<UnitId, Tracked>,
     dests: HashMap<String, Destination>,
+    /// Open branches no destination can take now (see [`placement`]).
+    waiting: HashMap<BranchKey, Waiting>,
+    /// Branches handed back, whose failover is to be recorded before they are placed
+    /// again (so a restart does not send them back); retried on the tick if the write
+    /// failed.
+    to_move: Vec<BranchMove>,
+    retry_move: Vec<BranchMove>,
     /// Work that failed to reach the store, retried on the tick.
     retry_record: Vec<(Arc<Unit>, RoutedUnit)>,
     retry_done: Vec<BranchDone>,
@@ -252,6 +306,7 @@ impl RouterState {
                         kind: BranchKind::Primary,
                         targets: r.to.clone(),
                         outcome: None,
+                        failed_over_from: Vec::new(),
                     }];
                     for (i, copy) in r.copy_to.iter().enumerate() {
                         branches.push(Branch {
@@ -259,6 +314,7 @@ impl RouterState {
                             kind: BranchKind::Copy,
                             targets: vec![copy.clone()],
                             outcome: None,
+                            failed_over_from: Vec::new(),
                         });
                     }
                     (r.name.clone(), branches)
@@ -275,6 +331,7 @@ impl RouterState {
                 kind: BranchKind::Primary,
                 targets: Vec::new(),
                 outcome: None,
+                failed_over_from: Vec::new(),
             }]
         } else {
             branches
@@ -321,7 +378,10 @@ impl RouterState {
     fn start_write(&mut self) {
         if self.recording.is_some()
             || self.write_timer
-            || (self.to_record.is_empty() && self.done.is_empty() && self.to_remove.is_empty())
+            || (self.to_record.is_empty()
+                && self.to_move.is_empty()
+                && self.done.is_empty()
+                && self.to_remove.is_empty())
         {
             return;
         }
@@ -345,6 +405,7 @@ impl RouterState {
         }
         self.last_write = Some(Instant::now());
         let batch = std::mem::take(&mut self.to_record);
+        let moves = std::mem::take(&mut self.to_move);
         let done = std::mem::take(&mut self.done);
         let removed = std::mem::take(&mut self.to_remove);
         self.recording = Some(batch.iter().map(|(u, _)| u.id).collect());
@@ -356,6 +417,7 @@ impl RouterState {
             }
             let write = sendium_storage::RoutedWrite {
                 record: batch.iter().map(|(_, r)| r.clone()).collect(),
+                moves: moves.clone(),
                 complete: done.clone(),
                 remove: removed.clone(),
             };
@@ -365,6 +427,7 @@ impl RouterState {
             }
             shared.dir.router.send(RouterMsg::Written(Box::new(Written {
                 batch,
+                moves,
                 done,
                 removed,
                 result,
@@ -379,6 +442,7 @@ impl RouterState {
             self.shared.health.routed_work.failed("routed-work", e);
         }
         self.recorded(w.batch, ok);
+        self.moved(w.moves, ok);
         self.branches_recorded(w.done, ok);
         self.removed(w.removed, ok);
         self.start_write();
@@ -422,6 +486,8 @@ impl RouterState {
             id,
             Tracked {
                 targets: receipt_targets(&unit),
+                deadline: placement::deadline(&unit, self.max_age),
+                bounced: Vec::new(),
                 unit,
                 routed,
                 dispatched: Vec::new(),
@@ -432,63 +498,40 @@ impl RouterState {
             },
         );
         for no in open {
-            self.dispatch(BranchKey { unit: id, branch: no }, None);
+            self.place(BranchKey { unit: id, branch: no }, Occasion::Fresh);
         }
         self.check_complete(id);
     }
 
-    /// Queue a branch on its first reachable target (skipping `avoid`).
-    fn dispatch(&mut self, key: BranchKey, avoid: Option<&str>) {
+    /// A branch with nowhere to go: no route matched, or its multipart group expired.
+    fn fail_unroutable(&mut self, key: BranchKey) {
         let Some(t) = self.units.get(&key.unit) else {
             return;
         };
-        let Some(branch) = t.branch(key.branch) else {
-            return;
+        let failure = if t.unit.disposition == Disposition::Expired {
+            BranchFailure::Expired
+        } else {
+            BranchFailure::NoRoute
         };
-        if branch.targets.is_empty() {
-            let failure = if t.unit.disposition == Disposition::Expired {
-                BranchFailure::Expired
-            } else {
-                BranchFailure::NoRoute
-            };
-            self.outcome(
-                key,
-                None,
-                BranchOutcome::Failed {
-                    destination: None,
-                    failure,
-                },
-                Vec::new(),
-            );
-            return;
-        }
-        let up = |d: &String| self.dests.get(d).is_some_and(|s| s.up) && Some(d.as_str()) != avoid;
-        let target = branch
-            .targets
-            .iter()
-            .find(|d| up(d))
-            .or_else(|| branch.targets.iter().find(|d| Some(d.as_str()) != avoid))
-            .or_else(|| branch.targets.first())
-            .cloned();
-        let Some(target) = target else {
-            return;
-        };
-        if let Some(dest) = self.dests.get_mut(&target) {
-            dest.queue.push_back(key);
-            let name = dest.name.clone();
-            if let Some(t) = self.units.get_mut(&key.unit) {
-                t.set_dispatched(key.branch, name);
-            }
-            self.pump(&target);
-        }
+        self.outcome(
+            key,
+            None,
+            BranchOutcome::Failed {
+                destination: None,
+                failure,
+            },
+            Vec::new(),
+        );
     }
 
-    /// Move queued branches to a worker within its credit.
+    /// Move queued branches to a reachable destination's worker within its credit.
     fn pump(&mut self, name: &str) {
+        let now = Timestamp::now();
+        let mut expired = Vec::new();
         let Some(dest) = self.dests.get_mut(name) else {
             return;
         };
-        while dest.assigned < dest.capacity {
+        while dest.up && dest.assigned < dest.capacity {
             let Some(key) = dest.queue.pop_front() else {
                 break;
             };
@@ -501,6 +544,10 @@ impl RouterState {
             if t.dispatched_to(key.branch) != Some(name) {
                 continue;
             }
+            if t.deadline <= now {
+                expired.push(key);
+                continue;
+            }
             let primary = t.branch(key.branch).is_some_and(|b| b.kind == BranchKind::Primary);
             dest.assigned += 1;
             self.jobs.entry(name.to_string()).or_default().push(BranchJob {
@@ -508,6 +555,9 @@ impl RouterState {
                 unit: t.unit.clone(),
                 request_receipt: primary && self.dlr_enabled && t.unit.wants_receipt(),
             });
+        }
+        for key in expired {
+            self.expire(key);
         }
     }
 
@@ -547,6 +597,7 @@ impl RouterState {
         if t.is_done(key.branch) || t.awaiting_handoff.contains_key(&key.branch) {
             return;
         }
+        self.waiting.remove(&key);
         if self.needs_handoff(t, key.branch) {
             self.handoffs.push(Self::handoff(t, key.branch, &outcome, &keys));
             if let Some(t) = self.units.get_mut(&key.unit) {
@@ -575,13 +626,23 @@ impl RouterState {
             }
             match o.result {
                 WorkerResult::Bounced => {
-                    let still_open = self
-                        .units
-                        .get(&o.key.unit)
-                        .is_some_and(|t| !t.is_done(o.key.branch) && !t.awaiting_handoff.contains_key(&o.key.branch));
-                    if still_open {
-                        self.dispatch(o.key, Some(&o.destination));
+                    let Some(t) = self.units.get_mut(&o.key.unit) else {
+                        continue;
+                    };
+                    if t.is_done(o.key.branch)
+                        || t.awaiting_handoff.contains_key(&o.key.branch)
+                        || t.dispatched_to(o.key.branch) != Some(o.destination.as_str())
+                    {
+                        continue;
                     }
+                    t.clear_dispatched(o.key.branch);
+                    t.count_bounce(o.key.branch);
+                    // Placed again once the failover is recorded (see `moved`).
+                    self.to_move.push(BranchMove {
+                        unit: o.key.unit,
+                        branch: o.key.branch,
+                        from: o.destination.clone(),
+                    });
                 }
                 WorkerResult::Submitted { provider_ids, keys } => {
                     let outcome = BranchOutcome::Submitted {
@@ -651,6 +712,32 @@ impl RouterState {
         }
     }
 
+    /// Failovers recorded (or not): place the branches again, away from where they left.
+    fn moved(&mut self, moves: Vec<BranchMove>, ok: bool) {
+        if moves.is_empty() {
+            return;
+        }
+        if !ok {
+            self.retry_move.extend(moves);
+            return;
+        }
+        for m in moves {
+            let key = BranchKey {
+                unit: m.unit,
+                branch: m.branch,
+            };
+            let Some(t) = self.units.get_mut(&m.unit) else {
+                continue;
+            };
+            if let Some(b) = t.routed.branches.iter_mut().find(|b| b.no == m.branch) {
+                b.moved_from(&m.from);
+            }
+            if !t.is_done(m.branch) && !t.awaiting_handoff.contains_key(&m.branch) {
+                self.place(key, Occasion::Leaving(&m.from));
+            }
+        }
+    }
+
     fn branches_recorded(&mut self, batch: Vec<BranchDone>, ok: bool) {
         if batch.is_empty() {
             return;
@@ -710,26 +797,17 @@ impl RouterState {
         dest.up = up;
         if up {
             self.pump(name);
+            self.place_waiting(Some(name));
             return;
         }
-        // Down: branches still queued here (not given to the worker) fail over to
-        // another reachable target if their route has one.
+        // Down: branches queued here (not given to the worker) go to another reachable
+        // target of their route, or wait.
         let queued: Vec<BranchKey> = dest.queue.drain(..).collect();
         for key in queued {
-            let has_other = self
-                .units
-                .get(&key.unit)
-                .and_then(|t| t.branch(key.branch))
-                .is_some_and(|b| {
-                    b.targets
-                        .iter()
-                        .any(|d| d != name && self.dests.get(d).is_some_and(|s| s.up))
-                });
-            if has_other {
-                self.dispatch(key, Some(name));
-            } else if let Some(dest) = self.dests.get_mut(name) {
-                dest.queue.push_back(key);
+            if let Some(t) = self.units.get_mut(&key.unit) {
+                t.clear_dispatched(key.branch);
             }
+            self.place(key, Occasion::Fresh);
         }
     }
 
@@ -756,7 +834,7 @@ impl RouterState {
                     if let Some(t) = self.units.get_mut(&key.unit) {
                         t.clear_dispatched(key.branch);
                     }
-                    self.dispatch(key, None);
+                    self.place(key, Occasion::Fresh);
                 }
             }
             Peer::DlrCorrelator => {
@@ -800,6 +878,10 @@ impl RouterState {
         self.done.extend(done);
         let remove = std::mem::take(&mut self.retry_remove);
         self.to_remove.extend(remove);
+        let moves = std::mem::take(&mut self.retry_move);
+        self.to_move.extend(moves);
+        self.start_write();
+        self.place_waiting(None);
         let retry: Vec<BranchKey> = std::mem::take(&mut self.retry_handoff);
         let now = Instant::now();
         let mut resend = Vec::new();
@@ -909,6 +991,11 @@ impl Actor for Router {
                     Destination {
                         name: Arc::from(name.as_str()),
                         up: false,
+                        failover_after: args
+                            .failover_after
+                            .get(name)
+                            .copied()
+                            .unwrap_or(Duration::from_secs(10)),
                         assigned: 0,
                         capacity: (*cap).max(1),
                         queue: VecDeque::new(),
@@ -921,9 +1008,13 @@ impl Actor for Router {
             store: args.store,
             routes: args.routes,
             max_in_flight: args.max_in_flight.max(1),
+            max_age: args.max_age,
             dlr_enabled: args.dlr_enabled,
             units: HashMap::new(),
             dests,
+            waiting: HashMap::new(),
+            to_move: Vec::new(),
+            retry_move: Vec::new(),
             retry_record: Vec::new(),
             retry_done: Vec::new(),
             to_record: Vec::new(),
@@ -986,7 +1077,21 @@ impl Actor for Router {
             RouterMsg::Reconcile(peer) => state.reconcile(peer),
             RouterMsg::Tick => state.tick().await,
             RouterMsg::Status(reply) => {
+                let (waiting, oldest_waiting) = state.waiting_stats();
+                let mut first_preference: HashMap<&str, u64> = HashMap::new();
+                for key in state.waiting.keys() {
+                    if let Some(first) = state
+                        .units
+                        .get(&key.unit)
+                        .and_then(|t| t.branch(key.branch))
+                        .and_then(|b| b.preference().next())
+                    {
+                        *first_preference.entry(first).or_default() += 1;
+                    }
+                }
                 let _ = reply.send(RouterStatus {
+                    waiting,
+                    oldest_waiting,
                     units: state.units.len() as u64,
                     open_branches: state
                         .units
@@ -999,7 +1104,13 @@ impl Actor for Router {
                     destinations: state
                         .dests
                         .iter()
-                        .map(|(n, d)| (n.clone(), d.up, d.assigned as u64))
+                        .map(|(n, d)| DestinationView {
+                            name: n.clone(),
+                            up: d.up,
+                            assigned: d.assigned as u64,
+                            queued: d.queue.len() as u64,
+                            waiting: first_preference.get(n.as_str()).copied().unwrap_or(0),
+                        })
                         .collect(),
                 });
             }
