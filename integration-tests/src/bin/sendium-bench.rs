@@ -109,168 +109,94 @@ destination-prefix = ""
 to = ["test-smsc"]
 "#;
 
-/// One storage profile: its name, its storage tables, and what it needs.
+/// Where one store keeps its records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Memory,
+    File,
+    Postgresql,
+}
+
+impl Backend {
+    /// The value of the store's `backend` key.
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Memory => "memory",
+            Backend::File => "file",
+            Backend::Postgresql => "postgresql",
+        }
+    }
+}
+
+/// The stores a profile chooses a backend for, in the order of `Profile::backends`.
+const STORES: [&str; 4] = ["sms.pending", "sms.router-queue", "sms.routed-work", "dlr"];
+
+/// One storage profile: its name, the backend of each store, and whether this build runs it.
 #[derive(Debug, Clone, Copy)]
 struct Profile {
     name: &'static str,
-    /// The `[sms.pending]`, `[sms.router-queue]`, `[sms.routed-work]`, `[dlr]` and
-    /// `[storage.*]` tables.
-    storage: &'static str,
-    /// Uses `[storage.file] dir = "{data_dir}"` (a fresh directory per profile).
-    needs_data_dir: bool,
-    /// Uses `[storage.postgresql] url = "{pg_url}"` (`--pg-url`; skipped without it).
-    needs_pg_url: bool,
+    /// The backends of `[sms.pending]`, `[sms.router-queue]`, `[sms.routed-work]` and
+    /// `[dlr]` (the order of `STORES`).
+    backends: [Backend; 4],
     /// Implemented by this build: run by default. The others run with
     /// `--include-unsupported` or when named, and a refusal at startup is reported cleanly.
     /// Flip this when a profile lands.
     supported: bool,
 }
 
+impl Profile {
+    /// A profile this build implements.
+    const fn new(name: &'static str, backends: [Backend; 4]) -> Profile {
+        Profile {
+            name,
+            backends,
+            supported: true,
+        }
+    }
+
+    /// Uses `[storage.file] dir = "{data_dir}"` (a fresh directory per profile).
+    fn needs_data_dir(&self) -> bool {
+        self.backends.contains(&Backend::File)
+    }
+
+    /// Uses `[storage.postgresql] url = "{pg_url}"` (`--pg-url`; skipped without it).
+    fn needs_pg_url(&self) -> bool {
+        self.backends.contains(&Backend::Postgresql)
+    }
+
+    /// The `[sms.pending]`, `[sms.router-queue]`, `[sms.routed-work]`, `[dlr]` and
+    /// `[storage.*]` tables (harness placeholders left in; no final newline).
+    fn storage(&self) -> String {
+        let mut out: Vec<String> = STORES
+            .iter()
+            .zip(self.backends)
+            .map(|(store, backend)| format!("[{store}]\nbackend = \"{}\"", backend.name()))
+            .collect();
+        if self.needs_data_dir() {
+            out.push("[storage.file]\ndir = \"{data_dir}\"".to_owned());
+        }
+        if self.needs_pg_url() {
+            out.push("[storage.postgresql]\nurl = \"{pg_url}\"".to_owned());
+        }
+        out.join("\n")
+    }
+}
+
+use Backend::{File, Memory, Postgresql};
+
 /// Every benchmarked profile. Adding one is one entry here.
 const PROFILES: &[Profile] = &[
+    Profile::new("memory", [Memory, Memory, Memory, Memory]),
+    Profile::new("file-memory-memory", [File, Memory, Memory, Memory]),
+    Profile::new("file-file-memory", [File, File, Memory, Memory]),
+    Profile::new("file-memory-file", [File, Memory, File, Memory]),
+    Profile::new("file-file-file", [File, File, File, Memory]),
+    Profile::new("memory+dlr-file", [Memory, Memory, Memory, File]),
+    Profile::new("file-file-file+dlr-file", [File, File, File, File]),
+    Profile::new("file-file-file+dlr-postgresql", [File, File, File, Postgresql]),
     Profile {
-        name: "memory",
-        storage: r#"[sms.pending]
-backend = "memory"
-[sms.router-queue]
-backend = "memory"
-[sms.routed-work]
-backend = "memory"
-[dlr]
-backend = "memory""#,
-        needs_data_dir: false,
-        needs_pg_url: false,
-        supported: true,
-    },
-    Profile {
-        name: "file-memory-memory",
-        storage: r#"[sms.pending]
-backend = "file"
-[sms.router-queue]
-backend = "memory"
-[sms.routed-work]
-backend = "memory"
-[dlr]
-backend = "memory"
-[storage.file]
-dir = "{data_dir}""#,
-        needs_data_dir: true,
-        needs_pg_url: false,
-        supported: true,
-    },
-    Profile {
-        name: "file-file-memory",
-        storage: r#"[sms.pending]
-backend = "file"
-[sms.router-queue]
-backend = "file"
-[sms.routed-work]
-backend = "memory"
-[dlr]
-backend = "memory"
-[storage.file]
-dir = "{data_dir}""#,
-        needs_data_dir: true,
-        needs_pg_url: false,
-        supported: true,
-    },
-    Profile {
-        name: "file-memory-file",
-        storage: r#"[sms.pending]
-backend = "file"
-[sms.router-queue]
-backend = "memory"
-[sms.routed-work]
-backend = "file"
-[dlr]
-backend = "memory"
-[storage.file]
-dir = "{data_dir}""#,
-        needs_data_dir: true,
-        needs_pg_url: false,
-        supported: true,
-    },
-    Profile {
-        name: "file-file-file",
-        storage: r#"[sms.pending]
-backend = "file"
-[sms.router-queue]
-backend = "file"
-[sms.routed-work]
-backend = "file"
-[dlr]
-backend = "memory"
-[storage.file]
-dir = "{data_dir}""#,
-        needs_data_dir: true,
-        needs_pg_url: false,
-        supported: true,
-    },
-    Profile {
-        name: "memory+dlr-file",
-        storage: r#"[sms.pending]
-backend = "memory"
-[sms.router-queue]
-backend = "memory"
-[sms.routed-work]
-backend = "memory"
-[dlr]
-backend = "file"
-[storage.file]
-dir = "{data_dir}""#,
-        needs_data_dir: true,
-        needs_pg_url: false,
-        supported: true,
-    },
-    Profile {
-        name: "file-file-file+dlr-file",
-        storage: r#"[sms.pending]
-backend = "file"
-[sms.router-queue]
-backend = "file"
-[sms.routed-work]
-backend = "file"
-[dlr]
-backend = "file"
-[storage.file]
-dir = "{data_dir}""#,
-        needs_data_dir: true,
-        needs_pg_url: false,
-        supported: true,
-    },
-    Profile {
-        name: "file-file-file+dlr-postgresql",
-        storage: r#"[sms.pending]
-backend = "file"
-[sms.router-queue]
-backend = "file"
-[sms.routed-work]
-backend = "file"
-[dlr]
-backend = "postgresql"
-[storage.file]
-dir = "{data_dir}"
-[storage.postgresql]
-url = "{pg_url}""#,
-        needs_data_dir: true,
-        needs_pg_url: true,
-        supported: true,
-    },
-    Profile {
-        name: "postgresql",
-        storage: r#"[sms.pending]
-backend = "postgresql"
-[sms.router-queue]
-backend = "postgresql"
-[sms.routed-work]
-backend = "postgresql"
-[dlr]
-backend = "postgresql"
-[storage.postgresql]
-url = "{pg_url}""#,
-        needs_data_dir: false,
-        needs_pg_url: true,
         supported: false,
+        ..Profile::new("postgresql", [Postgresql, Postgresql, Postgresql, Postgresql])
     },
 ];
 
@@ -278,9 +204,15 @@ fn find_profile(name: &str) -> Option<&'static Profile> {
     PROFILES.iter().find(|p| p.name == name)
 }
 
+/// The gateway's SMPP window (`{smpp_window}`) for the load generator's `--window`: twice
+/// that, at least 512. Rendered into the config and reported in the run's settings.
+fn gateway_smpp_window(window: usize) -> usize {
+    (window * 2).max(512)
+}
+
 /// The gateway config template for `profile` (harness placeholders left in).
 fn gateway_template(profile: &Profile) -> String {
-    GATEWAY_TEMPLATE.replacen("{storage}", profile.storage, 1)
+    GATEWAY_TEMPLATE.replacen("{storage}", &profile.storage(), 1)
 }
 
 #[derive(Debug, Clone)]
@@ -421,8 +353,8 @@ fn profile_list() -> String {
             "{:<32} {:<10} {:<9} {}",
             p.name,
             if p.supported { "yes" } else { "not yet" },
-            yes(p.needs_data_dir),
-            yes(p.needs_pg_url)
+            yes(p.needs_data_dir()),
+            yes(p.needs_pg_url())
         );
     }
     out
@@ -1017,7 +949,7 @@ impl Bench {
             "smsc_after": smsc_json(&smsc_after),
             "gateway_metrics": metrics.clone().unwrap_or_default(),
         });
-        if profile.needs_data_dir {
+        if profile.needs_data_dir() {
             detail["data_dir_mib"] = json!(dir_size(gw.data_dir()) as f64 / 1_048_576.0);
         }
         let far = || {
@@ -1182,7 +1114,7 @@ impl Bench {
 
     fn run_profile(&self, profile: &Profile) -> Vec<Row> {
         eprintln!("== profile {} ==", profile.name);
-        let pg_url = match (&self.opts.pg_url, profile.needs_pg_url) {
+        let pg_url = match (&self.opts.pg_url, profile.needs_pg_url()) {
             (Some(url), _) => Some(url.clone()),
             (None, false) => None,
             (None, true) => match self
@@ -1205,7 +1137,7 @@ impl Bench {
             receipt_delay: self.opts.receipt_delay,
             ..SmscConfig::default()
         });
-        let smpp_window = (self.opts.window * 2).max(512);
+        let smpp_window = gateway_smpp_window(self.opts.window);
         let mut builder = GatewayProcess::builder(&gateway_template(profile))
             .smsc_port(smsc.port())
             .var("smpp_window", &smpp_window.to_string())
@@ -1646,7 +1578,7 @@ fn run_context(opts: &Options, bin: PathBuf, ticks: u64) -> RunContext {
             .map(|(_, m)| m.trim().to_owned())
     });
     let sendium_version = command_output(&bin.display().to_string(), &["version"]).unwrap_or_else(|| "sendium".into());
-    let smpp_window = (opts.window * 2).max(512);
+    let smpp_window = gateway_smpp_window(opts.window);
     let settings = format!(
         "{} sessions × window {} (gateway SMPP window {smpp_window}, destination window 500), mix {}, \
          every message asks for a receipt, test SMSC receipt delay {} ms; phase 1 {} messages at full speed, \
@@ -1827,10 +1759,11 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), PROFILES.len(), "profile names are unique");
         for p in PROFILES {
-            assert_eq!(p.needs_data_dir, p.storage.contains("{data_dir}"), "{}", p.name);
-            assert_eq!(p.needs_pg_url, p.storage.contains("{pg_url}"), "{}", p.name);
+            let storage = p.storage();
+            assert_eq!(p.needs_data_dir(), storage.contains("{data_dir}"), "{}", p.name);
+            assert_eq!(p.needs_pg_url(), storage.contains("{pg_url}"), "{}", p.name);
             for table in ["[sms.pending]", "[sms.router-queue]", "[sms.routed-work]", "[dlr]"] {
-                assert!(p.storage.contains(table), "{} lacks {table}", p.name);
+                assert!(storage.contains(table), "{} lacks {table}", p.name);
             }
             let vars = vec![
                 ("smpp_port", "1".to_owned()),
