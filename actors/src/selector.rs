@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use sendium_storage::failpoint;
-use sendium_storage::{ReadySeq, ReadyUnit, RouterQueueStore, StagedUnit, UnitId};
+use sendium_storage::{ReadySeq, ReadyUnit, RouterQueueStore, RouterQueueWrite, StagedUnit, UnitId};
 
 use crate::context::Shared;
 use crate::ingress::IngressMsg;
@@ -65,6 +65,8 @@ pub struct SelectorArgs {
 pub struct SelectorState {
     shared: Arc<Shared>,
     store: Arc<dyn RouterQueueStore>,
+    /// The store keeps staged batches across a restart: its commits are paced.
+    durable: bool,
     batch_size: usize,
     release_on_routed: bool,
     cursor: ReadySeq,
@@ -126,14 +128,19 @@ impl SelectorState {
                 .collect();
             // Pace durable stage commits like the Router's writes: a short gap gathers
             // bigger batches at moderate rates (nothing acknowledged waits on them).
-            if self.store.backend().is_durable()
+            if self.durable
                 && let Some(at) = self.last_stage
                 && at.elapsed() < STAGE_GAP
             {
                 tokio::time::sleep(STAGE_GAP - at.elapsed()).await;
             }
             self.last_stage = Some(std::time::Instant::now());
-            if let Err(e) = self.store.stage(&staged, last).await {
+            let write = RouterQueueWrite {
+                stage: staged,
+                cursor: Some(last),
+                release: Vec::new(),
+            };
+            if let Err(e) = self.store.apply(write).await {
                 self.shared.health.router_queue.failed("router-queue", &e);
                 return;
             }
@@ -152,7 +159,11 @@ impl SelectorState {
     }
 
     async fn release(&mut self, ids: &[UnitId]) {
-        if let Err(e) = self.store.release(ids).await {
+        let write = RouterQueueWrite {
+            release: ids.to_vec(),
+            ..RouterQueueWrite::default()
+        };
+        if let Err(e) = self.store.apply(write).await {
             self.shared.health.router_queue.failed("router-queue", &e);
         }
     }
@@ -233,6 +244,7 @@ impl Actor for Selector {
         let cursor = args.store.cursor().await?;
         Ok(SelectorState {
             shared: args.shared,
+            durable: args.store.capabilities().durable,
             store: args.store,
             batch_size: args.batch_size.max(1),
             release_on_routed: args.release_on_routed,

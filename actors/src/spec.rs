@@ -118,7 +118,7 @@ impl GatewaySpec {
                 }
             })
             .collect();
-        let reservations = stores.dlr.as_ref().and_then(|d| d.reservations());
+        let reservations = stores.dlr.as_ref().and_then(|d| d.capabilities().reservations);
         Self {
             stores,
             reservations,

@@ -129,7 +129,7 @@ impl SupervisorState {
                     shared: shared.clone(),
                     store: spec.stores.router_queue.clone(),
                     batch_size: spec.selection_batch,
-                    release_on_routed: spec.stores.routed_work.backend().is_durable(),
+                    release_on_routed: spec.stores.routed_work.capabilities().durable,
                 };
                 let (r, _) = Actor::spawn_linked(name, Selector, args, cell).await?;
                 r.get_cell()

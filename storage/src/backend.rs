@@ -1,61 +1,55 @@
-//! Which backend implements a stage. The storage crate's own vocabulary: the
-//! configuration crate has its own enums and the actor layer maps between them.
+//! Which backend implements a stage, and what the actors need to know of it.
+//!
+//! The storage crate's own vocabulary: the configuration crate has its own enums (with
+//! words such as `disabled`) and the actor layer maps between them. The actors never ask
+//! which backend a store is in order to drive it: they read its capabilities, one struct
+//! per stage, and a new backend states its own.
 
 use std::fmt;
 
-/// Backend of an outbound stage.
+/// A storage backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum StageBackend {
+pub enum Backend {
     Memory,
     File,
     Postgresql,
 }
 
-impl StageBackend {
+impl Backend {
     pub fn as_str(self) -> &'static str {
         match self {
-            StageBackend::Memory => "memory",
-            StageBackend::File => "file",
-            StageBackend::Postgresql => "postgresql",
+            Backend::Memory => "memory",
+            Backend::File => "file",
+            Backend::Postgresql => "postgresql",
         }
-    }
-
-    /// Does work recorded in this backend survive a process restart?
-    pub fn is_durable(self) -> bool {
-        !matches!(self, StageBackend::Memory)
     }
 }
 
-impl fmt::Display for StageBackend {
+impl fmt::Display for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
 }
 
-/// Backend of the DLR store.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DlrBackend {
-    Memory,
-    File,
-    Postgresql,
+/// What an outbound stage's store is, as its owning actor needs to know it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StageCapabilities {
+    pub backend: Backend,
+    /// Work recorded here survives a process restart. The Selector then releases a
+    /// staged unit once routed-work has recorded it (not when its source completes), and
+    /// the Selector and Router pace their writes, which wait for the disk.
+    pub durable: bool,
 }
 
-impl DlrBackend {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DlrBackend::Memory => "memory",
-            DlrBackend::File => "file",
-            DlrBackend::Postgresql => "postgresql",
-        }
-    }
+impl StageCapabilities {
+    /// A store that keeps its work in the process only.
+    pub const MEMORY: StageCapabilities = StageCapabilities {
+        backend: Backend::Memory,
+        durable: false,
+    };
 
-    pub fn is_durable(self) -> bool {
-        !matches!(self, DlrBackend::Memory)
-    }
-}
-
-impl fmt::Display for DlrBackend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+    /// A store whose every commit is durable before it returns.
+    pub const fn durable(backend: Backend) -> Self {
+        StageCapabilities { backend, durable: true }
     }
 }

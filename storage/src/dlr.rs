@@ -23,7 +23,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::backend::DlrBackend;
+use crate::backend::Backend;
 use crate::error::DlrError;
 use crate::ids::{MessageId, Timestamp, UnitId};
 use crate::record::Address;
@@ -194,8 +194,9 @@ pub struct DlrWrite {
     pub receipts: Vec<ProviderReceipt>,
     pub finishes: Vec<DeliveryFinish>,
     /// Claim the deliveries this step creates for the caller, as [`DlrStore::claim_due`]
-    /// would (attempt 1, leased), in the same write. A backend may ignore it; the
-    /// deliveries are then due at once and the next `claim_due` takes them.
+    /// would (attempt 1, leased), in the same write. A backend may ignore it (see
+    /// [`DlrCapabilities::claims_in_writes`]); the deliveries are then due at once and the
+    /// next `claim_due` takes them.
     pub claim_created: Option<ClaimCreated>,
 }
 
@@ -249,30 +250,60 @@ impl DlrWriteOutcome {
     }
 }
 
-/// The DLR store contract. Implementations: memory (bounded), file (redb), postgresql.
+/// What a DLR store is, and how the correlator drives it.
+#[derive(Clone, Debug)]
+pub struct DlrCapabilities {
+    pub backend: Backend,
+    /// Correlations and pending deliveries survive a process restart.
+    pub durable: bool,
+    /// The reservation gate of a bounded store (memory); `None` when unbounded.
+    pub reservations: Option<Arc<ReceiptReservations>>,
+    /// Whether [`DlrStore::apply`] honours [`DlrWrite::claim_created`]: then a step that
+    /// claimed fewer than its limit left none of the deliveries it created unclaimed.
+    pub claims_in_writes: bool,
+    /// How many [`DlrStore::apply`] calls the correlator may run at once: one for a
+    /// single-writer store, more where concurrent transactions commit in parallel.
+    pub write_concurrency: usize,
+}
+
+impl DlrCapabilities {
+    /// A store with one writer that does not claim in its writes and takes no
+    /// reservations.
+    pub fn single_writer(backend: Backend, durable: bool) -> Self {
+        Self {
+            backend,
+            durable,
+            reservations: None,
+            claims_in_writes: false,
+            write_concurrency: 1,
+        }
+    }
+}
+
+/// The DLR store contract: one write (a step of handoffs, receipts and delivery
+/// results), the claims and maintenance the correlator runs beside it, and stats.
+/// Implementations: memory (bounded), file (redb), postgresql.
 #[async_trait]
 pub trait DlrStore: Send + Sync + 'static {
-    fn backend(&self) -> DlrBackend;
+    fn capabilities(&self) -> DlrCapabilities;
 
-    /// The reservation gate of a bounded store (memory); `None` when unbounded.
-    fn reservations(&self) -> Option<Arc<ReceiptReservations>> {
-        None
-    }
-
-    /// Record provider outcomes. Idempotent per (unit, branch): a repeat with the same
-    /// provider ids changes nothing; a repeat with new ids (the branch was resubmitted)
-    /// replaces the expected parts while earlier ids keep matching.
-    async fn hand_off(&self, batch: Vec<Handoff>) -> Result<(), DlrError>;
-
-    /// Match final provider receipts; one result per receipt, in order.
-    async fn record_receipts(&self, batch: Vec<ProviderReceipt>) -> Result<Vec<ReceiptMatch>, DlrError>;
+    /// Apply a batched step, in this order (a receipt may match a handoff of the same
+    /// step); durable parts are durable when it returns:
+    ///
+    /// - handoffs: provider outcomes. Idempotent per (unit, branch): a repeat with the
+    ///   same provider ids changes nothing; a repeat with new ids (the branch was
+    ///   resubmitted) replaces the expected parts while earlier ids keep matching;
+    /// - final provider receipts, matched: one result per receipt, in order;
+    /// - delivery results; results quoting a stale attempt are ignored.
+    ///
+    /// A backend commits the step together where it can, which is what lets the
+    /// correlator keep up: its writes coalesce while one is being committed, so commits
+    /// per second stay bounded by the disk or database, not by the message rate.
+    async fn apply(&self, step: DlrWrite) -> DlrWriteOutcome;
 
     /// Claim up to `limit` deliveries due at `now`; each claim increments its attempt and
     /// hides it for `lease` (a crashed deliverer's claim lapses by itself).
     async fn claim_due(&self, now: Timestamp, lease: Duration, limit: usize) -> Result<Vec<Delivery>, DlrError>;
-
-    /// Report attempts. Results quoting a stale attempt are ignored.
-    async fn finish(&self, results: Vec<DeliveryFinish>) -> Result<(), DlrError>;
 
     /// Make every SMPP delivery of `account` due now (it just bound). Returns how many.
     async fn wake_account(&self, account: &str, now: Timestamp) -> Result<u64, DlrError>;
@@ -281,36 +312,6 @@ pub trait DlrStore: Send + Sync + 'static {
     async fn expire(&self, now: Timestamp, limit: usize) -> Result<ExpiryReport, DlrError>;
 
     async fn stats(&self) -> Result<DlrStats, DlrError>;
-
-    /// Apply a batched step, with the effect of `hand_off`, then `record_receipts`, then
-    /// `finish` (a receipt may match a handoff of the same step). Durable parts are durable
-    /// when it returns. The default runs the three in turn; a backend that can commits
-    /// them together, which is what lets the correlator keep up: its writes coalesce
-    /// while one is being committed, so commits per second stay bounded by the disk or
-    /// database, not by the message rate.
-    async fn apply(&self, step: DlrWrite) -> DlrWriteOutcome {
-        let handoffs = self.hand_off(step.handoffs).await;
-        let receipts = self.record_receipts(step.receipts).await;
-        let finishes = self.finish(step.finishes).await;
-        DlrWriteOutcome {
-            handoffs,
-            receipts,
-            finishes,
-            claimed: Vec::new(),
-        }
-    }
-
-    /// Whether [`DlrStore::apply`] honours [`DlrWrite::claim_created`]: then a step that
-    /// claimed fewer than its limit left none of the deliveries it created unclaimed.
-    fn claims_in_writes(&self) -> bool {
-        false
-    }
-
-    /// How many [`DlrStore::apply`] calls the correlator may run at once. One for a
-    /// single-writer store; more where concurrent transactions commit in parallel.
-    fn write_concurrency(&self) -> usize {
-        1
-    }
 }
 
 /// Capacity reservations of a bounded DLR store.

@@ -32,19 +32,21 @@ pub mod router_queue;
 #[cfg(test)]
 mod conformance;
 
-pub use backend::{DlrBackend, StageBackend};
+pub use backend::{Backend, StageCapabilities};
 pub use dlr::{
-    ClaimCreated, Delivery, DeliveryFinish, DeliveryId, DeliveryResult, DlrRetention, DlrState, DlrStats, DlrStore,
-    DlrWrite, DlrWriteOutcome, ExpiryReport, Handoff, HandoffOutcome, ProviderReceipt, ReceiptMatch, ReceiptOutcome,
-    ReceiptReservations, ReceiptTarget, ReplyPath,
+    ClaimCreated, Delivery, DeliveryFinish, DeliveryId, DeliveryResult, DlrCapabilities, DlrRetention, DlrState,
+    DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, ExpiryReport, Handoff, HandoffOutcome, ProviderReceipt,
+    ReceiptMatch, ReceiptOutcome, ReceiptReservations, ReceiptTarget, ReplyPath,
 };
 pub use envelope::{EnvelopeError, RecordKind};
 pub use error::{BackendFailure, DlrError, FailureKind, PendingError, RoutedWorkError, RouterQueueError, StorageError};
 pub use ids::{MessageId, ReadySeq, Timestamp, UnitId};
-pub use pending::{AdmitOutcome, BlockingPendingWriter, Disposition, PendingStats, PendingStore, ReadyUnit, Unit};
+pub use pending::{
+    AdmitOutcome, BlockingPendingWriter, Disposition, PendingCapabilities, PendingStats, PendingStore, ReadyUnit, Unit,
+};
 pub use record::{Address, Channel, GroupKey, PartInfo, PendingRecord};
 pub use routed_work::{
     Branch, BranchDone, BranchFailure, BranchKind, BranchMove, BranchOutcome, RoutedUnit, RoutedWorkStats,
     RoutedWorkStore, RoutedWrite,
 };
-pub use router_queue::{RouterQueueStats, RouterQueueStore, StagedUnit};
+pub use router_queue::{RouterQueueStats, RouterQueueStore, RouterQueueWrite, StagedUnit};

@@ -1,9 +1,10 @@
 //! The pending stage: accepted sources, kept until every branch and any DLR handoff
 //! is terminal.
 //!
-//! Owned by the Ingress actor. Admission is a batch: one call, one durable commit (for
-//! durable backends), many acknowledgements — that is how a durable profile reaches
-//! tens of thousands of messages per second on a disk that does a few thousand fsyncs.
+//! Owned by the Ingress actor. Its one write is a batch: one call admits many messages
+//! and completes many sources in one durable commit (for durable backends), for many
+//! acknowledgements — that is how a durable profile reaches tens of thousands of
+//! messages per second on a disk that does a few thousand fsyncs.
 //!
 //! Multipart parts are admitted one by one. The store tracks each group; when its last
 //! part arrives the group becomes one *ready unit*. Single messages are ready at once.
@@ -18,7 +19,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::backend::StageBackend;
+use crate::backend::StageCapabilities;
 use crate::error::PendingError;
 use crate::ids::{MessageId, ReadySeq, Timestamp, UnitId};
 use crate::record::PendingRecord;
@@ -118,15 +119,30 @@ pub struct PendingStats {
     pub oldest_accepted_at: Option<Timestamp>,
 }
 
-/// The pending stage contract. Implementations: memory, file (redb), postgresql.
+/// What a pending store is, and how its commits are best driven.
+#[derive(Clone)]
+pub struct PendingCapabilities {
+    pub stage: StageCapabilities,
+    /// A writer that commits on the calling thread, for a backend whose commit blocks it
+    /// anyway (file). The Ingress then runs its writer on a thread of its own and spares
+    /// every commit the two thread hand-offs of an async call — time each client waiting
+    /// for an acknowledgement pays. `None`: use [`PendingStore::commit`].
+    pub blocking_writer: Option<Arc<dyn BlockingPendingWriter>>,
+}
+
+/// The pending stage contract: one write, the reads selection and restore use, and the
+/// expiry of multipart groups. Implementations: memory, file (redb).
 #[async_trait]
 pub trait PendingStore: Send + Sync + 'static {
-    fn backend(&self) -> StageBackend;
+    fn capabilities(&self) -> PendingCapabilities;
 
-    /// Admit a batch. On `Ok`, each outcome says what happened to the record at the same
-    /// index, and every `Admitted` record is stored as durably as the backend promises.
-    /// On `Err`, nothing in the batch may be acknowledged.
-    async fn admit(&self, batch: Vec<PendingRecord>) -> Result<Vec<AdmitOutcome>, PendingError>;
+    /// Complete units (remove them and their source records; unknown ids are ignored) and
+    /// admit a batch, in one durable transition (for a durable backend). Capacity is
+    /// decided after the completions. On `Ok`, each outcome says what happened to the
+    /// record at the same index of `admit`, and every admitted record is stored as
+    /// durably as the backend promises. On `Err`, nothing in the batch may be
+    /// acknowledged.
+    async fn commit(&self, admit: Vec<PendingRecord>, complete: &[UnitId]) -> Result<Vec<AdmitOutcome>, PendingError>;
 
     /// Up to `limit` ready units with `seq > after`, in ready order.
     async fn ready_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<ReadyUnit>, PendingError>;
@@ -139,28 +155,10 @@ pub trait PendingStore: Send + Sync + 'static {
     /// ready units with [`Disposition::Expired`]. Returns how many groups expired.
     async fn expire_groups(&self, now: Timestamp, limit: usize) -> Result<usize, PendingError>;
 
-    /// Remove completed units and their source records. Idempotent: unknown ids are ignored.
-    async fn complete(&self, ids: &[UnitId]) -> Result<(), PendingError>;
-
-    /// Admit a batch and complete units in one durable transition (the file backend
-    /// shares one fsync between them). Outcomes are for `admit`, as in [`Self::admit`].
-    async fn commit(&self, admit: Vec<PendingRecord>, complete: &[UnitId]) -> Result<Vec<AdmitOutcome>, PendingError> {
-        self.complete(complete).await?;
-        self.admit(admit).await
-    }
-
     async fn stats(&self) -> Result<PendingStats, PendingError>;
-
-    /// A writer that commits on the calling thread, for a backend whose commit blocks it
-    /// anyway (file). The Ingress then runs its writer on a thread of its own and spares
-    /// every commit the two thread hand-offs of an async call — time each client waiting
-    /// for an acknowledgement pays. `None` (the default): use [`Self::commit`].
-    fn blocking_writer(&self) -> Option<Arc<dyn BlockingPendingWriter>> {
-        None
-    }
 }
 
-/// [`PendingStore::commit`] as a blocking call (see [`PendingStore::blocking_writer`]).
+/// [`PendingStore::commit`] as a blocking call (see [`PendingCapabilities::blocking_writer`]).
 /// Never call it on an async runtime's worker thread.
 pub trait BlockingPendingWriter: Send + Sync + 'static {
     /// [`PendingStore::commit`]. If the admissions' outcomes are durable before the

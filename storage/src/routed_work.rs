@@ -1,15 +1,15 @@
 //! The routed-work stage: the destinations routing chose for each unit and which
 //! branches are done.
 //!
-//! Owned by the Router actor. One `record` transition stores every branch of a unit —
-//! the primary route with its failover targets and every copied route — so a restart
-//! restores recorded destinations to their workers, and a completed branch (recorded
-//! by `complete`) is never sent again.
+//! Owned by the Router actor. Recording a unit stores every branch of it — the primary
+//! route with its failover targets and every copied route — in one transition, so a
+//! restart restores recorded destinations to their workers, and a completed branch is
+//! never sent again.
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::backend::StageBackend;
+use crate::backend::StageCapabilities;
 use crate::error::RoutedWorkError;
 use crate::ids::{MessageId, Timestamp, UnitId};
 
@@ -155,38 +155,25 @@ impl RoutedWrite {
     }
 }
 
-/// The routed-work stage contract.
+/// The routed-work stage contract: one write, and the reads restore uses.
 #[async_trait]
 pub trait RoutedWorkStore: Send + Sync + 'static {
-    fn backend(&self) -> StageBackend;
+    fn capabilities(&self) -> StageCapabilities;
 
-    /// Record routed units, each in one transition (a batch may share one commit).
-    /// Re-recording a unit that is already recorded keeps the existing record: routing
-    /// decisions are not redone.
-    async fn record(&self, units: Vec<RoutedUnit>) -> Result<(), RoutedWorkError>;
-
-    /// Record branch completions. A branch already completed keeps its first outcome;
-    /// completions for unknown units are ignored.
-    async fn complete(&self, done: Vec<BranchDone>) -> Result<(), RoutedWorkError>;
-
-    /// Record failovers ([`Branch::moved_from`]). Moves of unknown units or finished
-    /// branches are ignored.
-    async fn move_branches(&self, moves: Vec<BranchMove>) -> Result<(), RoutedWorkError>;
-
-    /// Forget units whose sources completed. Idempotent.
-    async fn remove(&self, ids: &[UnitId]) -> Result<(), RoutedWorkError>;
+    /// Apply a write as one transition, durable (for a durable backend) when it returns,
+    /// in this order:
+    ///
+    /// - record routed units. Re-recording a unit that is already recorded keeps the
+    ///   existing record: routing decisions are not redone;
+    /// - record failovers ([`Branch::moved_from`]); moves of unknown units or finished
+    ///   branches are ignored;
+    /// - record branch completions. A branch already completed keeps its first outcome;
+    ///   completions for unknown units are ignored;
+    /// - forget units whose sources completed; unknown ids are ignored.
+    async fn apply(&self, write: RoutedWrite) -> Result<(), RoutedWorkError>;
 
     /// Recorded units with `id > after` in id order, at most `limit`.
     async fn load_after(&self, after: Option<UnitId>, limit: usize) -> Result<Vec<RoutedUnit>, RoutedWorkError>;
-
-    /// Record, move, complete and remove in one transition (the file backend shares one
-    /// commit between them); the same semantics as the four calls in that order.
-    async fn apply(&self, write: RoutedWrite) -> Result<(), RoutedWorkError> {
-        self.record(write.record).await?;
-        self.move_branches(write.moves).await?;
-        self.complete(write.complete).await?;
-        self.remove(&write.remove).await
-    }
 
     async fn stats(&self) -> Result<RoutedWorkStats, RoutedWorkError>;
 }

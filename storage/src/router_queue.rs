@@ -1,6 +1,6 @@
 //! The router-queue stage: the batches select-and-stage picked for routing.
 //!
-//! Owned by the Selector actor. `stage` records a selected batch together with the
+//! Owned by the Selector actor. A write stages a selected batch together with the
 //! selection cursor in one transition, so with a durable backend a restart restores the
 //! batch without selecting again and resumes selection after it. A staged unit is
 //! released once it no longer needs to be rerouted from here: when routed-work has
@@ -8,7 +8,7 @@
 
 use async_trait::async_trait;
 
-use crate::backend::StageBackend;
+use crate::backend::StageCapabilities;
 use crate::error::RouterQueueError;
 use crate::ids::{ReadySeq, UnitId};
 
@@ -25,17 +25,31 @@ pub struct RouterQueueStats {
     pub cursor: ReadySeq,
 }
 
-/// The router-queue stage contract.
+/// One router-queue transition: a selected batch staged with the cursor it advances
+/// to, then staged units released.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RouterQueueWrite {
+    /// Units selected; staging a unit that is already staged keeps its first entry.
+    pub stage: Vec<StagedUnit>,
+    /// Where selection resumes; the cursor never moves backwards.
+    pub cursor: Option<ReadySeq>,
+    /// Staged units to forget; unknown ids are ignored.
+    pub release: Vec<UnitId>,
+}
+
+impl RouterQueueWrite {
+    pub fn is_empty(&self) -> bool {
+        self.stage.is_empty() && self.cursor.is_none() && self.release.is_empty()
+    }
+}
+
+/// The router-queue stage contract: one write, and the reads restore and selection use.
 #[async_trait]
 pub trait RouterQueueStore: Send + Sync + 'static {
-    fn backend(&self) -> StageBackend;
+    fn capabilities(&self) -> StageCapabilities;
 
-    /// Record a selected batch and advance the selection cursor, as one transition.
-    /// The cursor never moves backwards.
-    async fn stage(&self, units: &[StagedUnit], cursor: ReadySeq) -> Result<(), RouterQueueError>;
-
-    /// Forget staged units. Idempotent.
-    async fn release(&self, ids: &[UnitId]) -> Result<(), RouterQueueError>;
+    /// Apply a write as one transition, durable (for a durable backend) when it returns.
+    async fn apply(&self, write: RouterQueueWrite) -> Result<(), RouterQueueError>;
 
     /// Staged units with `seq > after`, in seq order, at most `limit` (restore walks
     /// them page by page).

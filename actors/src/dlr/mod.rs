@@ -18,8 +18,8 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use sendium_protocols::smpp::client::{Acker, DeliverAck};
 use sendium_storage::failpoint;
 use sendium_storage::{
-    ClaimCreated, Delivery, DeliveryFinish, DeliveryResult, DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, Handoff,
-    HandoffOutcome, ProviderReceipt, ReceiptMatch, ReplyPath, Timestamp,
+    ClaimCreated, Delivery, DeliveryFinish, DeliveryResult, DlrCapabilities, DlrStats, DlrStore, DlrWrite,
+    DlrWriteOutcome, Handoff, HandoffOutcome, ProviderReceipt, ReceiptMatch, ReplyPath, Timestamp,
 };
 
 use crate::context::Shared;
@@ -96,6 +96,9 @@ pub struct DlrArgs {
 pub struct DlrState {
     shared: Arc<Shared>,
     store: Arc<dyn DlrStore>,
+    /// What the store can do, read once: how many steps it commits at once, whether its
+    /// writes claim what they create, its reservation gate.
+    caps: DlrCapabilities,
     http: reqwest::Client,
     in_flight: usize,
     deliver_scheduled: bool,
@@ -235,7 +238,7 @@ impl DlrState {
     /// steps as it takes at once: then the queue grows and goes as one step later
     /// (group commit).
     fn write_queued(&mut self) {
-        if self.queued.write.is_empty() || self.writing >= self.store.write_concurrency().max(1) {
+        if self.queued.write.is_empty() || self.writing >= self.caps.write_concurrency.max(1) {
             return;
         }
         let Step {
@@ -246,9 +249,9 @@ impl DlrState {
         // What the step resolves is claimed in the same write where the store can (one
         // statement less per receipt), within what may be in flight: each step writing
         // at once gets its share of the room left.
-        let room = MAX_IN_FLIGHT.saturating_sub(self.in_flight + self.claimed_by_writes)
-            / self.store.write_concurrency().max(1);
-        let limit = if self.store.claims_in_writes() {
+        let room =
+            MAX_IN_FLIGHT.saturating_sub(self.in_flight + self.claimed_by_writes) / self.caps.write_concurrency.max(1);
+        let limit = if self.caps.claims_in_writes {
             room.min(CLAIM_BATCH)
         } else {
             0
@@ -269,7 +272,7 @@ impl DlrState {
         self.writing += 1;
         // Only worth tracking where steps overlap; one writer commits them in turn.
         let mut ids: Vec<(String, String)> = Vec::new();
-        if self.store.write_concurrency() > 1 {
+        if self.caps.write_concurrency > 1 {
             for h in &write.handoffs {
                 if let HandoffOutcome::Submitted { provider_keys } = &h.outcome {
                     let held = self.writing_ids.entry(h.destination.clone()).or_default();
@@ -593,6 +596,7 @@ impl Actor for DlrCorrelator {
             .build()?;
         Ok(DlrState {
             shared: args.shared,
+            caps: args.store.capabilities(),
             store: args.store,
             http,
             in_flight: 0,
@@ -649,7 +653,7 @@ impl Actor for DlrCorrelator {
                 let _ = reply.send(DlrStatus {
                     store,
                     deliveries_in_flight: state.in_flight as u64,
-                    reserved: state.store.reservations().map(|r| (r.held(), r.capacity())),
+                    reserved: state.caps.reservations.as_ref().map(|r| (r.held(), r.capacity())),
                 });
             }
         }

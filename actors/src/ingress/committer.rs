@@ -82,7 +82,7 @@ impl CommitterHandle {
     /// own, otherwise a task.
     pub(super) fn spawn(policy: IngressArgs) -> Self {
         let gauges = Arc::new(Gauges::default());
-        let work = match policy.store.blocking_writer() {
+        let work = match policy.store.capabilities().blocking_writer {
             Some(writer) => {
                 let (work, rx) = std::sync::mpsc::channel();
                 let g = gauges.clone();

@@ -217,6 +217,9 @@ struct Destination {
 pub struct RouterState {
     shared: Arc<Shared>,
     store: Arc<dyn RoutedWorkStore>,
+    /// The store keeps its records across a restart: the Selector releases a staged
+    /// unit once it is recorded here, and writes are paced.
+    durable: bool,
     routes: Arc<RouteTable>,
     max_in_flight: usize,
     max_age: Duration,
@@ -365,7 +368,7 @@ impl RouterState {
             self.shared.dir.selector.send(SelectorMsg::Credit(known.len()));
             // Staged again after a restart but already recorded here: with a durable
             // routed-work stage their staged entries are done with.
-            if self.store.backend().is_durable() {
+            if self.durable {
                 self.shared.dir.selector.send(SelectorMsg::Routed(known));
             }
         }
@@ -388,7 +391,7 @@ impl RouterState {
         // Pace durable writes: nothing acknowledged waits on them, and at moderate rates
         // back-to-back commits of a few units each would spend the CPU and disk the
         // acknowledging commits need. A short gap gathers bigger batches.
-        if self.store.backend().is_durable()
+        if self.durable
             && let Some(last) = self.last_write
         {
             let since = last.elapsed();
@@ -465,7 +468,7 @@ impl RouterState {
             .collect();
         metrics::counter!("sendium_routed_total").increment(fresh.len() as u64);
         let ids: Vec<UnitId> = fresh.iter().map(|(u, _)| u.id).collect();
-        if self.store.backend().is_durable() {
+        if self.durable {
             self.shared.dir.selector.send(SelectorMsg::Routed(ids));
         }
         for (unit, routed) in fresh {
@@ -958,7 +961,11 @@ impl RouterState {
                 }
             }
             if !gone.is_empty() {
-                self.store.remove(&gone).await?;
+                let forget = sendium_storage::RoutedWrite {
+                    remove: gone,
+                    ..Default::default()
+                };
+                self.store.apply(forget).await?;
             }
         }
         if restored > 0 {
@@ -1005,6 +1012,7 @@ impl Actor for Router {
             .collect();
         let mut state = RouterState {
             shared: args.shared,
+            durable: args.store.capabilities().durable,
             store: args.store,
             routes: args.routes,
             max_in_flight: args.max_in_flight.max(1),

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::{DlrFactory as Factory, retention};
+use crate::conformance::ops::DlrOps as _;
 use crate::dlr::{
     ClaimCreated, DeliveryFinish, DeliveryResult, DlrRetention, DlrState, DlrWrite, Handoff, HandoffOutcome,
     ProviderReceipt, ReceiptMatch, ReceiptOutcome, ReceiptTarget, ReplyPath,
@@ -230,7 +231,7 @@ pub(crate) async fn failure_only_targets(f: &dyn Factory) {
     let due = s.claim_due(later(), LEASE, 10).await.unwrap();
     assert_eq!(due.len(), 1, "failure-only receipts skip successes");
     assert_eq!(due[0].outcome.state, DlrState::Rejected);
-    if let Some(gate) = s.reservations() {
+    if let Some(gate) = s.capabilities().reservations {
         assert_eq!(gate.held(), 0, "the skipped receipt's reservation is released");
     }
 }
@@ -439,7 +440,7 @@ pub(crate) async fn a_step_may_claim_the_deliveries_it_creates(f: &dyn Factory) 
     let claimed = out.claimed;
     // A store that says it claims in its writes does, up to the limit; one that does not
     // claims nothing (and the correlator then runs claim rounds for everything).
-    if s.claims_in_writes() {
+    if s.capabilities().claims_in_writes {
         assert_eq!(claimed.len(), 2, "{claimed:?}");
     } else {
         assert!(claimed.is_empty(), "{claimed:?}");

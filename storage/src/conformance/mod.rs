@@ -6,6 +6,7 @@
 //! expands into one `#[tokio::test]` per contract case.
 
 pub(crate) mod dlr;
+pub(crate) mod ops;
 pub(crate) mod pending;
 mod postgresql;
 pub(crate) mod routed_work;
@@ -237,7 +238,7 @@ conformance_suite!(file, FileFactory::default());
 #[tokio::test]
 async fn memory_dlr_refuses_reservations_beyond_capacity() {
     let store = MemoryFactory.dlr(2, retention()).await;
-    let gate = store.reservations().expect("memory DLR is bounded");
+    let gate = store.capabilities().reservations.expect("memory DLR is bounded");
     assert!(gate.try_reserve(2));
     assert!(!gate.try_reserve(1), "a third receipt does not fit");
 }

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::{Factory, part, record};
+use crate::conformance::ops::PendingOps as _;
 use crate::ids::{ReadySeq, Timestamp};
 use crate::memory::PendingLimits;
 use crate::pending::{AdmitOutcome, Disposition};

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::DlrFactory;
+use crate::conformance::ops::DlrOps as _;
 use crate::dlr::{DlrRetention, DlrStore};
 use crate::postgresql::PostgresDlrStore;
 use crate::postgresql::test_cluster::TestCluster;

@@ -1,6 +1,7 @@
 //! Conformance cases (test-only: the suite is compiled under `#[cfg(test)]`).
 
 use super::Factory;
+use crate::conformance::ops::RoutedWorkOps as _;
 use crate::ids::{MessageId, Timestamp};
 use crate::routed_work::{Branch, BranchDone, BranchFailure, BranchKind, BranchMove, BranchOutcome, RoutedUnit};
 

@@ -1,6 +1,7 @@
 //! Conformance cases (test-only: the suite is compiled under `#[cfg(test)]`).
 
 use super::Factory;
+use crate::conformance::ops::RouterQueueOps as _;
 use crate::ids::{MessageId, ReadySeq};
 use crate::router_queue::StagedUnit;
 

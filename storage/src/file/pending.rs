@@ -43,13 +43,15 @@ use super::db::{Fail, FileOptions, META, StoreFile, blocking, check_layout, get_
 use super::dir::{DataDir, PENDING_FILE};
 use super::journal::{Checkpoint, Journal, Stage, read_legacy};
 use super::records::{GroupState, IdempotencyEntry, UnitEntry};
-use crate::backend::StageBackend;
+use crate::backend::{Backend, StageCapabilities};
 use crate::envelope::{self, RecordKind};
 use crate::error::{BackendFailure, FailureKind, PendingError};
 use crate::failpoint;
 use crate::ids::{MessageId, ReadySeq, Timestamp, UnitId};
 use crate::memory::PendingLimits;
-use crate::pending::{AdmitOutcome, BlockingPendingWriter, Disposition, PendingStats, PendingStore, ReadyUnit, Unit};
+use crate::pending::{
+    AdmitOutcome, BlockingPendingWriter, Disposition, PendingCapabilities, PendingStats, PendingStore, ReadyUnit, Unit,
+};
 use crate::reassembly::{self, GroupView, KeyState, Placement};
 use crate::record::{GroupKey, PendingRecord};
 
@@ -911,10 +913,6 @@ fn complete_in(t: &mut Tx<'_>, ids: &[UnitId]) -> Result<bool, Fail> {
 }
 
 impl Inner {
-    fn admit(&self, batch: Vec<PendingRecord>) -> Result<Vec<AdmitOutcome>, BackendFailure> {
-        self.commit(batch, &[], &mut |_| {})
-    }
-
     /// One write transaction of the pending stage. `body` changes the tables (or
     /// decides changes, see [`Change::Decided`]) and says how the change may be made
     /// durable; this records the journal LSN the new state corresponds to and makes it
@@ -1218,10 +1216,6 @@ impl Inner {
         )
     }
 
-    fn complete(&self, ids: Vec<UnitId>) -> Result<(), BackendFailure> {
-        self.commit(Vec::new(), &ids, &mut |_| {}).map(|_| ())
-    }
-
     fn stats(&self) -> Result<PendingStats, BackendFailure> {
         self.wait_for_answered();
         self.read_stats()
@@ -1254,15 +1248,11 @@ impl Checkpoint for Inner {
 
 #[async_trait]
 impl PendingStore for FilePendingStore {
-    fn backend(&self) -> StageBackend {
-        StageBackend::File
-    }
-
-    async fn admit(&self, batch: Vec<PendingRecord>) -> Result<Vec<AdmitOutcome>, PendingError> {
-        if batch.is_empty() {
-            return Ok(Vec::new());
+    fn capabilities(&self) -> PendingCapabilities {
+        PendingCapabilities {
+            stage: StageCapabilities::durable(Backend::File),
+            blocking_writer: Some(Arc::new(self.clone())),
         }
-        self.run(move |i| i.admit(batch)).await
     }
 
     async fn ready_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<ReadyUnit>, PendingError> {
@@ -1278,14 +1268,6 @@ impl PendingStore for FilePendingStore {
         self.run(move |i| i.expire_groups(now, limit)).await
     }
 
-    async fn complete(&self, ids: &[UnitId]) -> Result<(), PendingError> {
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let ids = ids.to_vec();
-        self.run(move |i| i.complete(ids)).await
-    }
-
     async fn commit(&self, admit: Vec<PendingRecord>, complete: &[UnitId]) -> Result<Vec<AdmitOutcome>, PendingError> {
         let complete = complete.to_vec();
         self.run(move |i| i.commit(admit, &complete, &mut |_| {})).await
@@ -1293,10 +1275,6 @@ impl PendingStore for FilePendingStore {
 
     async fn stats(&self) -> Result<PendingStats, PendingError> {
         self.run(|i| i.stats()).await
-    }
-
-    fn blocking_writer(&self) -> Option<Arc<dyn BlockingPendingWriter>> {
-        Some(Arc::new(self.clone()))
     }
 }
 

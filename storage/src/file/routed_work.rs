@@ -1,10 +1,10 @@
 //! File-backed routed-work stage (`<dir>/routed-work.redb`).
 //!
 //! Same semantics as [`MemoryRoutedWorkStore`](crate::memory::MemoryRoutedWorkStore).
-//! `record` stores every branch of each unit in one transaction per call, and
-//! `complete` stores branch outcomes, each durable through its journal frame before it
-//! returns (see [`super::journaled`]), so after SIGKILL recorded destinations go back to
-//! their workers and completed branches are not sent again.
+//! A write stores every branch of each unit it records, its failovers and its branch
+//! outcomes in one transaction, durable through its journal frame before it returns (see
+//! [`super::journaled`]), so after SIGKILL recorded destinations go back to their workers
+//! and completed branches are not sent again.
 //!
 //! | table | key | value |
 //! |---|---|---|
@@ -23,7 +23,7 @@ use super::db::{Fail, FileOptions, META, blocking, check_layout, get_counter};
 use super::dir::{DataDir, ROUTED_WORK_FILE};
 use super::journal::{Checkpoint, Stage};
 use super::journaled::{JournaledFile, Wait};
-use crate::backend::StageBackend;
+use crate::backend::{Backend, StageCapabilities};
 use crate::envelope::{self, RecordKind};
 use crate::error::{BackendFailure, RoutedWorkError};
 use crate::ids::{MessageId, UnitId};
@@ -283,10 +283,6 @@ impl Inner {
         })
     }
 
-    fn record(&self, units: Vec<RoutedUnit>) -> Result<(), BackendFailure> {
-        self.apply(units, Changes::default())
-    }
-
     fn load_after(&self, after: Option<UnitId>, limit: usize) -> Result<Vec<RoutedUnit>, BackendFailure> {
         self.file.file.read(|txn| {
             let table = txn.open_table(UNITS)?;
@@ -318,60 +314,17 @@ impl Inner {
 
 #[async_trait]
 impl RoutedWorkStore for FileRoutedWorkStore {
-    fn backend(&self) -> StageBackend {
-        StageBackend::File
+    fn capabilities(&self) -> StageCapabilities {
+        StageCapabilities::durable(Backend::File)
     }
 
-    /// One transaction for the whole batch, durable through its journal frame.
-    async fn record(&self, units: Vec<RoutedUnit>) -> Result<(), RoutedWorkError> {
-        if units.is_empty() {
-            return Ok(());
-        }
-        self.run(move |i| i.record(units)).await
-    }
-
-    /// One transaction, durable through its journal frame: a branch recorded complete
-    /// is never sent again.
-    async fn complete(&self, done: Vec<BranchDone>) -> Result<(), RoutedWorkError> {
-        if done.is_empty() {
-            return Ok(());
-        }
-        let complete = Changes {
-            complete: done,
-            ..Changes::default()
-        };
-        self.run(move |i| i.apply(Vec::new(), complete)).await
-    }
-
-    /// Does not wait for its journal frame to be synced: removal follows source
-    /// completion, so a removal lost to a crash leaves a unit whose pending source is
-    /// gone. After the restart, reconciliation finds that its source no longer exists
-    /// (`units()` skips it) and removes it again; no branch is redelivered because of it.
-    /// The next flush of any stage's frames, or a checkpoint, persists the removal anyway.
-    async fn remove(&self, ids: &[UnitId]) -> Result<(), RoutedWorkError> {
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let remove = Changes {
-            remove: ids.to_vec(),
-            ..Changes::default()
-        };
-        self.run(move |i| i.apply(Vec::new(), remove)).await
-    }
-
-    /// One transaction, durable through its journal frame: a restart does not send a
-    /// branch back to a destination it failed over from.
-    async fn move_branches(&self, moves: Vec<BranchMove>) -> Result<(), RoutedWorkError> {
-        if moves.is_empty() {
-            return Ok(());
-        }
-        let moves = Changes {
-            moves,
-            ..Changes::default()
-        };
-        self.run(move |i| i.apply(Vec::new(), moves)).await
-    }
-
+    /// One transaction, durable through its journal frame when it records routes,
+    /// failovers or completions. A removal alone does not wait for its frame to be
+    /// synced: removal follows source completion, so a removal lost to a crash leaves a
+    /// unit whose pending source is gone. After the restart, reconciliation finds that
+    /// its source no longer exists (`units()` skips it) and removes it again; no branch is
+    /// redelivered because of it. The next flush of any stage's frames, or a checkpoint,
+    /// persists the removal anyway.
     async fn apply(&self, write: RoutedWrite) -> Result<(), RoutedWorkError> {
         if write.is_empty() {
             return Ok(());

@@ -1,7 +1,7 @@
 //! File-backed router-queue stage (`<dir>/router-queue.redb`).
 //!
 //! Same semantics as [`MemoryRouterQueueStore`](crate::memory::MemoryRouterQueueStore).
-//! `stage` writes the batch (by seq and by id) and the advanced cursor in one
+//! A write stages the batch (by seq and by id) and the advanced cursor in one
 //! transaction, durable through its journal frame before it returns (see
 //! [`super::journaled`]), so after SIGKILL the batch is restored without selecting again
 //! and selection resumes after it.
@@ -23,11 +23,11 @@ use super::dir::{DataDir, ROUTER_QUEUE_FILE};
 use super::journal::{Checkpoint, Stage};
 use super::journaled::{JournaledFile, Wait};
 use super::records::StagedRecord;
-use crate::backend::StageBackend;
+use crate::backend::{Backend, StageCapabilities};
 use crate::envelope::{self, RecordKind};
 use crate::error::{BackendFailure, RouterQueueError};
 use crate::ids::{ReadySeq, UnitId};
-use crate::router_queue::{RouterQueueStats, RouterQueueStore, StagedUnit};
+use crate::router_queue::{RouterQueueStats, RouterQueueStore, RouterQueueWrite, StagedUnit};
 
 const STAGED: TableDefinition<u64, &[u8]> = TableDefinition::new("staged");
 const STAGED_IDS: TableDefinition<&[u8; 16], u64> = TableDefinition::new("staged_ids");
@@ -46,8 +46,8 @@ struct Inner {
     file: JournaledFile,
 }
 
-/// What one router-queue commit changed, as journaled: a `stage` (units and cursor) or
-/// a `release` (ids). A struct, not an enum: envelopes flatten their value.
+/// What one router-queue commit changed, as journaled: units staged, the cursor (0: not
+/// moved), ids released. A struct, not an enum: envelopes flatten their value.
 #[derive(Default, Serialize, Deserialize)]
 struct RouterQueueFrame {
     #[serde(default)]
@@ -163,29 +163,24 @@ fn release_in(txn: &WriteTransaction, release: &[UnitId]) -> Result<bool, Fail> 
 }
 
 impl Inner {
-    fn stage(&self, units: Vec<StagedUnit>, cursor: ReadySeq) -> Result<(), BackendFailure> {
-        self.file.write(Wait::Synced, |txn| {
-            if !stage_in(txn, &units, cursor)? {
+    /// A release alone does not wait for its frame: see [`FileRouterQueueStore::apply`].
+    fn apply(&self, write: RouterQueueWrite) -> Result<(), BackendFailure> {
+        let wait = if write.stage.is_empty() && write.cursor.is_none() {
+            Wait::Buffered
+        } else {
+            Wait::Synced
+        };
+        self.file.write(wait, |txn| {
+            let cursor = write.cursor.unwrap_or_default();
+            let mut changed = stage_in(txn, &write.stage, cursor)?;
+            changed |= release_in(txn, &write.release)?;
+            if !changed {
                 return Ok(None);
             }
             let frame = RouterQueueFrame {
-                stage: units.iter().map(|u| (u.id, u.seq.0)).collect(),
+                stage: write.stage.iter().map(|u| (u.id, u.seq.0)).collect(),
                 cursor: cursor.0,
-                ..RouterQueueFrame::default()
-            };
-            encode_frame(&frame).map(Some)
-        })
-    }
-
-    /// Not waiting for its frame: see [`RouterQueueStore::release`] on [`FileRouterQueueStore`].
-    fn release(&self, release: Vec<UnitId>) -> Result<(), BackendFailure> {
-        self.file.write(Wait::Buffered, |txn| {
-            if !release_in(txn, &release)? {
-                return Ok(None);
-            }
-            let frame = RouterQueueFrame {
-                release,
-                ..RouterQueueFrame::default()
+                release: write.release,
             };
             encode_frame(&frame).map(Some)
         })
@@ -220,29 +215,22 @@ impl Inner {
 
 #[async_trait]
 impl RouterQueueStore for FileRouterQueueStore {
-    fn backend(&self) -> StageBackend {
-        StageBackend::File
+    fn capabilities(&self) -> StageCapabilities {
+        StageCapabilities::durable(Backend::File)
     }
 
-    /// One transaction, durable through its journal frame: the batch and the cursor
-    /// together, or neither.
-    async fn stage(&self, units: &[StagedUnit], cursor: ReadySeq) -> Result<(), RouterQueueError> {
-        let units = units.to_vec();
-        self.run(move |i| i.stage(units, cursor)).await
-    }
-
-    /// Does not wait for its journal frame to be synced: releasing is cleanup whose loss
-    /// is harmless. If the process dies before the frame is flushed (with the next
-    /// commit of any stage) or checkpointed, the unit is simply still staged after the
-    /// restart, and restore repairs that by stable id: a unit whose source completed is
-    /// skipped (the pending store no longer has it), and one a durable routed-work stage
-    /// already holds is dropped by the Router.
-    async fn release(&self, ids: &[UnitId]) -> Result<(), RouterQueueError> {
-        if ids.is_empty() {
+    /// One transaction, durable through its journal frame when it stages: the batch and
+    /// the cursor together, or neither. A release alone does not wait for its frame to
+    /// be synced: releasing is cleanup whose loss is harmless. If the process dies before
+    /// the frame is flushed (with the next commit of any stage) or checkpointed, the unit
+    /// is simply still staged after the restart, and restore repairs that by stable id: a
+    /// unit whose source completed is skipped (the pending store no longer has it), and
+    /// one a durable routed-work stage already holds is dropped by the Router.
+    async fn apply(&self, write: RouterQueueWrite) -> Result<(), RouterQueueError> {
+        if write.is_empty() {
             return Ok(());
         }
-        let ids = ids.to_vec();
-        self.run(move |i| i.release(ids)).await
+        self.run(move |i| i.apply(write)).await
     }
 
     async fn staged_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<StagedUnit>, RouterQueueError> {

@@ -16,11 +16,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use parking_lot::Mutex;
 
-use crate::backend::DlrBackend;
+use crate::backend::Backend;
 use crate::dlr::{
-    Delivery, DeliveryFinish, DeliveryId, DeliveryResult, DlrRetention, DlrState, DlrStats, DlrStore, ExpiryReport,
-    Handoff, HandoffOutcome, ProviderReceipt, ReceiptMatch, ReceiptOutcome, ReceiptReservations, ReceiptTarget,
-    ReplyPath,
+    Delivery, DeliveryFinish, DeliveryId, DeliveryResult, DlrCapabilities, DlrRetention, DlrState, DlrStats, DlrStore,
+    DlrWrite, DlrWriteOutcome, ExpiryReport, Handoff, HandoffOutcome, ProviderReceipt, ReceiptMatch, ReceiptOutcome,
+    ReceiptReservations, ReceiptTarget, ReplyPath,
 };
 use crate::error::DlrError;
 use crate::ids::{Timestamp, UnitId};
@@ -247,17 +247,10 @@ impl MemoryDlrStore {
     }
 }
 
-#[async_trait]
-impl DlrStore for MemoryDlrStore {
-    fn backend(&self) -> DlrBackend {
-        DlrBackend::Memory
-    }
-
-    fn reservations(&self) -> Option<Arc<ReceiptReservations>> {
-        Some(self.reservations.clone())
-    }
-
-    async fn hand_off(&self, batch: Vec<Handoff>) -> Result<(), DlrError> {
+/// The three parts of a step, each under the lock on its own (nothing here is durable,
+/// so a step need not be one transaction).
+impl MemoryDlrStore {
+    fn hand_off(&self, batch: Vec<Handoff>) -> Result<(), DlrError> {
         let now = Timestamp::now();
         let mut inner = self.inner.lock();
         for h in batch {
@@ -334,7 +327,7 @@ impl DlrStore for MemoryDlrStore {
         Ok(())
     }
 
-    async fn record_receipts(&self, batch: Vec<ProviderReceipt>) -> Result<Vec<ReceiptMatch>, DlrError> {
+    fn record_receipts(&self, batch: Vec<ProviderReceipt>) -> Result<Vec<ReceiptMatch>, DlrError> {
         let now = Timestamp::now();
         let mut inner = self.inner.lock();
         let mut out = Vec::with_capacity(batch.len());
@@ -370,6 +363,51 @@ impl DlrStore for MemoryDlrStore {
         Ok(out)
     }
 
+    fn finish(&self, results: Vec<DeliveryFinish>) -> Result<(), DlrError> {
+        let mut inner = self.inner.lock();
+        for f in results {
+            let Some(rec) = inner.deliveries.get(&f.id) else {
+                continue;
+            };
+            if rec.attempt != f.attempt {
+                continue;
+            }
+            match f.result {
+                DeliveryResult::Delivered | DeliveryResult::Dead => {
+                    if inner.remove_delivery(f.id).is_some() {
+                        self.reservations.release(1);
+                    }
+                }
+                DeliveryResult::Retry { at } => {
+                    if let Some(rec) = inner.deliveries.get_mut(&f.id) {
+                        rec.leased_until = None;
+                    }
+                    inner.set_due(f.id, at);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl DlrStore for MemoryDlrStore {
+    fn capabilities(&self) -> DlrCapabilities {
+        DlrCapabilities {
+            reservations: Some(self.reservations.clone()),
+            ..DlrCapabilities::single_writer(Backend::Memory, false)
+        }
+    }
+
+    async fn apply(&self, step: DlrWrite) -> DlrWriteOutcome {
+        DlrWriteOutcome {
+            handoffs: self.hand_off(step.handoffs),
+            receipts: self.record_receipts(step.receipts),
+            finishes: self.finish(step.finishes),
+            claimed: Vec::new(),
+        }
+    }
+
     async fn claim_due(&self, now: Timestamp, lease: Duration, limit: usize) -> Result<Vec<Delivery>, DlrError> {
         let mut inner = self.inner.lock();
         let due: Vec<DeliveryId> = inner
@@ -397,32 +435,6 @@ impl DlrStore for MemoryDlrStore {
             }
         }
         Ok(out)
-    }
-
-    async fn finish(&self, results: Vec<DeliveryFinish>) -> Result<(), DlrError> {
-        let mut inner = self.inner.lock();
-        for f in results {
-            let Some(rec) = inner.deliveries.get(&f.id) else {
-                continue;
-            };
-            if rec.attempt != f.attempt {
-                continue;
-            }
-            match f.result {
-                DeliveryResult::Delivered | DeliveryResult::Dead => {
-                    if inner.remove_delivery(f.id).is_some() {
-                        self.reservations.release(1);
-                    }
-                }
-                DeliveryResult::Retry { at } => {
-                    if let Some(rec) = inner.deliveries.get_mut(&f.id) {
-                        rec.leased_until = None;
-                    }
-                    inner.set_due(f.id, at);
-                }
-            }
-        }
-        Ok(())
     }
 
     async fn wake_account(&self, account: &str, now: Timestamp) -> Result<u64, DlrError> {

@@ -9,10 +9,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use parking_lot::Mutex;
 
-use crate::backend::StageBackend;
+use crate::backend::StageCapabilities;
 use crate::error::PendingError;
 use crate::ids::{MessageId, ReadySeq, Timestamp, UnitId};
-use crate::pending::{AdmitOutcome, Disposition, PendingStats, PendingStore, ReadyUnit, Unit};
+use crate::pending::{AdmitOutcome, Disposition, PendingCapabilities, PendingStats, PendingStore, ReadyUnit, Unit};
 use crate::reassembly::{self, GroupView, KeyState, Placement};
 use crate::record::{GroupKey, PendingRecord};
 
@@ -200,6 +200,61 @@ impl MemoryPendingStore {
             inner: Mutex::new(Inner::default()),
         }
     }
+
+    /// Admit a batch into the structures (after the commit's completions).
+    fn admit_in(&self, inner: &mut Inner, batch: Vec<PendingRecord>) -> Vec<AdmitOutcome> {
+        let now = Timestamp::now();
+        let idem_expiry = now.saturating_add(self.limits.idempotency_retention);
+        inner.forget_idempotency(now);
+        inner.forget_completed_groups(now);
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for record in batch {
+            if let Some(key) = &record.idempotency_key
+                && let Some((existing, _)) = inner.idempotency.get(&(record.account.clone(), key.clone()))
+            {
+                outcomes.push(AdmitOutcome::Duplicate { existing: *existing });
+                continue;
+            }
+            // Only parts are compared with other admissions.
+            let digest = if record.part.is_some() {
+                record.submission_digest()
+            } else {
+                0
+            };
+            let placement = inner.place(&record, digest, now);
+            if let Placement::Retransmission { existing } = placement {
+                outcomes.push(AdmitOutcome::Duplicate { existing });
+                continue;
+            }
+            if inner.records.len() as u64 >= self.limits.max_records {
+                outcomes.push(AdmitOutcome::Full);
+                continue;
+            }
+            admit_one(inner, record, digest, placement, idem_expiry);
+            outcomes.push(if placement == Placement::Supersede {
+                AdmitOutcome::Superseding
+            } else {
+                AdmitOutcome::Admitted
+            });
+        }
+        outcomes
+    }
+}
+
+/// Remove completed units and their source records. Unknown ids are ignored.
+fn complete_in(inner: &mut Inner, ids: &[UnitId]) {
+    for id in ids {
+        if let Some(entry) = inner.units.remove(id) {
+            inner.ready.remove(&entry.seq);
+            for m in entry.members {
+                if let Some(rec) = inner.records.remove(&m)
+                    && rec.wants_receipt()
+                {
+                    inner.receipt_requests = inner.receipt_requests.saturating_sub(1);
+                }
+            }
+        }
+    }
 }
 
 /// Admit one record into the structures (shared by every admission path), where
@@ -264,47 +319,17 @@ fn admit_one(inner: &mut Inner, record: PendingRecord, digest: u64, placement: P
 
 #[async_trait]
 impl PendingStore for MemoryPendingStore {
-    fn backend(&self) -> StageBackend {
-        StageBackend::Memory
+    fn capabilities(&self) -> PendingCapabilities {
+        PendingCapabilities {
+            stage: StageCapabilities::MEMORY,
+            blocking_writer: None,
+        }
     }
 
-    async fn admit(&self, batch: Vec<PendingRecord>) -> Result<Vec<AdmitOutcome>, PendingError> {
-        let now = Timestamp::now();
-        let idem_expiry = now.saturating_add(self.limits.idempotency_retention);
+    async fn commit(&self, admit: Vec<PendingRecord>, complete: &[UnitId]) -> Result<Vec<AdmitOutcome>, PendingError> {
         let mut inner = self.inner.lock();
-        inner.forget_idempotency(now);
-        inner.forget_completed_groups(now);
-        let mut outcomes = Vec::with_capacity(batch.len());
-        for record in batch {
-            if let Some(key) = &record.idempotency_key
-                && let Some((existing, _)) = inner.idempotency.get(&(record.account.clone(), key.clone()))
-            {
-                outcomes.push(AdmitOutcome::Duplicate { existing: *existing });
-                continue;
-            }
-            // Only parts are compared with other admissions.
-            let digest = if record.part.is_some() {
-                record.submission_digest()
-            } else {
-                0
-            };
-            let placement = inner.place(&record, digest, now);
-            if let Placement::Retransmission { existing } = placement {
-                outcomes.push(AdmitOutcome::Duplicate { existing });
-                continue;
-            }
-            if inner.records.len() as u64 >= self.limits.max_records {
-                outcomes.push(AdmitOutcome::Full);
-                continue;
-            }
-            admit_one(&mut inner, record, digest, placement, idem_expiry);
-            outcomes.push(if placement == Placement::Supersede {
-                AdmitOutcome::Superseding
-            } else {
-                AdmitOutcome::Admitted
-            });
-        }
-        Ok(outcomes)
+        complete_in(&mut inner, complete);
+        Ok(self.admit_in(&mut inner, admit))
     }
 
     async fn ready_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<ReadyUnit>, PendingError> {
@@ -340,23 +365,6 @@ impl PendingStore for MemoryPendingStore {
             }
         }
         Ok(expired)
-    }
-
-    async fn complete(&self, ids: &[UnitId]) -> Result<(), PendingError> {
-        let mut inner = self.inner.lock();
-        for id in ids {
-            if let Some(entry) = inner.units.remove(id) {
-                inner.ready.remove(&entry.seq);
-                for m in entry.members {
-                    if let Some(rec) = inner.records.remove(&m)
-                        && rec.wants_receipt()
-                    {
-                        inner.receipt_requests = inner.receipt_requests.saturating_sub(1);
-                    }
-                }
-            }
-        }
-        Ok(())
     }
 
     async fn stats(&self) -> Result<PendingStats, PendingError> {

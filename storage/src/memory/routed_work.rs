@@ -6,10 +6,10 @@ use std::ops::Bound;
 use async_trait::async_trait;
 use parking_lot::Mutex;
 
-use crate::backend::StageBackend;
+use crate::backend::StageCapabilities;
 use crate::error::RoutedWorkError;
 use crate::ids::UnitId;
-use crate::routed_work::{BranchDone, BranchMove, RoutedUnit, RoutedWorkStats, RoutedWorkStore};
+use crate::routed_work::{RoutedUnit, RoutedWorkStats, RoutedWorkStore, RoutedWrite};
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -34,43 +34,21 @@ fn open_count(unit: &RoutedUnit) -> u64 {
 
 #[async_trait]
 impl RoutedWorkStore for MemoryRoutedWorkStore {
-    fn backend(&self) -> StageBackend {
-        StageBackend::Memory
+    fn capabilities(&self) -> StageCapabilities {
+        StageCapabilities::MEMORY
     }
 
-    async fn record(&self, units: Vec<RoutedUnit>) -> Result<(), RoutedWorkError> {
-        let mut inner = self.inner.lock();
-        for unit in units {
+    async fn apply(&self, write: RoutedWrite) -> Result<(), RoutedWorkError> {
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        for unit in write.record {
             if inner.units.contains_key(&unit.id) {
                 continue;
             }
             inner.open_branches += open_count(&unit);
             inner.units.insert(unit.id, unit);
         }
-        Ok(())
-    }
-
-    async fn complete(&self, done: Vec<BranchDone>) -> Result<(), RoutedWorkError> {
-        let mut inner = self.inner.lock();
-        let mut closed = 0;
-        for d in done {
-            let Some(unit) = inner.units.get_mut(&d.unit) else {
-                continue;
-            };
-            if let Some(branch) = unit.branches.iter_mut().find(|b| b.no == d.branch)
-                && branch.outcome.is_none()
-            {
-                branch.outcome = Some(d.outcome);
-                closed += 1;
-            }
-        }
-        inner.open_branches = inner.open_branches.saturating_sub(closed);
-        Ok(())
-    }
-
-    async fn move_branches(&self, moves: Vec<BranchMove>) -> Result<(), RoutedWorkError> {
-        let mut inner = self.inner.lock();
-        for m in moves {
+        for m in write.moves {
             if let Some(branch) = inner
                 .units
                 .get_mut(&m.unit)
@@ -79,12 +57,18 @@ impl RoutedWorkStore for MemoryRoutedWorkStore {
                 branch.moved_from(&m.from);
             }
         }
-        Ok(())
-    }
-
-    async fn remove(&self, ids: &[UnitId]) -> Result<(), RoutedWorkError> {
-        let mut inner = self.inner.lock();
-        for id in ids {
+        for d in write.complete {
+            let Some(unit) = inner.units.get_mut(&d.unit) else {
+                continue;
+            };
+            if let Some(branch) = unit.branches.iter_mut().find(|b| b.no == d.branch)
+                && branch.outcome.is_none()
+            {
+                branch.outcome = Some(d.outcome);
+                inner.open_branches = inner.open_branches.saturating_sub(1);
+            }
+        }
+        for id in &write.remove {
             if let Some(unit) = inner.units.remove(id) {
                 inner.open_branches = inner.open_branches.saturating_sub(open_count(&unit));
             }

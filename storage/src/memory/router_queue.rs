@@ -5,10 +5,10 @@ use std::collections::{BTreeMap, HashMap};
 use async_trait::async_trait;
 use parking_lot::Mutex;
 
-use crate::backend::StageBackend;
+use crate::backend::StageCapabilities;
 use crate::error::RouterQueueError;
 use crate::ids::{ReadySeq, UnitId};
-use crate::router_queue::{RouterQueueStats, RouterQueueStore, StagedUnit};
+use crate::router_queue::{RouterQueueStats, RouterQueueStore, RouterQueueWrite, StagedUnit};
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -30,28 +30,25 @@ impl MemoryRouterQueueStore {
 
 #[async_trait]
 impl RouterQueueStore for MemoryRouterQueueStore {
-    fn backend(&self) -> StageBackend {
-        StageBackend::Memory
+    fn capabilities(&self) -> StageCapabilities {
+        StageCapabilities::MEMORY
     }
 
-    async fn stage(&self, units: &[StagedUnit], cursor: ReadySeq) -> Result<(), RouterQueueError> {
+    async fn apply(&self, write: RouterQueueWrite) -> Result<(), RouterQueueError> {
         let mut inner = self.inner.lock();
-        for u in units {
+        for u in &write.stage {
             // Staging a unit again keeps its first entry (as the file backend does).
             if let std::collections::hash_map::Entry::Vacant(v) = inner.by_id.entry(u.id) {
                 v.insert(u.seq);
                 inner.by_seq.insert(u.seq, u.id);
             }
         }
-        if cursor > inner.cursor {
+        if let Some(cursor) = write.cursor
+            && cursor > inner.cursor
+        {
             inner.cursor = cursor;
         }
-        Ok(())
-    }
-
-    async fn release(&self, ids: &[UnitId]) -> Result<(), RouterQueueError> {
-        let mut inner = self.inner.lock();
-        for id in ids {
+        for id in &write.release {
             if let Some(seq) = inner.by_id.remove(id) {
                 inner.by_seq.remove(&seq);
             }

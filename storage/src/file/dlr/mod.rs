@@ -101,10 +101,9 @@ use redb::{Durability, ReadableTable, ReadableTableMetadata};
 use self::tx::{AWAITING, CORRELATIONS, DELIVERIES, ORPHANS, Tx, decode_delivery};
 use super::db::{Fail, FileOptions, META, StoreFile, blocking, get_counter};
 use super::dir::{DLR_FILE, DataDir};
-use crate::backend::DlrBackend;
+use crate::backend::Backend;
 use crate::dlr::{
-    Delivery, DeliveryFinish, DlrRetention, DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, ExpiryReport, Handoff,
-    ProviderReceipt, ReceiptMatch,
+    Delivery, DlrCapabilities, DlrRetention, DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, ExpiryReport,
 };
 use crate::error::{BackendFailure, DlrError};
 use crate::ids::Timestamp;
@@ -243,40 +242,8 @@ impl Inner {
 
 #[async_trait]
 impl DlrStore for FileDlrStore {
-    fn backend(&self) -> DlrBackend {
-        DlrBackend::File
-    }
-
-    /// One durable transaction for the batch; returns once it is on disk.
-    async fn hand_off(&self, batch: Vec<Handoff>) -> Result<(), DlrError> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        self.run(move |i| {
-            i.write(Durability::Immediate, |tx| {
-                let now = Timestamp::now();
-                for h in batch {
-                    tx.hand_off(h, now)?;
-                }
-                Ok(())
-            })
-        })
-        .await
-    }
-
-    /// One durable transaction for the batch; the provider may be acknowledged when it
-    /// returns.
-    async fn record_receipts(&self, batch: Vec<ProviderReceipt>) -> Result<Vec<ReceiptMatch>, DlrError> {
-        if batch.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.run(move |i| {
-            i.write(Durability::Immediate, |tx| {
-                let now = Timestamp::now();
-                batch.into_iter().map(|r| tx.record_receipt(r, now)).collect()
-            })
-        })
-        .await
+    fn capabilities(&self) -> DlrCapabilities {
+        DlrCapabilities::single_writer(Backend::File, true)
     }
 
     /// Committed without fsync: see the module docs for why a lost claim is harmless.
@@ -288,17 +255,10 @@ impl DlrStore for FileDlrStore {
             .await
     }
 
-    /// Durable: an acknowledged delivery is never sent again because its result was lost.
-    async fn finish(&self, results: Vec<DeliveryFinish>) -> Result<(), DlrError> {
-        if results.is_empty() {
-            return Ok(());
-        }
-        self.run(move |i| i.write(Durability::Immediate, |tx| tx.finish(results)))
-            .await
-    }
-
     /// The whole step in one durable transaction: one commit (and one fsync) for every
-    /// handoff, receipt and delivery result the correlator gathered meanwhile.
+    /// handoff, receipt and delivery result the correlator gathered meanwhile. Returns
+    /// once it is on disk: the provider may then be acknowledged, and an acknowledged
+    /// delivery is never sent again because its result was lost.
     async fn apply(&self, step: DlrWrite) -> DlrWriteOutcome {
         if step.is_empty() {
             return DlrWriteOutcome::committed(Vec::new(), Vec::new());

@@ -18,6 +18,7 @@ use redb::{Durability, ReadableTable};
 use super::records::{corr_key, track_key};
 use super::tx::{CORRELATIONS, DELIVERIES, DUE, ORPHAN_EXPIRY, ORPHANS, SMPP_BY_ACCOUNT, TRACK_EXPIRY, TRACKS};
 use super::{FileDlrStore, WAKE_BATCH};
+use crate::conformance::ops::DlrOps as _;
 use crate::dlr::{
     DeliveryFinish, DeliveryId, DeliveryResult, DlrRetention, DlrState, DlrStore, Handoff, HandoffOutcome,
     ProviderReceipt, ReceiptMatch, ReceiptOutcome, ReceiptTarget, ReplyPath,
