@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use sendium_protocols::smpp::server::SessionRegistry;
 
 use crate::directory::Directory;
-use crate::dlr::{DlrMsg, ReceiptBatch};
+use crate::dlr_correlator::{DlrMsg, ReceiptBatch};
 use crate::health::Health;
 
 /// Restart counts per actor name, for `/admin/actors` and `/metrics`.

@@ -13,11 +13,11 @@ use parking_lot::RwLock;
 use ractor::rpc::CallResult;
 use ractor::{ActorRef, RpcReplyPort};
 
-use crate::dlr::DlrMsg;
+use crate::destination_worker::WorkerMsg;
+use crate::dlr_correlator::DlrMsg;
 use crate::ingress::IngressMsg;
 use crate::router::RouterMsg;
 use crate::selector::SelectorMsg;
-use crate::worker::WorkerMsg;
 
 /// Why a request to an actor got no answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -16,8 +16,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{Restarts, Shared};
+use crate::destination_worker::{WorkerMsg, WorkerStatus};
 use crate::directory::Directory;
-use crate::dlr::{DlrMsg, DlrStatus};
+use crate::dlr_correlator::{DlrMsg, DlrStatus};
 use crate::health::Health;
 use crate::http_ingress::HttpIngress;
 use crate::ingress::{IngressMsg, IngressStatus};
@@ -27,7 +28,6 @@ use crate::smpp_ingress::SmppIngress;
 use crate::spec::GatewaySpec;
 use crate::stores::{OpenError, Stores};
 use crate::supervisor::{ActorEntry, Supervisor, SupervisorArgs, SupervisorMsg};
-use crate::worker::{WorkerMsg, WorkerStatus};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {

@@ -15,9 +15,11 @@
 //! gives a worker only its capacity), and Ingress acknowledges nothing it did not store.
 #![forbid(unsafe_code)]
 
+pub mod address;
 pub mod context;
+pub mod destination_worker;
 pub mod directory;
-pub mod dlr;
+pub mod dlr_correlator;
 pub mod gateway;
 pub mod health;
 pub mod http_ingress;
@@ -28,6 +30,5 @@ pub mod smpp_ingress;
 pub mod spec;
 pub mod stores;
 pub mod supervisor;
-pub mod worker;
 
 pub use gateway::{Gateway, GatewayError, Mode, Snapshot};

@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sendium_protocols::smpp::server::{InboundSubmit, SubmitHandler, SubmitReply};
-use sendium_storage::{Address, Channel, MessageId, PartInfo, PendingRecord, Timestamp};
+use sendium_storage::{Channel, MessageId, PartInfo, PendingRecord, Timestamp};
 
+use crate::address::from_wire;
 use crate::context::Shared;
-use crate::dlr::DlrMsg;
+use crate::dlr_correlator::DlrMsg;
 use crate::ingress::{self, Admission, Refusal};
 
 /// SMPP command_status answers for refusals.
@@ -42,17 +43,12 @@ impl SmppIngress {
 /// A submit_sm as a pending record. The multipart deadline is absolute and saved with
 /// the part: a restart does not extend it.
 pub fn record(account: &str, s: InboundSubmit, now: Timestamp, multipart_expiry: Duration) -> PendingRecord {
-    let addr = |a: sendium_protocols::smpp::SmppAddress| Address {
-        ton: a.ton,
-        npi: a.npi,
-        addr: a.addr,
-    };
     PendingRecord {
         id: MessageId::generate(),
         account: account.to_string(),
         channel: Channel::Smpp,
-        source: addr(s.source),
-        destination: addr(s.destination),
+        source: from_wire(s.source),
+        destination: from_wire(s.destination),
         service_type: s.service_type,
         esm_class: s.esm_class,
         protocol_id: s.protocol_id,

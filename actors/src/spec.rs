@@ -10,9 +10,9 @@ use sendium_protocols::receipt::IdFormat as WireIdFormat;
 use sendium_protocols::smpp::client::{BindMode as WireBind, ClientConfig};
 use sendium_storage::ReceiptReservations;
 
+use crate::destination_worker::{ProviderSpec, SimulatorConfig};
 use crate::ingress::ReceiptPolicy;
 use crate::stores::Stores;
-use crate::worker::{ProviderSpec, SimulatorConfig};
 
 /// One destination worker's configuration.
 #[derive(Clone, Debug)]

@@ -18,12 +18,12 @@ use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, ActorStatu
 use tokio::task::JoinHandle;
 
 use crate::context::Shared;
-use crate::dlr::{DlrArgs, DlrCorrelator, DlrMsg};
+use crate::destination_worker::{DestinationWorker, WorkerArgs, WorkerMsg};
+use crate::dlr_correlator::{DlrArgs, DlrCorrelator, DlrMsg};
 use crate::ingress::{Ingress, IngressArgs, IngressMsg};
 use crate::router::{Peer, Router, RouterArgs, RouterMsg};
 use crate::selector::{Selector, SelectorArgs, SelectorMsg};
 use crate::spec::GatewaySpec;
-use crate::worker::{DestinationWorker, WorkerArgs, WorkerMsg};
 
 /// Which child an actor is.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -98,13 +98,12 @@ pub enum ConfigError {
         reason: String,
     },
 
-    /// The storage stage backends ask for a combination this release does not
-    /// implement. Refused so the process never runs with weaker guarantees than
+    /// The storage stage backends ask for a combination Sendium does not implement. Refused so the process never runs with weaker guarantees than
     /// the operator asked for.
     #[error(
         "unsupported storage profile {requested} (sms.pending.backend = \"{}\", \
          sms.router-queue.backend = \"{}\", sms.routed-work.backend = \"{}\", \
-         dlr.backend = \"{}\"); this release supports: {}",
+         dlr.backend = \"{}\"); supported: {}",
         requested.pending, requested.router_queue, requested.routed_work, requested.dlr,
         supported.join(", ")
     )]

@@ -4,7 +4,7 @@
 //!
 //! Startup goes through [`load`] (or [`load_with_env`] in tests), which parses,
 //! applies `SENDIUM__…` overrides and [`validate`]s, so a [`Config`] obtained
-//! from it is known to be accepted by this release: every error names the
+//! from it is known to be accepted: every error names the
 //! full key and, for enumerations, the allowed values, and an unimplemented
 //! storage profile is refused rather than silently run with weaker guarantees.
 //!
@@ -30,7 +30,7 @@ pub use model::{
     SmsConfig, StageBackend, StorageConfig,
 };
 pub use profile::{
-    DLR_GUARANTEES, Guarantee, IMPLEMENTED_DLR, IMPLEMENTED_OUTBOUND, SUPPORTED_OUTBOUND, StorageProfile,
+    DLR_GUARANTEES, Guarantee, IMPLEMENTED_DLR, IMPLEMENTED_OUTBOUND, OUTBOUND_GUARANTEES, StorageProfile,
     check_supported, documented_guarantee, guarantee_table, implemented_profiles,
 };
 pub use routing::{Route, RouteTable, normalize_address};

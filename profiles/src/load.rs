@@ -308,8 +308,7 @@ mod tests {
 
     #[test]
     fn design_example_keys_parse() {
-        // DESIGN.md's example with the profile it asks for (file) swapped for
-        // memory, which is all this release implements.
+        // The configuration reference's keys, every stage on memory.
         let text = r#"
 [sms.pending]
 backend = "memory"

@@ -1,7 +1,7 @@
 //! The configuration model: one serde struct per TOML table.
 //!
-//! Keys are kebab-case exactly as DESIGN.md "Configuration" documents them;
-//! they are a public interface, so renaming a field here is a breaking change
+//! Keys are kebab-case exactly as the README's configuration reference documents
+//! them; they are a public interface, so renaming a field here is a breaking change
 //! for every deployed file. Every struct denies unknown keys: a misspelt key
 //! would otherwise be ignored and its setting would silently stay at the
 //! default, which for a storage backend means silently losing durability.
@@ -91,7 +91,7 @@ macro_rules! word_enum {
 
 word_enum! {
     /// Where one outbound stage (`pending`, `router-queue`, `routed-work`) keeps its records.
-    /// Non-durable `memory` by default, as the epic requires: durability is opt-in.
+    /// Non-durable `memory` by default: durability is opted into, never assumed.
     #[derive(Default)]
     pub enum StageBackend {
         /// Lost on restart.

@@ -1,13 +1,12 @@
-//! Storage profiles: which backend each stage uses, which combinations this
-//! release accepts, and what each one promises across a restart.
+//! Storage profiles: which backend each stage uses, which combinations Sendium
+//! accepts, and what each one promises across a restart.
 //!
-//! The epic's rule is that an unsupported choice fails startup instead of
-//! silently degrading, and that every supported choice has a documented
-//! guarantee. So the guarantee sentences live next to the acceptance lists,
-//! and the refusal message is generated from the same lists: enabling a
-//! profile in a later release is adding one row to [`IMPLEMENTED_OUTBOUND`]
-//! (or one entry to [`IMPLEMENTED_DLR`]), and the error text, the
-//! `check-config` table and the README table follow.
+//! An unsupported choice fails startup instead of silently degrading, and every
+//! supported choice has a documented guarantee. So the guarantee sentences live next
+//! to the acceptance lists, and the refusal message is generated from the same lists:
+//! enabling a profile is adding one row to [`IMPLEMENTED_OUTBOUND`] (or one entry to
+//! [`IMPLEMENTED_DLR`]), and the error text and the `check-config` table follow (the
+//! README's table is checked against them by `ops/tests/docs.rs`).
 
 use std::fmt;
 
@@ -73,10 +72,10 @@ impl Config {
     }
 }
 
-/// Every outbound profile the design supports, with what a process restart
-/// (SIGKILL included) does to it — DESIGN.md "Storage stages and profiles".
-/// Rows not in [`IMPLEMENTED_OUTBOUND`] are planned, not accepted.
-pub const SUPPORTED_OUTBOUND: &[(StageBackend, StageBackend, StageBackend, &str)] = &[
+/// The restart guarantee (SIGKILL included) of every outbound profile that has one.
+/// Only the rows in [`IMPLEMENTED_OUTBOUND`] are accepted at startup; the others are
+/// refused like any unknown combination.
+pub const OUTBOUND_GUARANTEES: &[(StageBackend, StageBackend, StageBackend, &str)] = &[
     (Memory, Memory, Memory, "nothing survives (compatibility mode)"),
     (
         File,
@@ -105,7 +104,7 @@ pub const SUPPORTED_OUTBOUND: &[(StageBackend, StageBackend, StageBackend, &str)
     ),
 ];
 
-/// What each DLR backend keeps across a restart — the epic's DLR table.
+/// What each DLR backend keeps across a restart.
 pub const DLR_GUARANTEES: &[(DlrBackend, &str)] = &[
     (
         DlrBackend::Memory,
@@ -130,8 +129,8 @@ pub const DLR_GUARANTEES: &[(DlrBackend, &str)] = &[
     ),
 ];
 
-/// Outbound profiles this release implements (a subset of [`SUPPORTED_OUTBOUND`]).
-/// #338 delivers memory/memory/memory first; add a row when a backend lands.
+/// The outbound profiles Sendium accepts (each with a row in [`OUTBOUND_GUARANTEES`]);
+/// a row is added when every stage of it has a backend.
 pub const IMPLEMENTED_OUTBOUND: &[(StageBackend, StageBackend, StageBackend)] = &[
     (Memory, Memory, Memory),
     (File, Memory, Memory),
@@ -140,8 +139,8 @@ pub const IMPLEMENTED_OUTBOUND: &[(StageBackend, StageBackend, StageBackend)] = 
     (File, File, File),
 ];
 
-/// DLR backends this release implements. Each implemented outbound profile
-/// combines with each of them.
+/// The DLR backends Sendium accepts. Each accepted outbound profile combines with each
+/// of them.
 pub const IMPLEMENTED_DLR: &[DlrBackend] = &[
     DlrBackend::Memory,
     DlrBackend::File,
@@ -165,7 +164,7 @@ pub struct Guarantee {
 }
 
 fn outbound_sentence(p: &StorageProfile) -> Option<&'static str> {
-    SUPPORTED_OUTBOUND
+    OUTBOUND_GUARANTEES
         .iter()
         .find(|(a, b, c, _)| (*a, *b, *c) == (p.pending, p.router_queue, p.routed_work))
         .map(|row| row.3)
@@ -175,7 +174,7 @@ fn dlr_sentence(d: DlrBackend) -> Option<&'static str> {
     DLR_GUARANTEES.iter().find(|(b, _)| *b == d).map(|row| row.1)
 }
 
-/// Every profile this release accepts, in table order.
+/// Every profile Sendium accepts, in table order.
 pub fn implemented_profiles() -> Vec<StorageProfile> {
     IMPLEMENTED_OUTBOUND
         .iter()
@@ -190,9 +189,8 @@ pub fn implemented_profiles() -> Vec<StorageProfile> {
         .collect()
 }
 
-/// The documented guarantee of a profile in the design's tables, whether or
-/// not this release implements it; `None` for a combination the design does
-/// not support at all.
+/// The documented guarantee of a profile, whether or not it is accepted yet; `None` for
+/// a combination that has none.
 pub fn documented_guarantee(p: &StorageProfile) -> Option<Guarantee> {
     let (outbound, dlr) = outbound_sentence(p).zip(dlr_sentence(p.dlr))?;
     Some(Guarantee {
@@ -203,7 +201,7 @@ pub fn documented_guarantee(p: &StorageProfile) -> Option<Guarantee> {
     })
 }
 
-/// Accepts a profile this release implements and returns its guarantee;
+/// Accepts an implemented profile and returns its guarantee;
 /// refuses anything else, naming the four keys, the requested combination and
 /// every accepted one.
 pub fn check_supported(p: &StorageProfile) -> Result<Guarantee, ConfigError> {
@@ -340,7 +338,7 @@ mod tests {
             "unsupported storage profile memory/file/memory + dlr memory \
              (sms.pending.backend = \"memory\", sms.router-queue.backend = \"file\", \
              sms.routed-work.backend = \"memory\", dlr.backend = \"memory\"); \
-             this release supports: sms profiles memory/memory/memory, file/memory/memory, \
+             supported: sms profiles memory/memory/memory, file/memory/memory, \
              file/file/memory, file/memory/file or file/file/file, each with dlr.backend memory, \
              file, postgresql or disabled"
         );
@@ -349,7 +347,7 @@ mod tests {
     #[test]
     fn every_implemented_choice_has_a_documented_guarantee() {
         for &(a, b, c) in IMPLEMENTED_OUTBOUND {
-            assert!(SUPPORTED_OUTBOUND.iter().any(|r| (r.0, r.1, r.2) == (a, b, c)));
+            assert!(OUTBOUND_GUARANTEES.iter().any(|r| (r.0, r.1, r.2) == (a, b, c)));
         }
         for d in DlrBackend::ALL {
             assert!(dlr_sentence(*d).is_some(), "{d}");
@@ -361,7 +359,7 @@ mod tests {
 
     #[test]
     fn durable_means_acknowledged_messages_survive() {
-        for row in SUPPORTED_OUTBOUND {
+        for row in OUTBOUND_GUARANTEES {
             let g = documented_guarantee(&profile(row.0, row.1, row.2, DlrBackend::File)).unwrap();
             assert_eq!(g.durable, row.0 != Memory, "{}", g.profile);
             assert_eq!(g.outbound, row.3);

@@ -27,8 +27,8 @@ pub const MIN_COMMAND_LENGTH: u32 = 64;
 /// See [`MIN_COMMAND_LENGTH`].
 pub const MAX_COMMAND_LENGTH: u32 = 1_048_576;
 
-/// Checks every rule, including that the storage profile is implemented by
-/// this release. `load*` runs it; call it again after editing a `Config` in code.
+/// Checks every rule, including that the storage profile is one Sendium
+/// implements. `load*` runs it; call it again after editing a `Config` in code.
 pub fn validate(cfg: &Config) -> Result<(), ConfigError> {
     let mut v = Validator::default();
     v.sms(cfg);

@@ -351,8 +351,8 @@ mod tests {
     use crate::record::{Address, Channel, PartInfo, PendingRecord};
     use crate::routed_work::{Branch, BranchFailure, BranchKind, BranchOutcome, RoutedUnit};
 
-    /// Records written by earlier builds were sealed with a byte-at-a-time CRC-32: the
-    /// sliced one must give the same values at every length and alignment.
+    /// The sliced CRC-32 must give the values of the plain byte-at-a-time one at every
+    /// length and alignment: stored records are sealed and checked with it.
     #[test]
     fn crc32_is_the_ieee_crc_records_were_sealed_with() {
         fn bitwise(data: &[u8]) -> u32 {

@@ -215,7 +215,7 @@ impl RouterState {
             destination: None,
             failure: BranchFailure::Expired,
         };
-        self.outcome(key, None, failure, Vec::new());
+        self.outcome(key, failure, Vec::new());
     }
 
     /// Branches waiting, and how long the oldest has waited.

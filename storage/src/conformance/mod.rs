@@ -81,28 +81,14 @@ pub(crate) fn retention() -> DlrRetention {
 }
 
 /// Expand the whole suite for one backend: `conformance_suite!(memory, MemoryFactory)`
-/// (SMS stages and DLR store), or `conformance_suite!(file, FileFactory; sms)` for a
-/// backend whose DLR store does not exist yet.
+/// runs every SMS-stage and DLR-store case against the factory's stores. A backend with
+/// only some stores invokes [`sms_cases!`] or [`dlr_cases!`] in a module of its own.
 macro_rules! conformance_suite {
     ($name:ident, $factory:expr) => {
         mod $name {
             #[allow(unused_imports)]
             use super::*;
             $crate::conformance::sms_cases!($factory);
-            $crate::conformance::dlr_cases!($factory);
-        }
-    };
-    ($name:ident, $factory:expr; sms) => {
-        mod $name {
-            #[allow(unused_imports)]
-            use super::*;
-            $crate::conformance::sms_cases!($factory);
-        }
-    };
-    ($name:ident, $factory:expr; dlr) => {
-        mod $name {
-            #[allow(unused_imports)]
-            use super::*;
             $crate::conformance::dlr_cases!($factory);
         }
     };

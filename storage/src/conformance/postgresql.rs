@@ -25,9 +25,8 @@ impl DlrFactory for PgFactory {
     }
 }
 
-/// What `conformance_suite!(postgresql, PgFactory; dlr)` expands to. That macro is not
-/// reachable from here: it is textual-scoped and defined after `mod postgresql;` in
-/// conformance/mod.rs, and only `dlr_cases!` is re-exported by path.
+/// Every DLR-store case against PostgreSQL (the outbound stages have no PostgreSQL
+/// backend).
 mod suite {
     use super::PgFactory;
     crate::conformance::dlr_cases!(PgFactory);

@@ -4,9 +4,9 @@
 //! (the conformance suite runs against both); what the file adds is that an admitted
 //! record survives SIGKILL: every `admit` is one redb write transaction, made durable
 //! before the caller acknowledges anything — by a frame of the stages' journal
-//! (`journal.0`/`journal.1`, one shared `fdatasync`; see [`super::journal`] for why and
-//! how it is replayed) or, when the journal cannot take frames, by committing with
-//! `Durability::Immediate`.
+//! (`journal.0`/`journal.1`, one shared `fdatasync`; see [`super::engine::journal`] for
+//! why and how it is replayed) or, when the journal cannot take frames, by committing
+//! with `Durability::Immediate`.
 //!
 //! Tables (keys are big-endian, so byte order is the order the stage needs):
 //!
@@ -21,7 +21,7 @@
 //! | `completed_group_deadlines` | (deadline ms, group key) | — |
 //! | `idempotency` | (account, key) | first admission's id and retention deadline |
 //! | `idempotency_expiry` | (deadline ms, account, key) | — |
-//! | `meta` | name | `layout`, `next_seq`, `receipt_requests` |
+//! | `meta` | name | `layout`, `next_seq`, `receipt_requests`, `journal_lsn` |
 //!
 //! Nothing loads the backlog: selection reads `limit` entries of `ready` with a range,
 //! expiry reads the first entries of `group_deadlines`, idempotency retention pops the
@@ -39,9 +39,10 @@ use redb::{Database, Durability, ReadableTable, ReadableTableMetadata, Table, Ta
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
-use super::db::{Fail, FileOptions, META, StoreFile, blocking, check_layout, get_counter, on_this_thread};
-use super::dir::{DataDir, PENDING_FILE};
-use super::journal::{Checkpoint, Journal, Stage, read_legacy};
+use super::engine::db::{Fail, FileOptions, META, StoreFile, blocking, check_layout, get_counter, on_this_thread};
+use super::engine::dir::{DataDir, PENDING_FILE};
+use super::engine::journal::{Checkpoint, Journal, Stage};
+use super::engine::journaled::JOURNAL_LSN;
 use super::records::{GroupState, IdempotencyEntry, UnitEntry};
 use crate::backend::{Backend, StageCapabilities};
 use crate::envelope::{self, RecordKind};
@@ -65,13 +66,11 @@ const COMPLETED_DEADLINES: TableDefinition<(u64, &[u8]), ()> = TableDefinition::
 const IDEM: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("idempotency");
 const IDEM_EXPIRY: TableDefinition<(u64, &str, &str), ()> = TableDefinition::new("idempotency_expiry");
 
-/// Layout 2: frames in the stages' journal; layout 1 used `pending.journal`, which is
-/// read once and removed (a build that reads layout 1 would not see the new journal).
+/// The table layout this build reads and writes: commits durable through the stages'
+/// journal (`meta.journal_lsn`). A file of any other layout does not open.
 const LAYOUT: u64 = 2;
 const NEXT_SEQ: &str = "next_seq";
 const RECEIPTS: &str = "receipt_requests";
-/// The journal LSN the file's state corresponds to (see [`super::journal`]).
-const JOURNAL_LSN: &str = "journal_lsn";
 /// Expired idempotency keys forgotten per admission at most, so one admission after a
 /// long quiet spell does not turn into a huge transaction. Lookups also check the
 /// deadline, so a key not yet forgotten never deduplicates past its retention.
@@ -138,8 +137,8 @@ enum Change {
 
 /// What a commit decided and has still to apply to the tables: the admitted records
 /// (in the frame's order) and, unless already done, the frame's completions. Applied in
-/// the order the live commit of an earlier build did it and a replay does it:
-/// completions, forgotten idempotency keys, admissions.
+/// the order a replay applies the frame ([`apply_frame`]): completions, forgotten
+/// idempotency keys, admissions.
 struct Decided {
     records: Vec<PendingRecord>,
     completions_applied: bool,
@@ -181,7 +180,7 @@ impl FilePendingStore {
     pub fn open_with(dir: &Arc<DataDir>, limits: PendingLimits, options: FileOptions) -> Result<Self, BackendFailure> {
         let journal = dir.journal()?;
         let replayed = Arc::new(AtomicUsize::new(0));
-        let (replay, count, d) = (journal.clone(), replayed.clone(), dir.clone());
+        let (replay, count) = (journal.clone(), replayed.clone());
         let file = StoreFile::open_with(
             dir,
             PENDING_FILE,
@@ -190,7 +189,7 @@ impl FilePendingStore {
             // One disk: a fault of the journal's is one of this file's too.
             journal.faults().clone(),
             Some(Box::new(move |db| {
-                count.store(recover(db, &replay, &d, options.quick_repair)?, Ordering::Relaxed);
+                count.store(recover(db, &replay, options.quick_repair)?, Ordering::Relaxed);
                 Ok(())
             })),
         )?;
@@ -254,7 +253,7 @@ impl FilePendingStore {
     }
 
     #[cfg(test)]
-    pub(crate) fn faults(&self) -> &super::backend::FaultSwitch {
+    pub(crate) fn faults(&self) -> &super::engine::backend::FaultSwitch {
         &self.inner.file.faults
     }
 
@@ -269,7 +268,7 @@ impl FilePendingStore {
 /// Create the tables, check the layout, and spot-check the first and last entries (a
 /// record of a newer major version, or garbage, stops the open instead of a later read).
 fn init(txn: &WriteTransaction) -> Result<(), Fail> {
-    check_layout(txn, LAYOUT, &[1])?;
+    check_layout(txn, LAYOUT)?;
     let records = txn.open_table(RECORDS)?;
     let ready = txn.open_table(READY)?;
     txn.open_table(UNIT_SEQ)?;
@@ -306,41 +305,16 @@ fn init(txn: &WriteTransaction) -> Result<(), Fail> {
     Ok(())
 }
 
-/// Apply the journal frames the file does not contain yet (those of an earlier build's
-/// `pending.journal` first, which is then removed), durably. Runs on every (re)open,
-/// before any caller sees the file. Returns how many frames it applied.
-fn recover(db: &Database, journal: &Journal, dir: &DataDir, quick_repair: bool) -> Result<usize, Fail> {
+/// Apply the journal frames the file does not contain yet, durably. Runs on every
+/// (re)open, before any caller sees the file. Returns how many frames it applied.
+fn recover(db: &Database, journal: &Journal, quick_repair: bool) -> Result<usize, Fail> {
     let mut txn = db.begin_write()?;
     txn.set_durability(Durability::Immediate)?;
     txn.set_quick_repair(quick_repair);
-    let legacy = dir.pending_journal_path();
-    let had_legacy = legacy.exists();
     let mut replayed = 0usize;
     let lsn = {
         let mut t = Tx::open(&txn)?;
-        let mut stored = t.journal_lsn;
-        if had_legacy {
-            let location = legacy.display().to_string();
-            for frame in read_legacy(&legacy, stored).map_err(Fail::Located)? {
-                let at = || format!("{location} frame {}", frame.lsn);
-                if frame.lsn != stored + 1 {
-                    return Err(Fail::Located(BackendFailure::new(
-                        FailureKind::Corrupt,
-                        at(),
-                        format!(
-                            "the journal continues at frame {} but the store holds frames up to {stored}",
-                            frame.lsn
-                        ),
-                    )));
-                }
-                let decoded: JournalFrame = envelope::decode(RecordKind::PendingJournalFrame, &frame.payload)
-                    .map_err(|e| Fail::Located(e.at(at())))?;
-                apply_frame(&mut t, decoded, frame.lsn)?;
-                stored = frame.lsn;
-                replayed += 1;
-            }
-        }
-        for frame in journal.register(Stage::Pending, stored).map_err(Fail::Located)? {
+        for frame in journal.register(Stage::Pending, t.journal_lsn).map_err(Fail::Located)? {
             let at = || format!("{} frame {}", journal.location(), frame.lsn);
             let decoded: JournalFrame = envelope::decode(RecordKind::PendingJournalFrame, &frame.payload)
                 .map_err(|e| Fail::Located(e.at(at())))?;
@@ -354,17 +328,6 @@ fn recover(db: &Database, journal: &Journal, dir: &DataDir, quick_repair: bool) 
     };
     txn.commit()?;
     journal.checkpointed(Stage::Pending, lsn);
-    if had_legacy {
-        // Everything it held is durable in the store file now.
-        std::fs::remove_file(&legacy).map_err(|e| {
-            Fail::Located(super::dir::io_failure(
-                &legacy.display().to_string(),
-                "cannot remove",
-                &e,
-            ))
-        })?;
-        dir.sync().map_err(Fail::Located)?;
-    }
     if replayed > 0 {
         tracing::info!(file = %journal.location(), frames = replayed, "applied the pending journal after an unclean stop");
     }
@@ -1119,7 +1082,7 @@ impl Inner {
     /// A durable commit that changes nothing but the recorded LSN, if the store has
     /// frames its file's durable state does not hold: afterwards redb holds no unsynced
     /// pages and the journal segments they are in can be reused. Done when the writer is
-    /// idle, and by the journal's checkpointer (see [`super::journal`]).
+    /// idle, and by the journal's checkpointer (see [`super::engine::journal`]).
     fn checkpoint_uncovered(&self) -> Result<(), BackendFailure> {
         if !self.journal.uncovered(Stage::Pending) {
             return Ok(());
@@ -1345,7 +1308,7 @@ mod tests {
             let txn = db.begin_write().unwrap();
             txn.open_table(META)
                 .unwrap()
-                .insert(super::super::db::LAYOUT_KEY, 7)
+                .insert(crate::file::engine::db::LAYOUT_KEY, 7)
                 .unwrap();
             txn.commit().unwrap();
         }

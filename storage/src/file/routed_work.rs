@@ -3,8 +3,8 @@
 //! Same semantics as [`MemoryRoutedWorkStore`](crate::memory::MemoryRoutedWorkStore).
 //! A write stores every branch of each unit it records, its failovers and its branch
 //! outcomes in one transaction, durable through its journal frame before it returns (see
-//! [`super::journaled`]), so after SIGKILL recorded destinations go back to their workers
-//! and completed branches are not sent again.
+//! [`super::engine::journaled`]), so after SIGKILL recorded destinations go back to
+//! their workers and completed branches are not sent again.
 //!
 //! | table | key | value |
 //! |---|---|---|
@@ -19,10 +19,10 @@ use redb::{ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransacti
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
-use super::db::{Fail, FileOptions, META, blocking, check_layout, get_counter};
-use super::dir::{DataDir, ROUTED_WORK_FILE};
-use super::journal::{Checkpoint, Stage};
-use super::journaled::{JournaledFile, Wait};
+use super::engine::db::{Fail, FileOptions, META, check_layout, get_counter};
+use super::engine::dir::{DataDir, ROUTED_WORK_FILE};
+use super::engine::journal::Stage;
+use super::engine::journaled::{JournaledFile, JournaledStore, StageFile, Wait};
 use crate::backend::{Backend, StageCapabilities};
 use crate::envelope::{self, RecordKind};
 use crate::error::{BackendFailure, RoutedWorkError};
@@ -30,19 +30,23 @@ use crate::ids::{MessageId, UnitId};
 use crate::routed_work::{BranchDone, BranchMove, RoutedUnit, RoutedWorkStats, RoutedWorkStore, RoutedWrite};
 
 const UNITS: TableDefinition<&[u8; 16], &[u8]> = TableDefinition::new("units");
-/// Layout 2: commits are durable through the journal (`meta.journal_lsn`); a build
-/// that reads layout 1 would not replay them.
+/// The table layout this build reads and writes: commits durable through the journal
+/// (`meta.journal_lsn`). A file of any other layout does not open.
 const LAYOUT: u64 = 2;
 const OPEN_BRANCHES: &str = "open_branches";
+
+/// The stage's store file in the journaled engine.
+const FILE: StageFile = StageFile {
+    name: ROUTED_WORK_FILE,
+    stage: Stage::RoutedWork,
+    init,
+    replay,
+};
 
 /// The file-backed routed-work store.
 #[derive(Clone)]
 pub struct FileRoutedWorkStore {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    file: JournaledFile,
+    store: JournaledStore,
 }
 
 /// What one routed-work commit changed, as journaled: the recorded units' envelopes
@@ -57,12 +61,6 @@ struct RoutedWorkFrame {
     remove: Vec<UnitId>,
 }
 
-impl Checkpoint for Inner {
-    fn checkpoint(&self) -> Result<(), BackendFailure> {
-        self.file.checkpoint()
-    }
-}
-
 impl FileRoutedWorkStore {
     /// Open (or create) `<dir>/routed-work.redb` with [`FileOptions::stage`]. Blocking.
     pub fn open(dir: &Arc<DataDir>) -> Result<Self, BackendFailure> {
@@ -70,26 +68,19 @@ impl FileRoutedWorkStore {
     }
 
     pub fn open_with(dir: &Arc<DataDir>, options: FileOptions) -> Result<Self, BackendFailure> {
-        let file = JournaledFile::open(dir, ROUTED_WORK_FILE, options, init, Stage::RoutedWork, replay)?;
-        let inner = Arc::new(Inner { file });
-        inner.file.checkpoint_through(&inner);
-        Ok(Self { inner })
+        Ok(Self {
+            store: JournaledStore::open(dir, &FILE, options)?,
+        })
     }
 
+    /// The store file (for logs and `sendium inspect`).
     pub fn path(&self) -> &std::path::Path {
-        self.inner.file.file.path()
-    }
-
-    async fn run<R: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Inner) -> Result<R, BackendFailure> + Send + 'static,
-    ) -> Result<R, RoutedWorkError> {
-        Ok(blocking(&self.inner, |i| &i.file.file, f).await?)
+        self.store.path()
     }
 }
 
 fn init(txn: &WriteTransaction) -> Result<(), Fail> {
-    check_layout(txn, LAYOUT, &[1])?;
+    check_layout(txn, LAYOUT)?;
     let units = txn.open_table(UNITS)?;
     for entry in [units.first()?, units.last()?].into_iter().flatten() {
         decode(MessageId::from_bytes(*entry.0.value()), entry.1.value())?;
@@ -255,61 +246,59 @@ struct Changes {
     remove: Vec<UnitId>,
 }
 
-impl Inner {
-    /// Records, failovers, completions and removals in one write transaction, durable
-    /// through its journal frame when it records routes, failovers or completions. A
-    /// removal alone does not wait for its frame (its loss in a crash is repaired by the
-    /// Router's restore, which drops units whose sources are gone).
-    fn apply(&self, record: Vec<RoutedUnit>, rest: Changes) -> Result<(), BackendFailure> {
-        let wait = if record.is_empty() && rest.moves.is_empty() && rest.complete.is_empty() {
-            Wait::Buffered
-        } else {
-            Wait::Synced
+/// Records, failovers, completions and removals in one write transaction, durable
+/// through its journal frame when it records routes, failovers or completions. A
+/// removal alone does not wait for its frame (its loss in a crash is repaired by the
+/// Router's restore, which drops units whose sources are gone).
+fn apply_write(file: &JournaledFile, record: Vec<RoutedUnit>, rest: Changes) -> Result<(), BackendFailure> {
+    let wait = if record.is_empty() && rest.moves.is_empty() && rest.complete.is_empty() {
+        Wait::Buffered
+    } else {
+        Wait::Synced
+    };
+    file.write(wait, |txn| {
+        let (recorded, changed) = apply_in(txn, record, &rest)?;
+        if !changed {
+            return Ok(None);
+        }
+        let frame = RoutedWorkFrame {
+            record: recorded,
+            moves: rest.moves,
+            complete: rest.complete,
+            remove: rest.remove,
         };
-        self.file.write(wait, |txn| {
-            let (recorded, changed) = apply_in(txn, record, &rest)?;
-            if !changed {
-                return Ok(None);
-            }
-            let frame = RoutedWorkFrame {
-                record: recorded,
-                moves: rest.moves,
-                complete: rest.complete,
-                remove: rest.remove,
-            };
-            envelope::encode(RecordKind::RoutedWorkJournalFrame, &frame)
-                .map(Some)
-                .map_err(|e| Fail::record("journal", "routed-work frame", e))
-        })
-    }
+        envelope::encode(RecordKind::RoutedWorkJournalFrame, &frame)
+            .map(Some)
+            .map_err(|e| Fail::record("journal", "routed-work frame", e))
+    })
+}
 
-    fn load_after(&self, after: Option<UnitId>, limit: usize) -> Result<Vec<RoutedUnit>, BackendFailure> {
-        self.file.file.read(|txn| {
-            let table = txn.open_table(UNITS)?;
-            let mut out = Vec::with_capacity(limit.min(1024));
-            let range = match after {
-                Some(id) => {
-                    table.range::<&[u8; 16]>((std::ops::Bound::Excluded(&id.to_bytes()), std::ops::Bound::Unbounded))?
-                }
-                None => table.range::<&[u8; 16]>(..)?,
-            };
-            for item in range.take(limit) {
-                let (k, v) = item?;
-                out.push(decode(MessageId::from_bytes(*k.value()), v.value())?);
+fn read_after(file: &JournaledFile, after: Option<UnitId>, limit: usize) -> Result<Vec<RoutedUnit>, BackendFailure> {
+    file.read(|txn| {
+        let table = txn.open_table(UNITS)?;
+        let mut out = Vec::with_capacity(limit.min(1024));
+        let range = match after {
+            Some(id) => {
+                table.range::<&[u8; 16]>((std::ops::Bound::Excluded(&id.to_bytes()), std::ops::Bound::Unbounded))?
             }
-            Ok(out)
-        })
-    }
+            None => table.range::<&[u8; 16]>(..)?,
+        };
+        for item in range.take(limit) {
+            let (k, v) = item?;
+            out.push(decode(MessageId::from_bytes(*k.value()), v.value())?);
+        }
+        Ok(out)
+    })
+}
 
-    fn stats(&self) -> Result<RoutedWorkStats, BackendFailure> {
-        self.file.file.read(|txn| {
-            let meta = txn.open_table(META)?;
-            Ok(RoutedWorkStats {
-                units: txn.open_table(UNITS)?.len()?,
-                open_branches: get_counter(&meta, OPEN_BRANCHES)?,
-            })
+fn read_stats(file: &JournaledFile) -> Result<RoutedWorkStats, BackendFailure> {
+    file.read(|txn| {
+        let meta = txn.open_table(META)?;
+        Ok(RoutedWorkStats {
+            units: txn.open_table(UNITS)?.len()?,
+            open_branches: get_counter(&meta, OPEN_BRANCHES)?,
         })
-    }
+    })
 }
 
 #[async_trait]
@@ -334,14 +323,14 @@ impl RoutedWorkStore for FileRoutedWorkStore {
             complete: write.complete,
             remove: write.remove,
         };
-        self.run(move |i| i.apply(write.record, rest)).await
+        self.store.run(move |f| apply_write(f, write.record, rest)).await
     }
 
     async fn load_after(&self, after: Option<UnitId>, limit: usize) -> Result<Vec<RoutedUnit>, RoutedWorkError> {
-        self.run(move |i| i.load_after(after, limit)).await
+        self.store.run(move |f| read_after(f, after, limit)).await
     }
 
     async fn stats(&self) -> Result<RoutedWorkStats, RoutedWorkError> {
-        self.run(|i| i.stats()).await
+        self.store.run(read_stats).await
     }
 }

@@ -3,8 +3,8 @@
 //! Same semantics as [`MemoryRouterQueueStore`](crate::memory::MemoryRouterQueueStore).
 //! A write stages the batch (by seq and by id) and the advanced cursor in one
 //! transaction, durable through its journal frame before it returns (see
-//! [`super::journaled`]), so after SIGKILL the batch is restored without selecting again
-//! and selection resumes after it.
+//! [`super::engine::journaled`]), so after SIGKILL the batch is restored without
+//! selecting again and selection resumes after it.
 //!
 //! | table | key | value |
 //! |---|---|---|
@@ -18,10 +18,10 @@ use async_trait::async_trait;
 use redb::{ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
-use super::db::{Fail, FileOptions, META, blocking, check_layout, get_counter};
-use super::dir::{DataDir, ROUTER_QUEUE_FILE};
-use super::journal::{Checkpoint, Stage};
-use super::journaled::{JournaledFile, Wait};
+use super::engine::db::{Fail, FileOptions, META, check_layout, get_counter};
+use super::engine::dir::{DataDir, ROUTER_QUEUE_FILE};
+use super::engine::journal::Stage;
+use super::engine::journaled::{JournaledFile, JournaledStore, StageFile, Wait};
 use super::records::StagedRecord;
 use crate::backend::{Backend, StageCapabilities};
 use crate::envelope::{self, RecordKind};
@@ -31,19 +31,23 @@ use crate::router_queue::{RouterQueueStats, RouterQueueStore, RouterQueueWrite, 
 
 const STAGED: TableDefinition<u64, &[u8]> = TableDefinition::new("staged");
 const STAGED_IDS: TableDefinition<&[u8; 16], u64> = TableDefinition::new("staged_ids");
-/// Layout 2: commits are durable through the journal (`meta.journal_lsn`); a build
-/// that reads layout 1 would not replay them.
+/// The table layout this build reads and writes: commits durable through the journal
+/// (`meta.journal_lsn`). A file of any other layout does not open.
 const LAYOUT: u64 = 2;
 const CURSOR: &str = "cursor";
+
+/// The stage's store file in the journaled engine.
+const FILE: StageFile = StageFile {
+    name: ROUTER_QUEUE_FILE,
+    stage: Stage::RouterQueue,
+    init,
+    replay,
+};
 
 /// The file-backed router-queue store.
 #[derive(Clone)]
 pub struct FileRouterQueueStore {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    file: JournaledFile,
+    store: JournaledStore,
 }
 
 /// What one router-queue commit changed, as journaled: units staged, the cursor (0: not
@@ -58,12 +62,6 @@ struct RouterQueueFrame {
     release: Vec<UnitId>,
 }
 
-impl Checkpoint for Inner {
-    fn checkpoint(&self) -> Result<(), BackendFailure> {
-        self.file.checkpoint()
-    }
-}
-
 impl FileRouterQueueStore {
     /// Open (or create) `<dir>/router-queue.redb` with [`FileOptions::stage`]. Blocking.
     pub fn open(dir: &Arc<DataDir>) -> Result<Self, BackendFailure> {
@@ -71,26 +69,19 @@ impl FileRouterQueueStore {
     }
 
     pub fn open_with(dir: &Arc<DataDir>, options: FileOptions) -> Result<Self, BackendFailure> {
-        let file = JournaledFile::open(dir, ROUTER_QUEUE_FILE, options, init, Stage::RouterQueue, replay)?;
-        let inner = Arc::new(Inner { file });
-        inner.file.checkpoint_through(&inner);
-        Ok(Self { inner })
+        Ok(Self {
+            store: JournaledStore::open(dir, &FILE, options)?,
+        })
     }
 
+    /// The store file (for logs and `sendium inspect`).
     pub fn path(&self) -> &std::path::Path {
-        self.inner.file.file.path()
-    }
-
-    async fn run<R: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Inner) -> Result<R, BackendFailure> + Send + 'static,
-    ) -> Result<R, RouterQueueError> {
-        Ok(blocking(&self.inner, |i| &i.file.file, f).await?)
+        self.store.path()
     }
 }
 
 fn init(txn: &WriteTransaction) -> Result<(), Fail> {
-    check_layout(txn, LAYOUT, &[1])?;
+    check_layout(txn, LAYOUT)?;
     let staged = txn.open_table(STAGED)?;
     txn.open_table(STAGED_IDS)?;
     for entry in [staged.first()?, staged.last()?].into_iter().flatten() {
@@ -162,55 +153,54 @@ fn release_in(txn: &WriteTransaction, release: &[UnitId]) -> Result<bool, Fail> 
     Ok(changed)
 }
 
-impl Inner {
-    /// A release alone does not wait for its frame: see [`FileRouterQueueStore::apply`].
-    fn apply(&self, write: RouterQueueWrite) -> Result<(), BackendFailure> {
-        let wait = if write.stage.is_empty() && write.cursor.is_none() {
-            Wait::Buffered
-        } else {
-            Wait::Synced
+/// One write. A release alone does not wait for its frame: see
+/// [`FileRouterQueueStore::apply`].
+fn apply_write(file: &JournaledFile, write: RouterQueueWrite) -> Result<(), BackendFailure> {
+    let wait = if write.stage.is_empty() && write.cursor.is_none() {
+        Wait::Buffered
+    } else {
+        Wait::Synced
+    };
+    file.write(wait, |txn| {
+        let cursor = write.cursor.unwrap_or_default();
+        let mut changed = stage_in(txn, &write.stage, cursor)?;
+        changed |= release_in(txn, &write.release)?;
+        if !changed {
+            return Ok(None);
+        }
+        let frame = RouterQueueFrame {
+            stage: write.stage.iter().map(|u| (u.id, u.seq.0)).collect(),
+            cursor: cursor.0,
+            release: write.release,
         };
-        self.file.write(wait, |txn| {
-            let cursor = write.cursor.unwrap_or_default();
-            let mut changed = stage_in(txn, &write.stage, cursor)?;
-            changed |= release_in(txn, &write.release)?;
-            if !changed {
-                return Ok(None);
-            }
-            let frame = RouterQueueFrame {
-                stage: write.stage.iter().map(|u| (u.id, u.seq.0)).collect(),
-                cursor: cursor.0,
-                release: write.release,
-            };
-            encode_frame(&frame).map(Some)
-        })
-    }
+        encode_frame(&frame).map(Some)
+    })
+}
 
-    fn staged_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<StagedUnit>, BackendFailure> {
-        self.file.file.read(|txn| {
-            let staged = txn.open_table(STAGED)?;
-            let mut out = Vec::with_capacity(limit.min(1024));
-            for item in staged.range(after.0.saturating_add(1)..)?.take(limit) {
-                let (k, v) = item?;
-                let seq = k.value();
-                out.push(StagedUnit {
-                    id: decode(seq, v.value())?.id,
-                    seq: ReadySeq(seq),
-                });
-            }
-            Ok(out)
-        })
-    }
+fn read_staged_after(file: &JournaledFile, after: ReadySeq, limit: usize) -> Result<Vec<StagedUnit>, BackendFailure> {
+    file.read(|txn| {
+        let staged = txn.open_table(STAGED)?;
+        let mut out = Vec::with_capacity(limit.min(1024));
+        for item in staged.range(after.0.saturating_add(1)..)?.take(limit) {
+            let (k, v) = item?;
+            let seq = k.value();
+            out.push(StagedUnit {
+                id: decode(seq, v.value())?.id,
+                seq: ReadySeq(seq),
+            });
+        }
+        Ok(out)
+    })
+}
 
-    fn stats(&self) -> Result<RouterQueueStats, BackendFailure> {
-        self.file.file.read(|txn| {
-            let meta = txn.open_table(META)?;
-            Ok(RouterQueueStats {
-                staged: txn.open_table(STAGED_IDS)?.len()?,
-                cursor: ReadySeq(get_counter(&meta, CURSOR)?),
-            })
+fn read_stats(file: &JournaledFile) -> Result<RouterQueueStats, BackendFailure> {
+    file.read(|txn| {
+        let meta = txn.open_table(META)?;
+        Ok(RouterQueueStats {
+            staged: txn.open_table(STAGED_IDS)?.len()?,
+            cursor: ReadySeq(get_counter(&meta, CURSOR)?),
         })
-    }
+    })
 }
 
 #[async_trait]
@@ -230,18 +220,18 @@ impl RouterQueueStore for FileRouterQueueStore {
         if write.is_empty() {
             return Ok(());
         }
-        self.run(move |i| i.apply(write)).await
+        self.store.run(move |f| apply_write(f, write)).await
     }
 
     async fn staged_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<StagedUnit>, RouterQueueError> {
-        self.run(move |i| i.staged_after(after, limit)).await
+        self.store.run(move |f| read_staged_after(f, after, limit)).await
     }
 
     async fn cursor(&self) -> Result<ReadySeq, RouterQueueError> {
-        Ok(self.run(|i| i.stats()).await?.cursor)
+        Ok(self.stats().await?.cursor)
     }
 
     async fn stats(&self) -> Result<RouterQueueStats, RouterQueueError> {
-        self.run(|i| i.stats()).await
+        self.store.run(read_stats).await
     }
 }

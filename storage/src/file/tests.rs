@@ -778,6 +778,34 @@ fn a_second_process_on_the_same_directory_is_refused() {
     drop(s);
 }
 
+#[test]
+fn a_store_file_of_another_table_layout_is_refused_naming_it() {
+    use super::engine::db::{LAYOUT_KEY, META};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = Arc::new(DataDir::open(tmp.path()).unwrap());
+    drop(FilePendingStore::open(&dir, limits()).unwrap());
+    drop(FileRouterQueueStore::open(&dir).unwrap());
+    drop(FileRoutedWorkStore::open(&dir).unwrap());
+    let paths = [dir.pending_path(), dir.router_queue_path(), dir.routed_work_path()];
+    for path in &paths {
+        let db = redb::Database::create(path).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(META).unwrap().insert(LAYOUT_KEY, 1).unwrap();
+        txn.commit().unwrap();
+    }
+    let errors = [
+        FilePendingStore::open(&dir, limits()).err(),
+        FileRouterQueueStore::open(&dir).err(),
+        FileRoutedWorkStore::open(&dir).err(),
+    ];
+    for (path, err) in paths.iter().zip(errors) {
+        let err = err.expect("a layout-1 file must not open");
+        assert_eq!(err.kind, FailureKind::Corrupt, "{err}");
+        assert!(err.location.starts_with(&path.display().to_string()), "{err}");
+        assert!(err.to_string().contains("cannot read the file"), "{err}");
+    }
+}
+
 fn rss() -> String {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status

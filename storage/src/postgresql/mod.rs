@@ -12,7 +12,7 @@
 //! | `dlr_deliveries` | pending downstream receipt: target, outcome, `attempt`, `due_at`, `lease_until`, `account`, `expires_at` | PK id; (due_at, id); (expires_at); partial (account) WHERE smpp |
 //! | `dlr_counters`, `dlr_counter_deltas` | maintained totals for `stats` | — |
 //!
-//! See [`dlr`] for the concurrency design and per-operation costs.
+//! See `docs/postgresql-dlr.md` for the concurrency design and per-operation costs.
 //!
 //! Tables are created with fillfactor 70 where receipts update rows in place (tracks,
 //! correlations), so those updates stay HOT. Receipt targets are JSONB (readable with

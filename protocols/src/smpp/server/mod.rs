@@ -4,11 +4,11 @@
 //! session does happens in that one task, in one `tokio::select!` loop over the socket's
 //! read half, the in-flight [`SubmitHandler`] calls, the deliver_sm requests arriving from
 //! the [`SessionRegistry`] and one timer. The hot path is built around the cost of a
-//! wake-up (see the field notes): each wake-up reads whatever the socket holds, decodes
-//! every PDU in it, hands *all* valid submit_sm of that read to the handler as **one**
-//! batch, and writes every ready response with **one** `write_all`. The session keeps
-//! reading while earlier batches are in flight (pipelining); their responses are written in
-//! request order.
+//! wake-up (a sleep and wake of a thread costs more CPU than decoding and answering a
+//! PDU): each wake-up reads whatever the socket holds, decodes every PDU in it, hands
+//! *all* valid submit_sm of that read to the handler as **one** batch, and writes every
+//! ready response with **one** `write_all`. The session keeps reading while earlier
+//! batches are in flight (pipelining); their responses are written in request order.
 //!
 //! # Behaviour and the statuses it answers with
 //!

@@ -24,7 +24,7 @@ use crate::dlr::{
     ProviderReceipt, ReceiptMatch, ReceiptOutcome, ReceiptTarget, ReplyPath,
 };
 use crate::error::FailureKind;
-use crate::file::db::META;
+use crate::file::engine::db::META;
 use crate::file::{DataDir, FileOptions};
 use crate::ids::{MessageId, Timestamp};
 use crate::record::Address;

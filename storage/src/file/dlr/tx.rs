@@ -18,7 +18,7 @@ use crate::dlr::{
     ProviderReceipt, ReceiptMatch, ReplyPath,
 };
 use crate::envelope::{self, RecordKind};
-use crate::file::db::{Fail, META, check_layout, get_counter};
+use crate::file::engine::db::{Fail, META, check_layout, get_counter};
 use crate::ids::Timestamp;
 
 pub(crate) const TRACKS: TableDefinition<&[u8; 18], &[u8]> = TableDefinition::new("tracks");
@@ -43,7 +43,7 @@ pub(crate) const NEXT_DELIVERY: &str = "next_delivery";
 /// beyond the stored counter. A damaged or newer file stops the open instead of a later
 /// call.
 pub(crate) fn init(txn: &WriteTransaction) -> Result<(), Fail> {
-    check_layout(txn, LAYOUT, &[])?;
+    check_layout(txn, LAYOUT)?;
     let tracks = txn.open_table(TRACKS)?;
     let track_expiry = txn.open_table(TRACK_EXPIRY)?;
     txn.open_table(CORRELATIONS)?;

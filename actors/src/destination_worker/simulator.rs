@@ -15,7 +15,7 @@ use sendium_storage::{DlrState, ProviderReceipt, ReceiptOutcome, Timestamp};
 
 use super::BranchJob;
 use crate::context::Shared;
-use crate::dlr::ReceiptBatch;
+use crate::dlr_correlator::ReceiptBatch;
 use crate::router::WorkerResult;
 
 #[derive(Clone, Copy, Debug)]

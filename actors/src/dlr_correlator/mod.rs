@@ -133,17 +133,32 @@ pub struct DlrState {
 struct Step {
     write: DlrWrite,
     handed_off: Vec<BranchKey>,
-    /// Per provider receipt batch: destination, receipts in the step, acknowledgements.
-    receipt_batches: Vec<(String, usize, Option<ReceiptAcks>)>,
+    receipt_batches: Vec<StepReceipts>,
+}
+
+/// One provider receipt batch's share of a step: where it came from, how many of the
+/// step's receipts are its, and the acknowledgements owed to the provider once they are
+/// stored.
+struct StepReceipts {
+    destination: String,
+    receipts: usize,
+    acks: Option<ReceiptAcks>,
+}
+
+/// The delivery results a step reports.
+#[derive(Clone, Copy, Default)]
+struct Finished {
+    all: usize,
+    delivered: u64,
+    dead: u64,
 }
 
 /// A step's outcome, as the write task reports it, with what the step held (its write
 /// went to the store).
 pub struct AppliedStep {
     handed_off: Vec<BranchKey>,
-    receipt_batches: Vec<(String, usize, Option<ReceiptAcks>)>,
-    /// Delivery results: all, delivered, dead.
-    finished: (usize, u64, u64),
+    receipt_batches: Vec<StepReceipts>,
+    finished: Finished,
     /// How many deliveries the step was allowed to claim.
     claim_limit: usize,
     /// When the write started (the earliest its claims can have started).
@@ -225,7 +240,11 @@ impl DlrState {
         }
         let n = batch.receipts.len();
         self.queued.write.receipts.extend(batch.receipts);
-        self.queued.receipt_batches.push((batch.destination, n, batch.acks));
+        self.queued.receipt_batches.push(StepReceipts {
+            destination: batch.destination,
+            receipts: n,
+            acks: batch.acks,
+        });
         self.write_queued();
     }
 
@@ -264,11 +283,11 @@ impl DlrState {
             self.claimed_by_writes += limit;
         }
         let count = |r: DeliveryResult| write.finishes.iter().filter(|f| f.result == r).count() as u64;
-        let finished = (
-            write.finishes.len(),
-            count(DeliveryResult::Delivered),
-            count(DeliveryResult::Dead),
-        );
+        let finished = Finished {
+            all: write.finishes.len(),
+            delivered: count(DeliveryResult::Delivered),
+            dead: count(DeliveryResult::Dead),
+        };
         self.writing += 1;
         // Only worth tracking where steps overlap; one writer commits them in turn.
         let mut ids: Vec<(String, String)> = Vec::new();
@@ -308,7 +327,12 @@ impl DlrState {
         let AppliedStep {
             handed_off,
             receipt_batches,
-            finished: (finished, delivered, dead),
+            finished:
+                Finished {
+                    all: finished,
+                    delivered,
+                    dead,
+                },
             claim_limit,
             claimed_at,
             incarnation,
@@ -357,7 +381,12 @@ impl DlrState {
                     self.shared.health.dlr.ok();
                 }
                 let mut matches = matches.into_iter();
-                for (dest, n, acks) in receipt_batches {
+                for StepReceipts {
+                    destination: dest,
+                    receipts: n,
+                    acks,
+                } in receipt_batches
+                {
                     if let Some(acks) = acks {
                         acks.ok();
                     }
@@ -380,10 +409,10 @@ impl DlrState {
                 }
             }
             Err(e) => {
-                let n: usize = receipt_batches.iter().map(|(_, n, _)| n).sum();
+                let n: usize = receipt_batches.iter().map(|b| b.receipts).sum();
                 tracing::warn!(receipts = n, error = %e, "could not store provider receipts; the provider will resend");
                 self.shared.health.dlr.failed("dlr", &e);
-                for (_, _, acks) in receipt_batches {
+                for StepReceipts { acks, .. } in receipt_batches {
                     if let Some(acks) = acks {
                         acks.fail();
                     }

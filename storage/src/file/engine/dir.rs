@@ -7,12 +7,12 @@
 //! ```text
 //! <dir>/LOCK               exclusive lock, holder's pid
 //! <dir>/manifest.json      which backend each stage used (see manifest.rs)
-//! <dir>/journal.0         the stages' journal, two segments (see `file::journal`)
+//! <dir>/journal.0          the stages' journal, two segments (see `engine::journal`)
 //! <dir>/journal.1
 //! <dir>/pending.redb       pending stage
 //! <dir>/router-queue.redb  router-queue stage
 //! <dir>/routed-work.redb   routed-work stage
-//! <dir>/dlr.redb           DLR store (later)
+//! <dir>/dlr.redb           DLR store
 //! ```
 //!
 //! The lock is what makes "one process per spool" true: a second Sendium (or a second
@@ -33,15 +33,12 @@ use crate::error::{BackendFailure, FailureKind};
 /// File names inside the data directory.
 pub const LOCK_FILE: &str = "LOCK";
 pub const PENDING_FILE: &str = "pending.redb";
-/// The segments of the stages' journal (see `file::journal`): acknowledged commits not
+/// The segments of the stages' journal (see `engine::journal`): acknowledged commits not
 /// yet checkpointed into their stage's file.
 pub const JOURNAL_FILES: [&str; 2] = ["journal.0", "journal.1"];
-/// The pending stage's journal of earlier builds: read once by the pending store's
-/// recovery, then removed.
-pub const PENDING_JOURNAL_FILE: &str = "pending.journal";
 pub const ROUTER_QUEUE_FILE: &str = "router-queue.redb";
 pub const ROUTED_WORK_FILE: &str = "routed-work.redb";
-/// Reserved for the file DLR store.
+/// The file DLR store.
 pub const DLR_FILE: &str = "dlr.redb";
 
 /// How often, and how long apart, [`DataDir::open`] tries again when the lock's holder
@@ -138,10 +135,6 @@ impl DataDir {
         self.path.join(PENDING_FILE)
     }
 
-    pub fn pending_journal_path(&self) -> PathBuf {
-        self.path.join(PENDING_JOURNAL_FILE)
-    }
-
     pub fn journal_paths(&self) -> [PathBuf; 2] {
         JOURNAL_FILES.map(|name| self.path.join(name))
     }
@@ -159,7 +152,7 @@ impl DataDir {
     }
 
     /// Every file stage of the profile is open: journal frames of stages that were not
-    /// opened (the profile keeps them in memory now) stop holding up its segments.
+    /// opened (the running profile keeps them in memory) stop holding up its segments.
     pub fn file_stages_opened(&self) {
         if let Some(j) = self.journal.lock().as_ref() {
             j.forget_unopened();

@@ -24,7 +24,7 @@ use crate::failpoint;
 pub(crate) struct FaultSwitch {
     pub full: AtomicBool,
     pub io: AtomicBool,
-    /// Only the pending journal's fdatasync fails (its write succeeds first).
+    /// Only the journal's fdatasync fails (its write succeeds first).
     pub sync: AtomicBool,
 }
 
@@ -52,7 +52,7 @@ impl FaultBackend {
     }
 }
 
-/// Before a write or an extension of a store file (redb's or the pending journal):
+/// Before a write or an extension of a store file (redb's or the journal's):
 /// ENOSPC when the disk is "full".
 pub(crate) fn check_space(faults: &FaultSwitch) -> io::Result<()> {
     if failpoint::error("disk-full") || faults.full.load(Ordering::Relaxed) {

@@ -12,12 +12,12 @@
 //! sync writes only the data.
 //!
 //! The background stages' commits (router-queue `stage`, routed-work `record` and
-//! `complete`) used to be durable redb commits of their own files. On a machine with one
-//! disk queue their flushes sat between the admissions' flushes and lengthened the
+//! `complete`) are not durable redb commits of their own files: on a machine with one
+//! disk queue those flushes would sit between the admissions' flushes and lengthen the
 //! acknowledgement's tail (about 1.8 ms of the median p99 at half rate, see
-//! docs/benchmarks.md). Every stage therefore writes the same journal, and concurrent
-//! frames share one `fdatasync` ([group commit](Journal::sync)): a router-queue frame
-//! appended while an admission's frame is being synced rides along with the next one.
+//! `docs/benchmarks.md`). Every stage writes the same journal, and concurrent frames
+//! share one `fdatasync` ([group commit](Journal::sync)): a router-queue frame appended
+//! while an admission's frame is being synced rides along with the next one.
 //!
 //! So a stage's commit is applied to its redb file with `Durability::None` (visible at
 //! once, durable only at the file's next durable commit) and made durable by a journal
@@ -62,9 +62,6 @@
 //! rewritten). A group of frames whose write or sync failed was refused to its
 //! clients: the first frame's header is cleared (best effort), this process's scans stop
 //! before it, and the next frames start a new cycle in the other segment.
-//!
-//! The pending stage's journal of earlier builds (`pending.journal`, frames from offset
-//! 0, the pending magic) is read once by the pending store's recovery and then removed.
 //!
 //! Not detected: a damaged *header* in the middle of a segment ends its scan there (a
 //! frame's length is only known from its header). Frames live until their stage's next
@@ -129,7 +126,8 @@ impl Stage {
         self as usize
     }
 
-    /// The frame magic: the pending one is that of the earlier `pending.journal`.
+    /// The frame magic, one per stage: a frame names its stage with it. The values are
+    /// part of the journal format and never change.
     fn magic(self) -> u32 {
         match self {
             Stage::Pending => 0x534A_4E31,     // "SJN1"
@@ -426,9 +424,9 @@ impl Journal {
             s.durable = s.durable.max(stored);
         }
         if stored >= st.next_lsn {
-            // A file ahead of the journal (an earlier build's journal, or frames lost
-            // with a segment): LSNs go on after it, one more for a frame a crash may
-            // have torn. The active cycle's LSNs must stay consecutive, so the next
+            // A file ahead of the journal (its frames lost with a segment, or the
+            // journal files replaced): LSNs go on after it, one more for a frame a crash
+            // may have torn. The active cycle's LSNs must stay consecutive, so the next
             // frames start a new one.
             st.next_lsn = stored + 2;
             st.needs_new_cycle = true;
@@ -473,7 +471,7 @@ impl Journal {
     }
 
     /// Stages found in the journal at open that this process did not open: their
-    /// frames belong to a stage the profile keeps elsewhere now (a profile change is
+    /// frames belong to a stage the running profile keeps elsewhere (a profile change is
     /// refused while such a stage holds records), so they stop holding up switches.
     pub(crate) fn forget_unopened(&self) {
         let mut st = self.state.lock();
@@ -977,32 +975,6 @@ fn scan_file(
     Ok(scan)
 }
 
-/// The pending frames of an earlier build's `pending.journal` that its store file does
-/// not hold (`stored` is the LSN it records), in order. Fails as corrupt if one of them
-/// is damaged with later frames after it.
-pub(crate) fn read_legacy(path: &Path, stored: u64) -> Result<Vec<Frame>, BackendFailure> {
-    let location = path.display().to_string();
-    let file = File::open(path).map_err(|e| io_failure(&location, "cannot open", &e))?;
-    let faults = FaultSwitch::default();
-    let scan = scan_file(&file, &location, &faults, 0, None, None)?;
-    if let Some(d) = scan.damaged.iter().find(|d| d.lsn > stored) {
-        return Err(BackendFailure::new(
-            FailureKind::Corrupt,
-            d.location.clone(),
-            format!(
-                "journal frame {} is damaged but later frames follow it: acknowledged admissions would be lost, \
-                 so the store does not open",
-                d.lsn
-            ),
-        ));
-    }
-    Ok(scan
-        .frames
-        .into_iter()
-        .filter(|f| f.stage == Stage::Pending && f.lsn > stored)
-        .collect())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1254,28 +1226,5 @@ mod tests {
         assert!(b > a + 10, "LSNs go on after the file's");
         let j = reopen(&dir, j);
         assert_eq!(lsns(&j.register(Stage::Pending, 0).unwrap()), [a, b]);
-    }
-
-    #[test]
-    fn an_earlier_builds_pending_journal_is_read() {
-        let tmp = tempfile::tempdir().unwrap();
-        let path = tmp.path().join("pending.journal");
-        // Frames as the earlier journal wrote them: from offset 0, pending magic.
-        let mut bytes = Vec::new();
-        for lsn in [7u64, 8, 9] {
-            let p = payload(40, lsn as u8);
-            let mut h = Vec::new();
-            h.extend_from_slice(&Stage::Pending.magic().to_be_bytes());
-            h.extend_from_slice(&lsn.to_be_bytes());
-            h.extend_from_slice(&(p.len() as u32).to_be_bytes());
-            let crc = crc32(&h);
-            h.extend_from_slice(&crc.to_be_bytes());
-            bytes.extend_from_slice(&h);
-            bytes.extend_from_slice(&p);
-        }
-        bytes.extend_from_slice(&[0u8; 4096]);
-        std::fs::write(&path, &bytes).unwrap();
-        assert_eq!(lsns(&read_legacy(&path, 7).unwrap()), [8, 9]);
-        assert_eq!(read_legacy(&path, 7).unwrap()[0].payload, payload(40, 8));
     }
 }

@@ -5,8 +5,8 @@
 //!
 //! redb is blocking and a durable commit waits for an `fdatasync` (0.1–1 ms here, far
 //! more on a busy disk). Every store call therefore runs in
-//! [`tokio::task::spawn_blocking`], never on a tokio worker thread. `block_in_place` was
-//! the alternative; it panics on a current-thread runtime (which `#[tokio::test]` and
+//! [`tokio::task::spawn_blocking`], never on a tokio worker thread. Not
+//! `block_in_place`: it panics on a current-thread runtime (which `#[tokio::test]` and
 //! small tools use) and still stalls every other task queued on that worker until the
 //! fsync returns. The price of `spawn_blocking` is one thread hand-off per call, which
 //! is why the stage contracts take batches. The one exception is the pending writer's
@@ -75,8 +75,8 @@ pub struct FileOptions {
 
 impl FileOptions {
     /// 32 MiB of cache: the pending stage is read by selection and completion (64 MiB
-    /// put a 1,000,000-message backlog at the 256 MiB RSS limit once router-queue and
-    /// routed-work kept non-durable pages too).
+    /// puts a 1,000,000-message backlog at the 256 MiB RSS limit, with router-queue and
+    /// routed-work keeping non-durable pages too).
     pub const PENDING_CACHE: usize = 32 << 20;
     /// 16 MiB of cache for router-queue and routed-work, which hold in-flight work only.
     pub const STAGE_CACHE: usize = 16 << 20;
@@ -163,8 +163,8 @@ fn classify(err: &redb::Error) -> FailureKind {
     use redb::Error as E;
     match err {
         E::Io(e) if is_full(e) => FailureKind::Full,
-        // redb reports a file that is not (or no longer) a redb database this way.
-        // and a read past the end of a truncated one this way.
+        // redb reports a file that is not a redb database this way, and a read past
+        // the end of a truncated one this way.
         E::Io(e)
             if matches!(
                 e.kind(),
@@ -201,7 +201,7 @@ fn latches(err: &redb::Error) -> bool {
 pub(crate) type InitFn = fn(&WriteTransaction) -> Result<(), Fail>;
 
 /// Runs after `init` on every (re)open, before the database is handed to any caller:
-/// the pending stage replays its journal here.
+/// the journaled stages apply their journal frames here.
 pub(crate) type RecoverFn = Box<dyn Fn(&Database) -> Result<(), Fail> + Send + Sync>;
 
 /// One open redb file.
@@ -499,10 +499,10 @@ pub(crate) fn on_this_thread<R>(
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| Err(file.panicked()))
 }
 
-/// Check (or, in a new file, write) the file's layout version. A file of one of the
-/// `upgradable` older layouts is marked as `layout` (its tables read the same; what
-/// changed is how later commits are made durable).
-pub(crate) fn check_layout(txn: &WriteTransaction, layout: u64, upgradable: &[u64]) -> Result<(), Fail> {
+/// Check (or, in a new file, write) the file's layout version. A file of any other
+/// layout does not open: a newer one is [`FailureKind::UnsupportedVersion`], an older or
+/// unknown one [`FailureKind::Corrupt`], both located at the file's `meta` table.
+pub(crate) fn check_layout(txn: &WriteTransaction, layout: u64) -> Result<(), Fail> {
     let mut meta = txn.open_table(META)?;
     let found = meta.get(LAYOUT_KEY)?.map(|v| v.value());
     match found {
@@ -511,17 +511,13 @@ pub(crate) fn check_layout(txn: &WriteTransaction, layout: u64, upgradable: &[u6
             Ok(())
         }
         Some(v) if v == layout => Ok(()),
-        Some(v) if upgradable.contains(&v) => {
-            meta.insert(LAYOUT_KEY, layout)?;
-            Ok(())
-        }
         Some(v) if v > layout => Err(Fail::Newer {
             table: "meta",
             detail: format!("table layout {v} was written by a newer Sendium; this build reads layout {layout}"),
         }),
         Some(v) => Err(Fail::Invalid {
             table: "meta",
-            detail: format!("unknown table layout {v} (this build writes layout {layout})"),
+            detail: format!("unknown table layout {v}: this build reads only layout {layout} and cannot read the file"),
         }),
     }
 }

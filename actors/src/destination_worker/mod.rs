@@ -38,7 +38,7 @@ use sendium_storage::failpoint;
 use sendium_storage::{BranchFailure, Unit};
 
 use crate::context::Shared;
-use crate::dlr::{ReceiptAcks, ReceiptBatch};
+use crate::dlr_correlator::{ReceiptAcks, ReceiptBatch};
 use crate::router::{BranchKey, RouterMsg, WorkerOutcome, WorkerResult};
 
 pub use simulator::SimulatorConfig;

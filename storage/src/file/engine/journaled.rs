@@ -1,5 +1,6 @@
-//! A background stage's store file (router-queue, routed-work) whose commits are made
-//! durable by frames of the stages' journal instead of fdatasyncs of its own.
+//! A stage's store file whose commits are made durable by frames of the stages' journal
+//! instead of fdatasyncs of its own, and [`JournaledStore`], the store handle of the
+//! background stages (router-queue, routed-work) built on it.
 //!
 //! A write applies its change in one redb transaction and returns the frame that
 //! records it; the frame is appended to the journal and, for a change that must survive
@@ -11,12 +12,13 @@
 //! the journal LSN) come from the journal's checkpointer, or inline when the journal
 //! cannot take frames. See [`super::journal`].
 
+use std::path::Path;
 use std::sync::{Arc, Weak};
 
-use redb::{Database, Durability, WriteTransaction};
+use redb::{Database, Durability, ReadTransaction, WriteTransaction};
 
 use super::backend::FaultSwitch;
-use super::db::{Fail, FileOptions, InitFn, META, RecoverFn, StoreFile, get_counter, on_this_thread};
+use super::db::{Fail, FileOptions, InitFn, META, RecoverFn, StoreFile, blocking, get_counter, on_this_thread};
 use super::dir::DataDir;
 use super::journal::{Checkpoint, Journal, Stage};
 use crate::error::BackendFailure;
@@ -36,8 +38,55 @@ pub(crate) enum Wait {
     Buffered,
 }
 
+/// What a journaled stage's store file is: its name in the data directory, its stage in
+/// the journal, how its tables are created and checked, and how one of its frames is
+/// applied again.
+pub(crate) struct StageFile {
+    pub(crate) name: &'static str,
+    pub(crate) stage: Stage,
+    pub(crate) init: InitFn,
+    pub(crate) replay: ReplayFn,
+}
+
+/// The store of a background stage: its [`JournaledFile`], shared with the journal's
+/// checkpointer, and the hop of every call onto the blocking pool. The stage keeps only
+/// its tables, its frames and what its calls do with them.
+#[derive(Clone)]
+pub(crate) struct JournaledStore {
+    file: Arc<JournaledFile>,
+}
+
+impl JournaledStore {
+    /// Open (or create) the stage's file in `dir`, applying its journal frames first,
+    /// and have the journal's checkpointer checkpoint it. Blocking.
+    pub(crate) fn open(dir: &Arc<DataDir>, of: &StageFile, options: FileOptions) -> Result<Self, BackendFailure> {
+        let file = Arc::new(JournaledFile::open(dir, of, options)?);
+        let hook: Weak<dyn Checkpoint> = Arc::downgrade(&file) as Weak<dyn Checkpoint>;
+        file.journal.set_hook(file.stage, hook);
+        Ok(Self { file })
+    }
+
+    /// The store file (for logs and `sendium inspect`).
+    pub(crate) fn path(&self) -> &Path {
+        self.file.file.path()
+    }
+
+    /// Run `f` on the blocking pool (see [`super::db`]), its failure as the stage's error.
+    pub(crate) async fn run<R, E>(
+        &self,
+        f: impl FnOnce(&JournaledFile) -> Result<R, BackendFailure> + Send + 'static,
+    ) -> Result<R, E>
+    where
+        R: Send + 'static,
+        E: From<BackendFailure>,
+    {
+        Ok(blocking(&self.file, |j| &j.file, f).await?)
+    }
+}
+
+/// One stage's redb file, made durable through the journal (see the module docs).
 pub(crate) struct JournaledFile {
-    pub(crate) file: StoreFile,
+    file: StoreFile,
     journal: Arc<Journal>,
     stage: Stage,
 }
@@ -45,32 +94,25 @@ pub(crate) struct JournaledFile {
 impl JournaledFile {
     /// Open `<dir>/<name>`, applying the stage's journal frames its durable state does
     /// not hold (`replay`) before anyone reads it. Blocking.
-    pub(crate) fn open(
-        dir: &Arc<DataDir>,
-        name: &'static str,
-        options: FileOptions,
-        init: InitFn,
-        stage: Stage,
-        replay: ReplayFn,
-    ) -> Result<Self, BackendFailure> {
+    fn open(dir: &Arc<DataDir>, of: &StageFile, options: FileOptions) -> Result<Self, BackendFailure> {
+        let (stage, replay) = (of.stage, of.replay);
         let journal = dir.journal()?;
         let j = journal.clone();
         let recover: RecoverFn = Box::new(move |db| recover(db, &j, stage, replay, options.quick_repair));
         let file = StoreFile::open_with(
             dir,
-            name,
+            of.name,
             options,
-            init,
+            of.init,
             Arc::new(FaultSwitch::default()),
             Some(recover),
         )?;
         Ok(Self { file, journal, stage })
     }
 
-    /// Have the journal's checkpointer call `owner` (whose checkpoint is this file's).
-    pub(crate) fn checkpoint_through<T: Checkpoint + 'static>(&self, owner: &Arc<T>) {
-        let hook: Weak<dyn Checkpoint> = Arc::downgrade(owner) as Weak<dyn Checkpoint>;
-        self.journal.set_hook(self.stage, hook);
+    /// Run `f` in one read transaction (a consistent snapshot; never blocks a writer).
+    pub(crate) fn read<R>(&self, f: impl FnOnce(&ReadTransaction) -> Result<R, Fail>) -> Result<R, BackendFailure> {
+        self.file.read(f)
     }
 
     /// One write transaction: `change` applies the change and returns the payload of
@@ -131,10 +173,12 @@ impl JournaledFile {
             (Err(e), false) => Err(e),
         }
     }
+}
 
+impl Checkpoint for JournaledFile {
     /// A durable commit recording the journal's LSN, if the stage has frames its file's
     /// durable state does not hold.
-    pub(crate) fn checkpoint(&self) -> Result<(), BackendFailure> {
+    fn checkpoint(&self) -> Result<(), BackendFailure> {
         if !self.journal.uncovered(self.stage) {
             return Ok(());
         }

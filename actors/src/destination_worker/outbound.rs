@@ -7,21 +7,13 @@
 //! part asks for a receipt when the message wants one, because the message's state is
 //! derived from every provider part.
 
-use sendium_protocols::smpp::SmppAddress;
+use crate::address::to_wire;
 use sendium_protocols::smpp::client::OutboundSubmit;
 use sendium_protocols::text::{self, Alphabet};
-use sendium_storage::{Address, BranchFailure, Unit};
+use sendium_storage::{BranchFailure, Unit};
 
 /// esm_class bit: the short_message starts with a user data header.
 const UDHI: u8 = 0x40;
-
-pub fn smpp_address(a: &Address) -> SmppAddress {
-    SmppAddress {
-        ton: a.ton,
-        npi: a.npi,
-        addr: a.addr.clone(),
-    }
-}
 
 /// Build the provider parts of a unit. `reference` is the concatenation reference for a
 /// message that needs several parts.
@@ -46,8 +38,8 @@ pub fn build_parts(unit: &Unit, request_receipt: bool, reference: u8) -> Result<
         };
         out.push(OutboundSubmit {
             service_type: first.service_type.clone(),
-            source: smpp_address(&first.source),
-            destination: smpp_address(&first.destination),
+            source: to_wire(&first.source),
+            destination: to_wire(&first.destination),
             esm_class,
             protocol_id: first.protocol_id,
             priority_flag: first.priority,
@@ -76,7 +68,7 @@ pub fn alphabet_name(a: Alphabet) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sendium_storage::{Channel, Disposition, MessageId, PartInfo, PendingRecord, Timestamp};
+    use sendium_storage::{Address, Channel, Disposition, MessageId, PartInfo, PendingRecord, Timestamp};
 
     fn record(dcs: u8, payload: Vec<u8>, part: Option<(u8, u8)>) -> PendingRecord {
         PendingRecord {

@@ -4,18 +4,14 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use sendium_protocols::receipt::{ReceiptText, format_date};
-use sendium_protocols::smpp::SmppAddress;
 use sendium_protocols::smpp::server::{DeliverOutcome, OutboundDeliver, SessionRegistry};
 use sendium_storage::{Delivery, DeliveryFinish, DeliveryResult, DlrState, Timestamp};
 
-use crate::worker::receipts::receipt_state;
+use crate::address::to_wire;
+use crate::destination_worker::receipts::receipt_state;
 
 /// esm_class of an SMSC delivery receipt.
 const ESM_CLASS_RECEIPT: u8 = 0x04;
-
-fn address(a: &sendium_storage::Address) -> SmppAddress {
-    SmppAddress::new(a.ton, a.npi, a.addr.clone())
-}
 
 /// The Appendix B text of a receipt, carrying the id the client was given.
 pub fn receipt_text(d: &Delivery) -> String {
@@ -36,8 +32,8 @@ pub fn receipt_text(d: &Delivery) -> String {
 /// The deliver_sm for a receipt: from the handset back to the original sender.
 pub fn deliver_sm(d: &Delivery) -> OutboundDeliver {
     OutboundDeliver {
-        source: address(&d.target.destination),
-        destination: address(&d.target.source),
+        source: to_wire(&d.target.destination),
+        destination: to_wire(&d.target.source),
         esm_class: ESM_CLASS_RECEIPT,
         data_coding: 0,
         short_message: receipt_text(d).into_bytes(),

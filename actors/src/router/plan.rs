@@ -1,0 +1,204 @@
+//! Routing a unit: which branches it gets and where each may go, and whom its receipt
+//! is owed to. Pure functions of the route table and the unit.
+
+use sendium_profiles::RouteTable;
+use sendium_storage::{
+    Branch, BranchKind, Channel, Disposition, ReceiptTarget, ReplyPath, RoutedUnit, Timestamp, Unit,
+};
+
+/// Every branch routing gives a unit: the primary route with its failover targets and
+/// each copied route, or — no route matched, or its multipart group expired — one primary
+/// branch with nowhere to go, which fails at dispatch and carries the failure receipt.
+pub(super) fn plan(routes: &RouteTable, unit: &Unit) -> RoutedUnit {
+    let first = unit.parts.first();
+    let (route, branches) = match (unit.disposition, first) {
+        (Disposition::Deliver, Some(p)) => match routes.resolve(&p.account, &p.destination.addr) {
+            Some(r) => {
+                let mut branches = vec![Branch {
+                    no: 0,
+                    kind: BranchKind::Primary,
+                    targets: r.to.clone(),
+                    outcome: None,
+                    failed_over_from: Vec::new(),
+                }];
+                for (i, copy) in r.copy_to.iter().enumerate() {
+                    branches.push(Branch {
+                        no: u16::try_from(i + 1).unwrap_or(u16::MAX),
+                        kind: BranchKind::Copy,
+                        targets: vec![copy.clone()],
+                        outcome: None,
+                        failed_over_from: Vec::new(),
+                    });
+                }
+                (r.name.clone(), branches)
+            }
+            None => (String::new(), Vec::new()),
+        },
+        _ => (String::new(), Vec::new()),
+    };
+    let branches = if branches.is_empty() {
+        // No route (or an expired group): one primary branch with nowhere to go; it
+        // fails at dispatch and carries the failure receipt.
+        vec![Branch {
+            no: 0,
+            kind: BranchKind::Primary,
+            targets: Vec::new(),
+            outcome: None,
+            failed_over_from: Vec::new(),
+        }]
+    } else {
+        branches
+    };
+    RoutedUnit {
+        id: unit.id,
+        members: unit.member_ids(),
+        route,
+        routed_at: Timestamp::now(),
+        branches,
+    }
+}
+
+/// Receipt targets of a unit: one per submission that asked for a receipt.
+pub fn receipt_targets(unit: &Unit) -> Vec<ReceiptTarget> {
+    unit.parts
+        .iter()
+        .filter(|p| p.wants_receipt())
+        .filter_map(|p| {
+            let reply = match p.channel {
+                Channel::Smpp => ReplyPath::Smpp,
+                Channel::Http => ReplyPath::Http {
+                    url: p.callback_url.clone()?,
+                },
+            };
+            Some(ReceiptTarget {
+                submit_id: p.id,
+                account: p.account.clone(),
+                reply,
+                source: p.source.clone(),
+                destination: p.destination.clone(),
+                submitted_at: p.accepted_at,
+                failure_only: p.receipt_on_failure_only(),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use sendium_storage::{Address, MessageId, PendingRecord};
+
+    use super::*;
+
+    fn routes() -> RouteTable {
+        let cfg = sendium_profiles::load_str(
+            r#"
+[[destinations]]
+name = "a"
+kind = "simulator"
+[[destinations]]
+name = "b"
+kind = "simulator"
+[[destinations]]
+name = "audit"
+kind = "simulator"
+[[routes]]
+name = "uk"
+destination-prefix = "44"
+to = ["a", "b"]
+copy-to = ["audit"]
+"#,
+        )
+        .unwrap();
+        RouteTable::from_config(&cfg)
+    }
+
+    fn unit(to: &str, disposition: Disposition, receipt: Option<&str>) -> Unit {
+        let id = MessageId::generate();
+        let record = PendingRecord {
+            id,
+            account: "esme1".into(),
+            channel: if receipt.is_some() {
+                Channel::Http
+            } else {
+                Channel::Smpp
+            },
+            source: Address::new(5, 0, "Shop"),
+            destination: Address::new(1, 1, to),
+            service_type: String::new(),
+            esm_class: 0,
+            protocol_id: 0,
+            priority: 0,
+            data_coding: 0,
+            payload: b"hi".to_vec(),
+            part: None,
+            registered_delivery: 1,
+            callback_url: receipt.map(str::to_string),
+            idempotency_key: None,
+            accepted_at: Timestamp::now(),
+            valid_until: None,
+        };
+        Unit {
+            id,
+            disposition,
+            parts: vec![record],
+        }
+    }
+
+    #[test]
+    fn a_matching_route_gives_its_failover_list_and_one_branch_per_copy() {
+        let u = unit("447700900123", Disposition::Deliver, None);
+        let routed = plan(&routes(), &u);
+        assert_eq!(routed.route, "uk");
+        assert_eq!(routed.members, vec![u.id]);
+        let branches: Vec<(u16, BranchKind, Vec<String>)> = routed
+            .branches
+            .iter()
+            .map(|b| (b.no, b.kind, b.targets.clone()))
+            .collect();
+        assert_eq!(
+            branches,
+            vec![
+                (0, BranchKind::Primary, vec!["a".to_string(), "b".to_string()]),
+                (1, BranchKind::Copy, vec!["audit".to_string()]),
+            ]
+        );
+        assert!(
+            routed
+                .branches
+                .iter()
+                .all(|b| b.outcome.is_none() && b.failed_over_from.is_empty())
+        );
+    }
+
+    #[test]
+    fn no_route_or_an_expired_group_gives_one_branch_with_nowhere_to_go() {
+        for u in [
+            unit("33612345678", Disposition::Deliver, None),
+            unit("447700900123", Disposition::Expired, None),
+        ] {
+            let routed = plan(&routes(), &u);
+            assert_eq!(routed.route, "");
+            assert_eq!(routed.branches.len(), 1);
+            assert_eq!(routed.branches[0].kind, BranchKind::Primary);
+            assert!(routed.branches[0].targets.is_empty());
+        }
+    }
+
+    #[test]
+    fn receipts_are_owed_to_each_asking_submission_by_its_channel() {
+        let smpp = unit("44", Disposition::Deliver, None);
+        let targets = receipt_targets(&smpp);
+        assert_eq!(targets.len(), 1);
+        assert_eq!(targets[0].reply, ReplyPath::Smpp);
+        let http = unit("44", Disposition::Deliver, Some("http://127.0.0.1:9/dlr"));
+        assert_eq!(
+            receipt_targets(&http)[0].reply,
+            ReplyPath::Http {
+                url: "http://127.0.0.1:9/dlr".into()
+            }
+        );
+        let mut quiet = unit("44", Disposition::Deliver, None);
+        quiet.parts[0].registered_delivery = 0;
+        assert!(receipt_targets(&quiet).is_empty());
+    }
+}

@@ -1,0 +1,266 @@
+//! The Router's routed-work writes: new routes, failovers, branch completions and
+//! removals of completed units, gathered while one write is in flight and committed
+//! together (group commit), paced when the store is durable; and what each write's
+//! result does to the projection.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use sendium_storage::failpoint;
+use std::collections::HashMap;
+
+use sendium_storage::{BranchDone, BranchMove, ReadyUnit, RoutedUnit, Unit, UnitId};
+
+use super::placement::Occasion;
+use super::plan::{plan, receipt_targets};
+use super::{BranchKey, RouterMsg, RouterState, Tracked, WRITE_GAP};
+use crate::ingress::IngressMsg;
+use crate::selector::SelectorMsg;
+
+/// One routed-work write — routes recorded, branches completed, units removed — and
+/// how it went.
+pub struct Written {
+    batch: Vec<(Arc<Unit>, RoutedUnit)>,
+    moves: Vec<BranchMove>,
+    done: Vec<BranchDone>,
+    removed: Vec<UnitId>,
+    result: Result<(), sendium_storage::RoutedWorkError>,
+}
+
+impl RouterState {
+    pub(super) async fn route(&mut self, units: Vec<ReadyUnit>) {
+        let mut known = Vec::new();
+        let mut fresh = Vec::with_capacity(units.len());
+        for ru in units {
+            let id = ru.unit.id;
+            if self.units.contains_key(&id)
+                || self.recording.as_ref().is_some_and(|r| r.contains(&id))
+                || self.to_record.iter().any(|(u, _)| u.id == id)
+                || self.retry_record.iter().any(|(u, _)| u.id == id)
+            {
+                known.push(id);
+                continue;
+            }
+            let routed = plan(&self.routes, &ru.unit);
+            fresh.push((Arc::new(ru.unit), routed));
+        }
+        if !known.is_empty() {
+            self.shared.dir.selector.send(SelectorMsg::Credit(known.len()));
+            // Staged again after a restart but already recorded here: with a durable
+            // routed-work stage their staged entries are done with.
+            if self.durable {
+                self.shared.dir.selector.send(SelectorMsg::Routed(known));
+            }
+        }
+        self.to_record.extend(fresh);
+        self.start_write();
+    }
+
+    /// One routed-work write with everything waiting — new routes, branch completions,
+    /// removals — unless a write is in flight (then they go into the next one).
+    pub(super) fn start_write(&mut self) {
+        if self.recording.is_some()
+            || self.write_timer
+            || (self.to_record.is_empty()
+                && self.to_move.is_empty()
+                && self.done.is_empty()
+                && self.to_remove.is_empty())
+        {
+            return;
+        }
+        // Pace durable writes: nothing acknowledged waits on them, and at moderate rates
+        // back-to-back commits of a few units each would spend the CPU and disk the
+        // acknowledging commits need. A short gap gathers bigger batches.
+        if self.durable
+            && let Some(last) = self.last_write
+        {
+            let since = last.elapsed();
+            if since < WRITE_GAP {
+                self.write_timer = true;
+                let shared = self.shared.clone();
+                let wait = WRITE_GAP - since;
+                tokio::spawn(async move {
+                    tokio::time::sleep(wait).await;
+                    shared.dir.router.send(RouterMsg::WriteDue);
+                });
+                return;
+            }
+        }
+        self.last_write = Some(Instant::now());
+        let batch = std::mem::take(&mut self.to_record);
+        let moves = std::mem::take(&mut self.to_move);
+        let done = std::mem::take(&mut self.done);
+        let removed = std::mem::take(&mut self.to_remove);
+        self.recording = Some(batch.iter().map(|(u, _)| u.id).collect());
+        let store = self.store.clone();
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            if !done.is_empty() {
+                failpoint::hit("before-branch-completion");
+            }
+            let write = sendium_storage::RoutedWrite {
+                record: batch.iter().map(|(_, r)| r.clone()).collect(),
+                moves: moves.clone(),
+                complete: done.clone(),
+                remove: removed.clone(),
+            };
+            let result = store.apply(write).await;
+            if result.is_ok() && !batch.is_empty() {
+                failpoint::hit("after-routing");
+            }
+            shared.dir.router.send(RouterMsg::Written(Box::new(Written {
+                batch,
+                moves,
+                done,
+                removed,
+                result,
+            })));
+        });
+    }
+
+    pub(super) fn written(&mut self, w: Written) {
+        self.recording = None;
+        let ok = w.result.is_ok();
+        if let Err(e) = &w.result {
+            self.shared.health.routed_work.failed("routed-work", e);
+        }
+        self.recorded(w.batch, ok);
+        self.moved(w.moves, ok);
+        self.branches_recorded(w.done, ok);
+        self.removed(w.removed, ok);
+        self.start_write();
+    }
+
+    pub(super) fn recorded(&mut self, fresh: Vec<(Arc<Unit>, RoutedUnit)>, ok: bool) {
+        if fresh.is_empty() {
+            return;
+        }
+        if !ok {
+            self.retry_record.extend(fresh);
+            return;
+        }
+        self.shared.health.routed_work.ok();
+        // A restarted Router may get the write of its predecessor: it restored those
+        // units from the store already.
+        let fresh: Vec<(Arc<Unit>, RoutedUnit)> = fresh
+            .into_iter()
+            .filter(|(u, _)| !self.units.contains_key(&u.id))
+            .collect();
+        metrics::counter!("sendium_routed_total").increment(fresh.len() as u64);
+        let ids: Vec<UnitId> = fresh.iter().map(|(u, _)| u.id).collect();
+        if self.durable {
+            self.shared.dir.selector.send(SelectorMsg::Routed(ids));
+        }
+        for (unit, routed) in fresh {
+            self.track(unit, routed);
+        }
+    }
+
+    /// Take a recorded unit into the projection and dispatch its open branches.
+    pub(super) fn track(&mut self, unit: Arc<Unit>, routed: RoutedUnit) {
+        let id = unit.id;
+        let open: Vec<u16> = routed
+            .branches
+            .iter()
+            .filter(|b| b.outcome.is_none())
+            .map(|b| b.no)
+            .collect();
+        self.units.insert(
+            id,
+            Tracked {
+                targets: receipt_targets(&unit),
+                deadline: super::placement::deadline(&unit, self.max_age),
+                bounced: Vec::new(),
+                unit,
+                routed,
+                dispatched: Vec::new(),
+                awaiting_handoff: HashMap::new(),
+                closing: Vec::new(),
+                completion_sent: false,
+                completion_asked: None,
+            },
+        );
+        for no in open {
+            self.place(BranchKey { unit: id, branch: no }, Occasion::Fresh);
+        }
+        self.check_complete(id);
+    }
+
+    /// Failovers recorded (or not): place the branches again, away from where they left.
+    pub(super) fn moved(&mut self, moves: Vec<BranchMove>, ok: bool) {
+        if moves.is_empty() {
+            return;
+        }
+        if !ok {
+            self.retry_move.extend(moves);
+            return;
+        }
+        for m in moves {
+            let key = BranchKey {
+                unit: m.unit,
+                branch: m.branch,
+            };
+            let Some(t) = self.units.get_mut(&m.unit) else {
+                continue;
+            };
+            if let Some(b) = t.routed.branches.iter_mut().find(|b| b.no == m.branch) {
+                b.moved_from(&m.from);
+            }
+            if !t.is_done(m.branch) && !t.awaiting_handoff.contains_key(&m.branch) {
+                self.place(key, Occasion::Leaving(&m.from));
+            }
+        }
+    }
+
+    pub(super) fn branches_recorded(&mut self, batch: Vec<BranchDone>, ok: bool) {
+        if batch.is_empty() {
+            return;
+        }
+        if !ok {
+            // Retried on the tick (a failing store is not hammered).
+            self.retry_done.extend(batch);
+            return;
+        }
+        self.shared.health.routed_work.ok();
+        let mut finished = Vec::new();
+        for d in batch {
+            if let Some(t) = self.units.get_mut(&d.unit) {
+                t.closing.retain(|b| *b != d.branch);
+                if let Some(b) = t.routed.branches.iter_mut().find(|b| b.no == d.branch)
+                    && b.outcome.is_none()
+                {
+                    b.outcome = Some(d.outcome);
+                }
+                if t.routed.is_complete() && t.awaiting_handoff.is_empty() && t.closing.is_empty() && !t.completion_sent
+                {
+                    t.completion_sent = true;
+                    t.completion_asked = Some(Instant::now());
+                    finished.push(d.unit);
+                }
+            }
+        }
+        if !finished.is_empty() {
+            self.shared.dir.ingress.send(IngressMsg::Complete(finished));
+        }
+    }
+
+    pub(super) fn sources_completed(&mut self, ids: Vec<UnitId>) {
+        self.to_remove.extend(ids);
+        self.start_write();
+    }
+
+    pub(super) fn removed(&mut self, ids: Vec<UnitId>, ok: bool) {
+        if ids.is_empty() {
+            return;
+        }
+        if !ok {
+            self.retry_remove.extend(ids);
+            return;
+        }
+        for id in &ids {
+            self.units.remove(id);
+        }
+        metrics::counter!("sendium_completed_total").increment(ids.len() as u64);
+        self.shared.dir.selector.send(SelectorMsg::Completed(ids));
+    }
+}

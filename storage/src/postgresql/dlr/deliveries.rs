@@ -1,0 +1,159 @@
+//! Pending downstream receipts (`dlr_deliveries`): decoding a delivery row, and one
+//! statement each to claim due deliveries, finish claimed ones and wake an SMPP
+//! account's.
+//!
+//! A claim increments `attempt` and moves `due_at` to the lease end, so a crashed
+//! deliverer's claim lapses by itself, and a result is applied only to the attempt it
+//! quotes.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, Row};
+
+use super::records::{StoredTarget, ms, plus, state_of, ts};
+use super::{OpError, PostgresDlrStore};
+use crate::dlr::{Delivery, DeliveryFinish, DeliveryId, DeliveryResult, ReceiptOutcome};
+use crate::ids::Timestamp;
+
+/// Rows `wake_account` updates per statement.
+const WAKE_BATCH: i64 = 10_000;
+
+impl PostgresDlrStore {
+    pub(super) fn delivery_of(&self, row: &PgRow) -> Result<Delivery, OpError> {
+        let id: i64 = row.try_get("id")?;
+        let attempt: i32 = row.try_get("attempt")?;
+        let target: String = row.try_get("target")?;
+        let code: i16 = row.try_get("state")?;
+        let stored: StoredTarget = serde_json::from_str(&target)
+            .map_err(|e| self.corrupt(format_args!("delivery {id}: receipt target: {e}")))?;
+        let target = stored.into_target().map_err(|(kind, detail)| {
+            OpError::Failure(self.loc.failure(kind, format_args!("delivery {id}: {detail}")))
+        })?;
+        let state = state_of(code).ok_or_else(|| self.corrupt(format_args!("delivery {id}: state {code}")))?;
+        Ok(Delivery {
+            id: DeliveryId(u64::try_from(id).unwrap_or(0)),
+            attempt: u32::try_from(attempt).unwrap_or(0),
+            target,
+            outcome: ReceiptOutcome {
+                state,
+                error: row.try_get("error")?,
+                done_at: ts(row.try_get("done_at")?),
+            },
+            created_at: ts(row.try_get("created_at")?),
+            expires_at: ts(row.try_get("expires_at")?),
+        })
+    }
+
+    /// One statement. Concurrent claimers skip each other's rows (`SKIP LOCKED`) instead
+    /// of waiting. `= ANY(ARRAY(…))`, not `IN (…)`: the planner turns `IN` into a hash
+    /// semi-join over a sequential scan of the whole table; `ANY` probes the primary key.
+    pub(super) async fn claim_due_op(
+        &self,
+        now: Timestamp,
+        lease: Duration,
+        limit: usize,
+    ) -> Result<Vec<Delivery>, OpError> {
+        let now = ms(now);
+        let rows = sqlx::query(
+            "
+UPDATE dlr_deliveries d SET attempt = d.attempt + 1, due_at = $2, lease_until = $2
+ WHERE d.id = ANY(ARRAY(SELECT id FROM dlr_deliveries WHERE due_at <= $1
+                         ORDER BY due_at, id LIMIT $3 FOR UPDATE SKIP LOCKED))
+RETURNING d.id, d.attempt, d.target::text AS target, d.state, d.error, d.done_at, d.created_at, d.expires_at",
+        )
+        .bind(now)
+        .bind(plus(now, lease))
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out = rows
+            .iter()
+            .map(|r| self.delivery_of(r))
+            .collect::<Result<Vec<_>, _>>()?;
+        out.sort_by_key(|d| d.id);
+        Ok(out)
+    }
+
+    pub(super) async fn finish_tx(&self, conn: &mut PgConnection, results: &[DeliveryFinish]) -> Result<(), OpError> {
+        // Per (id, attempt), as if applied in order: a terminal result wins (it removes
+        // the delivery), otherwise the last retry time.
+        let mut by: HashMap<(i64, i32), Option<i64>> = HashMap::new();
+        let mut order = Vec::new();
+        for f in results {
+            let (Ok(id), Ok(attempt)) = (i64::try_from(f.id.0), i32::try_from(f.attempt)) else {
+                continue; // cannot match any stored delivery
+            };
+            let retry = match f.result {
+                DeliveryResult::Delivered | DeliveryResult::Dead => None,
+                DeliveryResult::Retry { at } => Some(ms(at)),
+            };
+            match by.get_mut(&(id, attempt)) {
+                Some(slot) => {
+                    if slot.is_some() {
+                        *slot = retry;
+                    }
+                }
+                None => {
+                    by.insert((id, attempt), retry);
+                    order.push((id, attempt));
+                }
+            }
+        }
+        if order.is_empty() {
+            return Ok(());
+        }
+        let (mut ids, mut attempts, mut retry_at) = (Vec::new(), Vec::new(), Vec::new());
+        for k in order {
+            ids.push(k.0);
+            attempts.push(k.1);
+            retry_at.push(by.get(&k).copied().flatten());
+        }
+        sqlx::query(
+            "
+WITH f AS (SELECT * FROM UNNEST($1::int8[], $2::int4[], $3::int8[]) AS f(id, attempt, retry_at)),
+gone AS (
+    DELETE FROM dlr_deliveries d USING f
+     WHERE d.id = f.id AND d.attempt = f.attempt AND f.retry_at IS NULL
+    RETURNING 1
+), again AS (
+    UPDATE dlr_deliveries d SET due_at = f.retry_at, lease_until = NULL
+      FROM f
+     WHERE d.id = f.id AND d.attempt = f.attempt AND f.retry_at IS NOT NULL
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS gone, (SELECT count(*) FROM again) AS again",
+        )
+        .bind(ids)
+        .bind(attempts)
+        .bind(retry_at)
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
+    pub(super) async fn wake_account_op(&self, account: &str, now: Timestamp) -> Result<u64, OpError> {
+        let now = ms(now);
+        let mut woken = 0u64;
+        loop {
+            let r = sqlx::query(
+                "
+UPDATE dlr_deliveries SET due_at = $2
+ WHERE ctid = ANY(ARRAY(
+        SELECT ctid FROM dlr_deliveries
+         WHERE account = $1 AND smpp AND due_at > $2 AND (lease_until IS NULL OR lease_until <= $2)
+         LIMIT $3 FOR UPDATE SKIP LOCKED))",
+            )
+            .bind(account)
+            .bind(now)
+            .bind(WAKE_BATCH)
+            .execute(&self.pool)
+            .await?;
+            woken += r.rows_affected();
+            if r.rows_affected() < u64::try_from(WAKE_BATCH).unwrap_or(u64::MAX) {
+                return Ok(woken);
+            }
+        }
+    }
+}
