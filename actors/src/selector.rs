@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use sendium_storage::failpoint;
-use sendium_storage::{ReadySeq, ReadyUnit, RouterQueueStore, RouterQueueWrite, StagedUnit, UnitId};
+use sendium_storage::{PendingError, ReadySeq, ReadyUnit, RouterQueueStore, RouterQueueWrite, StagedUnit, UnitId};
 
 use crate::context::Shared;
 use crate::ingress::IngressMsg;
@@ -89,6 +89,22 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 const STAGE_GAP: Duration = Duration::from_millis(3);
 
 impl SelectorState {
+    /// Units read from the pending stage through Ingress. `None` when the store failed
+    /// (readiness says so) or Ingress is restarting: the tick tries again.
+    async fn pending_units(
+        &self,
+        ask: impl FnOnce(RpcReplyPort<Result<Vec<ReadyUnit>, PendingError>>) -> IngressMsg,
+    ) -> Option<Vec<ReadyUnit>> {
+        match self.shared.dir.ingress.call(ask, CALL_TIMEOUT).await {
+            Ok(Ok(units)) => Some(units),
+            Ok(Err(e)) => {
+                self.shared.health.pending.failed("pending", &e);
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
     /// Run select-and-stage while there is credit and ready work.
     async fn select(&mut self) {
         if self.waiting_for_router {
@@ -100,20 +116,11 @@ impl SelectorState {
             }
             let limit = self.credit.min(self.batch_size);
             let after = self.cursor;
-            let ready = match self
-                .shared
-                .dir
-                .ingress
-                .call(|reply| IngressMsg::ReadyAfter { after, limit, reply }, CALL_TIMEOUT)
+            let Some(ready) = self
+                .pending_units(|reply| IngressMsg::ReadyAfter { after, limit, reply })
                 .await
-            {
-                Ok(Ok(r)) => r,
-                Ok(Err(e)) => {
-                    self.shared.health.pending.failed("pending", &e);
-                    return;
-                }
-                // Ingress restarting: the tick retries.
-                Err(_) => return,
+            else {
+                return;
             };
             let Some(last) = ready.last().map(|u| u.seq) else {
                 return;
@@ -184,25 +191,9 @@ impl SelectorState {
             };
             after = last;
             let ids: Vec<UnitId> = page.iter().map(|s| s.id).collect();
-            let units = match self
-                .shared
-                .dir
-                .ingress
-                .call(
-                    |reply| IngressMsg::Units {
-                        ids: ids.clone(),
-                        reply,
-                    },
-                    CALL_TIMEOUT,
-                )
-                .await
-            {
-                Ok(Ok(u)) => u,
-                Ok(Err(e)) => {
-                    self.shared.health.pending.failed("pending", &e);
-                    return;
-                }
-                Err(_) => return,
+            let ask = ids.clone();
+            let Some(units) = self.pending_units(|reply| IngressMsg::Units { ids: ask, reply }).await else {
+                return;
             };
             // Staged entries whose sources are gone were completed before the crash
             // released them: release now.

@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 
 use crate::context::Shared;
 use crate::destination_worker::{DestinationWorker, WorkerArgs, WorkerMsg};
+use crate::directory::Mailbox;
 use crate::dlr_correlator::{DlrArgs, DlrCorrelator, DlrMsg};
 use crate::ingress::{Ingress, IngressArgs, IngressMsg};
 use crate::router::{Peer, Router, RouterArgs, RouterMsg};
@@ -280,7 +281,6 @@ impl SupervisorState {
             kinds.push(ChildKind::DlrCorrelator);
         }
         kinds.extend(self.spec.destinations.iter().map(|d| ChildKind::Worker(d.name.clone())));
-        let t = Duration::from_millis(500);
         let dir = &self.shared.dir;
         for kind in kinds {
             let status = self
@@ -290,43 +290,17 @@ impl SupervisorState {
                 .map(|(_, c)| status_text(c.get_status()))
                 .unwrap_or_else(|| "restarting".into());
             let (mailbox, queued) = match &kind {
-                ChildKind::Ingress => (
-                    dir.ingress.depth(),
-                    dir.ingress
-                        .call(IngressMsg::Status, t)
-                        .await
-                        .map(|s| s.waiting_requests)
-                        .unwrap_or(0),
-                ),
-                ChildKind::Selector => (
-                    dir.selector.depth(),
-                    dir.selector
-                        .call(SelectorMsg::Status, t)
-                        .await
-                        .map(|s| s.staged)
-                        .unwrap_or(0),
-                ),
-                ChildKind::Router => (
-                    dir.router.depth(),
-                    dir.router
-                        .call(RouterMsg::Status, t)
-                        .await
-                        .map(|s| s.units)
-                        .unwrap_or(0),
-                ),
-                ChildKind::DlrCorrelator => (
-                    dir.dlr.depth(),
-                    dir.dlr
-                        .call(DlrMsg::Status, t)
-                        .await
-                        .map(|s| s.store.map(|st| st.pending_deliveries).unwrap_or(0))
-                        .unwrap_or(0),
-                ),
+                ChildKind::Ingress => load(&dir.ingress, IngressMsg::Status, |s| s.waiting_requests).await,
+                ChildKind::Selector => load(&dir.selector, SelectorMsg::Status, |s| s.staged).await,
+                ChildKind::Router => load(&dir.router, RouterMsg::Status, |s| s.units).await,
+                ChildKind::DlrCorrelator => {
+                    load(&dir.dlr, DlrMsg::Status, |s| {
+                        s.store.map(|st| st.pending_deliveries).unwrap_or(0)
+                    })
+                    .await
+                }
                 ChildKind::Worker(d) => match dir.worker(d) {
-                    Some(mb) => (
-                        mb.depth(),
-                        mb.call(WorkerMsg::Status, t).await.map(|s| s.branches).unwrap_or(0),
-                    ),
+                    Some(mb) => load(mb, WorkerMsg::Status, |s| s.branches).await,
                     None => (0, 0),
                 },
             };
@@ -468,4 +442,16 @@ impl Actor for Supervisor {
         myself.send_message(SupervisorMsg::Respawn(kind))?;
         Ok(())
     }
+}
+
+/// A child's mailbox depth, and the work it reports queued (0 when it does not answer
+/// within half a second: `/admin/actors` must not hang on a stuck actor).
+async fn load<M: Send + 'static, S: Send + 'static>(
+    mailbox: &Mailbox<M>,
+    status: impl FnOnce(RpcReplyPort<S>) -> M,
+    queued: impl FnOnce(S) -> u64,
+) -> (u64, u64) {
+    let depth = mailbox.depth();
+    let answer = mailbox.call(status, Duration::from_millis(500)).await;
+    (depth, answer.map(queued).unwrap_or(0))
 }

@@ -35,7 +35,6 @@ pub enum DlrState {
     Expired,
     Deleted,
     Undeliverable,
-    Accepted,
     Unknown,
     Rejected,
 }

@@ -180,9 +180,9 @@ pub(crate) fn seal(mut bytes: Vec<u8>) -> Vec<u8> {
 }
 
 /// CRC-32 (IEEE 802.3, the zlib/PNG polynomial), computed 16 bytes at a time. Every
-/// stored record is sealed when written and checked when read, so under load the
-/// byte-at-a-time table loop this replaced was a few percent of the gateway's samples
-/// in perf; this one gives the same values for 1.5–2% less CPU per message.
+/// stored record is sealed when written and checked when read, so on the hot path the
+/// CRC's speed shows: a 16-byte slicing table costs less CPU per message than a
+/// byte-at-a-time one, for the same values.
 const CRC32: crc::Crc<u32, crc::Table<16>> = crc::Crc::<u32, crc::Table<16>>::new(&crc::CRC_32_ISO_HDLC);
 
 /// CRC-32 (IEEE 802.3) of `data`.

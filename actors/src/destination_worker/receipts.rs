@@ -41,7 +41,6 @@ pub fn receipt_state(s: DlrState) -> ReceiptState {
         DlrState::Expired => ReceiptState::Expired,
         DlrState::Deleted => ReceiptState::Deleted,
         DlrState::Undeliverable => ReceiptState::Undeliverable,
-        DlrState::Accepted => ReceiptState::Accepted,
         DlrState::Unknown => ReceiptState::Unknown,
         DlrState::Rejected => ReceiptState::Rejected,
     }

@@ -124,21 +124,22 @@ impl RouterState {
         if let Err(e) = &w.result {
             self.shared.health.routed_work.failed("routed-work", e);
         }
-        self.recorded(w.batch, ok);
-        self.moved(w.moves, ok);
-        self.branches_recorded(w.done, ok);
-        self.removed(w.removed, ok);
+        if let Some(fresh) = settle(w.batch, ok, &mut self.retry_record) {
+            self.recorded(fresh);
+        }
+        if let Some(moves) = settle(w.moves, ok, &mut self.retry_move) {
+            self.moved(moves);
+        }
+        if let Some(done) = settle(w.done, ok, &mut self.retry_done) {
+            self.branches_recorded(done);
+        }
+        if let Some(removed) = settle(w.removed, ok, &mut self.retry_remove) {
+            self.removed(removed);
+        }
         self.start_write();
     }
 
-    pub(super) fn recorded(&mut self, fresh: Vec<(Arc<Unit>, RoutedUnit)>, ok: bool) {
-        if fresh.is_empty() {
-            return;
-        }
-        if !ok {
-            self.retry_record.extend(fresh);
-            return;
-        }
+    fn recorded(&mut self, fresh: Vec<(Arc<Unit>, RoutedUnit)>) {
         self.shared.health.routed_work.ok();
         // A restarted Router may get the write of its predecessor: it restored those
         // units from the store already.
@@ -187,14 +188,7 @@ impl RouterState {
     }
 
     /// Failovers recorded (or not): place the branches again, away from where they left.
-    pub(super) fn moved(&mut self, moves: Vec<BranchMove>, ok: bool) {
-        if moves.is_empty() {
-            return;
-        }
-        if !ok {
-            self.retry_move.extend(moves);
-            return;
-        }
+    fn moved(&mut self, moves: Vec<BranchMove>) {
         for m in moves {
             let key = BranchKey {
                 unit: m.unit,
@@ -212,15 +206,7 @@ impl RouterState {
         }
     }
 
-    pub(super) fn branches_recorded(&mut self, batch: Vec<BranchDone>, ok: bool) {
-        if batch.is_empty() {
-            return;
-        }
-        if !ok {
-            // Retried on the tick (a failing store is not hammered).
-            self.retry_done.extend(batch);
-            return;
-        }
+    fn branches_recorded(&mut self, batch: Vec<BranchDone>) {
         self.shared.health.routed_work.ok();
         let mut finished = Vec::new();
         for d in batch {
@@ -249,18 +235,24 @@ impl RouterState {
         self.start_write();
     }
 
-    pub(super) fn removed(&mut self, ids: Vec<UnitId>, ok: bool) {
-        if ids.is_empty() {
-            return;
-        }
-        if !ok {
-            self.retry_remove.extend(ids);
-            return;
-        }
+    fn removed(&mut self, ids: Vec<UnitId>) {
         for id in &ids {
             self.units.remove(id);
         }
         metrics::counter!("sendium_completed_total").increment(ids.len() as u64);
         self.shared.dir.selector.send(SelectorMsg::Completed(ids));
     }
+}
+
+/// One part of a finished write: nothing to do when it is empty; kept for the tick to
+/// write again when the write failed (a failing store is not hammered); else handed on.
+fn settle<T>(part: Vec<T>, ok: bool, retry: &mut Vec<T>) -> Option<Vec<T>> {
+    if part.is_empty() {
+        return None;
+    }
+    if !ok {
+        retry.extend(part);
+        return None;
+    }
+    Some(part)
 }

@@ -2,55 +2,22 @@
 
 use std::time::Duration;
 
-use super::{DlrFactory as Factory, retention};
+use super::DlrFactory as Factory;
+use super::fixtures::{handoff, receipt, retention, target};
 use crate::conformance::ops::DlrOps as _;
 use crate::dlr::{
-    ClaimCreated, DeliveryFinish, DeliveryResult, DlrRetention, DlrState, DlrWrite, Handoff, HandoffOutcome,
-    ProviderReceipt, ReceiptMatch, ReceiptOutcome, ReceiptTarget, ReplyPath,
+    ClaimCreated, DeliveryFinish, DeliveryResult, DlrRetention, DlrState, DlrWrite, HandoffOutcome, ReceiptMatch,
+    ReceiptOutcome, ReplyPath,
 };
-use crate::ids::{MessageId, Timestamp};
-use crate::record::Address;
+use crate::ids::Timestamp;
 
 const LEASE: Duration = Duration::from_secs(30);
-
-fn target(reply: ReplyPath) -> ReceiptTarget {
-    ReceiptTarget {
-        submit_id: MessageId::generate(),
-        account: "esme1".into(),
-        reply,
-        source: Address::new(5, 0, "Sendium"),
-        destination: Address::new(1, 1, "447700900123"),
-        submitted_at: Timestamp::now(),
-        failure_only: false,
-    }
-}
-
-fn handoff(keys: &[&str], targets: Vec<ReceiptTarget>) -> Handoff {
-    Handoff {
-        unit: MessageId::generate(),
-        branch: 0,
-        destination: "up".into(),
-        outcome: HandoffOutcome::Submitted {
-            provider_keys: keys.iter().map(|k| k.to_string()).collect(),
-        },
-        targets,
-        handed_off_at: Timestamp::now(),
-    }
-}
 
 fn outcome(state: DlrState, err: &str) -> ReceiptOutcome {
     ReceiptOutcome {
         state,
         error: err.into(),
         done_at: Timestamp::now(),
-    }
-}
-
-fn receipt(key: &str, state: DlrState) -> ProviderReceipt {
-    ProviderReceipt {
-        destination: "up".into(),
-        keys: vec![key.into()],
-        outcome: outcome(state, if state == DlrState::Delivered { "000" } else { "045" }),
     }
 }
 

@@ -6,6 +6,7 @@
 //! expands into one `#[tokio::test]` per contract case.
 
 pub(crate) mod dlr;
+pub(crate) mod fixtures;
 pub(crate) mod ops;
 pub(crate) mod pending;
 mod postgresql;
@@ -17,6 +18,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use self::fixtures::retention;
 use crate::dlr::{DlrRetention, DlrStore};
 use crate::ids::{MessageId, Timestamp};
 use crate::memory::PendingLimits;
@@ -71,13 +73,6 @@ pub(crate) fn part(account: &str, to: &str, reference: u16, total: u8, seq: u8, 
         expires_at: Timestamp::now().saturating_add(expires_in),
     });
     r
-}
-
-pub(crate) fn retention() -> DlrRetention {
-    DlrRetention {
-        retention: Duration::from_secs(3600),
-        orphan_retention: Duration::from_secs(600),
-    }
 }
 
 /// Expand the whole suite for one backend: `conformance_suite!(memory, MemoryFactory)`

@@ -39,54 +39,28 @@ mod suite {
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use super::fixtures::{account_target, receipt, retention, unit_handoff};
 use crate::dlr::{
     Delivery, DeliveryFinish, DeliveryResult, DlrState, Handoff, HandoffOutcome, ProviderReceipt, ReceiptMatch,
-    ReceiptOutcome, ReceiptTarget, ReplyPath,
+    ReceiptTarget, ReplyPath,
 };
 use crate::error::FailureKind;
 use crate::ids::{MessageId, Timestamp, UnitId};
 use crate::postgresql::PgDlrOptions;
-use crate::record::Address;
 
 const LEASE: Duration = Duration::from_secs(30);
 
 fn target(account: &str) -> ReceiptTarget {
-    ReceiptTarget {
-        submit_id: MessageId::generate(),
-        account: account.into(),
-        reply: ReplyPath::Smpp,
-        source: Address::new(5, 0, "Sendium"),
-        destination: Address::new(1, 1, "447700900123"),
-        submitted_at: Timestamp::now(),
-        failure_only: false,
-    }
+    account_target(account, ReplyPath::Smpp)
 }
 
 fn handoff(unit: UnitId, keys: Vec<String>, targets: Vec<ReceiptTarget>) -> Handoff {
-    Handoff {
-        unit,
-        branch: 0,
-        destination: "up".into(),
-        outcome: HandoffOutcome::Submitted { provider_keys: keys },
-        targets,
-        handed_off_at: Timestamp::now(),
-    }
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    unit_handoff(unit, &keys, targets)
 }
 
 fn delivered(key: &str) -> ProviderReceipt {
-    ProviderReceipt {
-        destination: "up".into(),
-        keys: vec![key.into()],
-        outcome: ReceiptOutcome {
-            state: DlrState::Delivered,
-            error: "000".into(),
-            done_at: Timestamp::now(),
-        },
-    }
-}
-
-fn retention() -> DlrRetention {
-    super::retention()
+    receipt(key, DlrState::Delivered)
 }
 
 fn kind(e: &crate::error::DlrError) -> FailureKind {

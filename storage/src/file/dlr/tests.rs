@@ -18,16 +18,16 @@ use redb::{Durability, ReadableTable};
 use super::records::{corr_key, track_key};
 use super::tx::{CORRELATIONS, DELIVERIES, DUE, ORPHAN_EXPIRY, ORPHANS, SMPP_BY_ACCOUNT, TRACK_EXPIRY, TRACKS};
 use super::{FileDlrStore, WAKE_BATCH};
+use crate::conformance::fixtures::{handoff, receipt, retention, target};
 use crate::conformance::ops::DlrOps as _;
 use crate::dlr::{
     DeliveryFinish, DeliveryId, DeliveryResult, DlrRetention, DlrState, DlrStore, Handoff, HandoffOutcome,
-    ProviderReceipt, ReceiptMatch, ReceiptOutcome, ReceiptTarget, ReplyPath,
+    ProviderReceipt, ReceiptMatch, ReceiptOutcome, ReplyPath,
 };
 use crate::error::FailureKind;
 use crate::file::engine::db::META;
 use crate::file::{DataDir, FileOptions};
 use crate::ids::{MessageId, Timestamp};
-use crate::record::Address;
 
 const CHILD_VAR: &str = "SENDIUM_DLR_CHILD";
 const CHILD_DIR: &str = "SENDIUM_DLR_DIR";
@@ -41,59 +41,15 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-fn retention() -> DlrRetention {
-    DlrRetention {
-        retention: Duration::from_secs(3600),
-        orphan_retention: Duration::from_secs(600),
-    }
-}
-
 fn open(path: &Path) -> (Arc<DataDir>, FileDlrStore) {
     let dir = Arc::new(DataDir::open(path).unwrap());
     let store = FileDlrStore::open(&dir, retention()).unwrap();
     (dir, store)
 }
 
-fn target(reply: ReplyPath) -> ReceiptTarget {
-    ReceiptTarget {
-        submit_id: MessageId::generate(),
-        account: "esme1".into(),
-        reply,
-        source: Address::new(5, 0, "Sendium"),
-        destination: Address::new(1, 1, "447700900123"),
-        submitted_at: Timestamp::now(),
-        failure_only: false,
-    }
-}
-
 fn http() -> ReplyPath {
     ReplyPath::Http {
         url: "http://127.0.0.1:1/cb".into(),
-    }
-}
-
-fn handoff(keys: &[&str], targets: Vec<ReceiptTarget>) -> Handoff {
-    Handoff {
-        unit: MessageId::generate(),
-        branch: 0,
-        destination: "up".into(),
-        outcome: HandoffOutcome::Submitted {
-            provider_keys: keys.iter().map(|k| k.to_string()).collect(),
-        },
-        targets,
-        handed_off_at: Timestamp::now(),
-    }
-}
-
-fn receipt(key: &str, state: DlrState) -> ProviderReceipt {
-    ProviderReceipt {
-        destination: "up".into(),
-        keys: vec![key.into()],
-        outcome: ReceiptOutcome {
-            state,
-            error: if state == DlrState::Delivered { "000" } else { "045" }.into(),
-            done_at: Timestamp::now(),
-        },
     }
 }
 

@@ -35,7 +35,6 @@ pub(super) fn state_code(s: DlrState) -> i16 {
         DlrState::Expired => 3,
         DlrState::Deleted => 4,
         DlrState::Undeliverable => 5,
-        DlrState::Accepted => 6,
         DlrState::Unknown => 7,
         DlrState::Rejected => 8,
     }
@@ -47,7 +46,6 @@ pub(super) fn state_of(code: i16) -> Option<DlrState> {
         3 => DlrState::Expired,
         4 => DlrState::Deleted,
         5 => DlrState::Undeliverable,
-        6 => DlrState::Accepted,
         7 => DlrState::Unknown,
         8 => DlrState::Rejected,
         _ => return None,

@@ -19,7 +19,6 @@ fn states_round_trip_as_smpp_message_states() {
         DlrState::Expired,
         DlrState::Deleted,
         DlrState::Undeliverable,
-        DlrState::Accepted,
         DlrState::Unknown,
         DlrState::Rejected,
     ] {

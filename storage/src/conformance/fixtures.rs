@@ -1,0 +1,68 @@
+//! Receipt fixtures the DLR tests share: the conformance cases, the file store's own
+//! tests and the PostgreSQL-only cases.
+
+use std::time::Duration;
+
+use crate::dlr::{
+    DlrRetention, DlrState, Handoff, HandoffOutcome, ProviderReceipt, ReceiptOutcome, ReceiptTarget, ReplyPath,
+};
+use crate::ids::{MessageId, Timestamp, UnitId};
+use crate::record::Address;
+
+/// An hour's retention, ten minutes for receipts nothing matches yet.
+pub(crate) fn retention() -> DlrRetention {
+    DlrRetention {
+        retention: Duration::from_secs(3600),
+        orphan_retention: Duration::from_secs(600),
+    }
+}
+
+/// A submission of `esme1` owed a receipt by `reply`.
+pub(crate) fn target(reply: ReplyPath) -> ReceiptTarget {
+    account_target("esme1", reply)
+}
+
+/// A submission of `account` owed a receipt by `reply`.
+pub(crate) fn account_target(account: &str, reply: ReplyPath) -> ReceiptTarget {
+    ReceiptTarget {
+        submit_id: MessageId::generate(),
+        account: account.into(),
+        reply,
+        source: Address::new(5, 0, "Sendium"),
+        destination: Address::new(1, 1, "447700900123"),
+        submitted_at: Timestamp::now(),
+        failure_only: false,
+    }
+}
+
+/// A branch of a new unit submitted at destination `up` with these provider keys.
+pub(crate) fn handoff(keys: &[&str], targets: Vec<ReceiptTarget>) -> Handoff {
+    unit_handoff(MessageId::generate(), keys, targets)
+}
+
+/// Branch 0 of `unit` submitted at destination `up` with these provider keys.
+pub(crate) fn unit_handoff(unit: UnitId, keys: &[&str], targets: Vec<ReceiptTarget>) -> Handoff {
+    Handoff {
+        unit,
+        branch: 0,
+        destination: "up".into(),
+        outcome: HandoffOutcome::Submitted {
+            provider_keys: keys.iter().map(|k| k.to_string()).collect(),
+        },
+        targets,
+        handed_off_at: Timestamp::now(),
+    }
+}
+
+/// A final receipt from `up` for `key`: err 000 when delivered, else 045.
+pub(crate) fn receipt(key: &str, state: DlrState) -> ProviderReceipt {
+    ProviderReceipt {
+        destination: "up".into(),
+        keys: vec![key.into()],
+        outcome: ReceiptOutcome {
+            state,
+            error: if state == DlrState::Delivered { "000" } else { "045" }.into(),
+            done_at: Timestamp::now(),
+        },
+    }
+}
