@@ -32,7 +32,7 @@
 //! keep beside each part's id.
 
 use crate::ids::MessageId;
-use crate::record::PendingRecord;
+use crate::record::{GroupKey, PendingRecord};
 
 /// Where an arriving part goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,6 +93,27 @@ pub fn place(part: &PendingRecord, digest: u64, known: Option<KeyState>) -> Plac
             None => Placement::Join,
         },
     }
+}
+
+/// A group key as bytes: three length-prefixed strings and the reference (the prefix
+/// every open group of the key starts with; see [`group_key_bytes`]).
+pub(crate) fn group_prefix(gk: &GroupKey) -> Vec<u8> {
+    let mut out = Vec::with_capacity(gk.account.len() + gk.source.len() + gk.destination.len() + 15);
+    for s in [&gk.account, &gk.source, &gk.destination] {
+        out.extend_from_slice(&u32::try_from(s.len()).unwrap_or(u32::MAX).to_be_bytes());
+        out.extend_from_slice(s.as_bytes());
+    }
+    out.extend_from_slice(&gk.reference.to_be_bytes());
+    out
+}
+
+/// A stored group's key: its [`group_prefix`], then its total. Stable,
+/// so it keys the table across restarts.
+pub(crate) fn group_key_bytes(prefix: &[u8], total: u8) -> Vec<u8> {
+    let mut out = Vec::with_capacity(prefix.len() + 1);
+    out.extend_from_slice(prefix);
+    out.push(total);
+    out
 }
 
 #[cfg(test)]
@@ -216,5 +237,20 @@ mod tests {
         let mut d = a.clone();
         d.id = MessageId::generate();
         assert_eq!(a.submission_digest(), d.submission_digest());
+    }
+
+    #[test]
+    fn group_keys_encode_unambiguously() {
+        let gk = |a: &str, s: &str| crate::record::GroupKey {
+            account: a.into(),
+            source: s.into(),
+            destination: "d".into(),
+            reference: 1,
+        };
+        assert_ne!(group_prefix(&gk("ab", "c")), group_prefix(&gk("a", "bc")));
+        // Every total of one key shares the prefix, and only those.
+        let prefix = group_prefix(&gk("a", "b"));
+        assert!(group_key_bytes(&prefix, 3).starts_with(&prefix));
+        assert_eq!(group_key_bytes(&prefix, 3).len(), prefix.len() + 1);
     }
 }

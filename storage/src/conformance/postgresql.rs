@@ -1,21 +1,35 @@
 //! Test-only module: compiled under `#[cfg(test)]` (see its `mod` declaration).
 //!
-//! The DLR conformance suite against the postgresql backend, and the cases only a
-//! shared database has: two stores on one database stand for two Sendium processes
+//! The conformance suite against the postgresql backends, and the cases only a shared
+//! database has: two stores on one database stand for two Sendium processes
 //! (two pools, two sets of connections).
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::DlrFactory;
+use super::{DlrFactory, Factory};
 use crate::conformance::ops::DlrOps as _;
 use crate::dlr::{DlrRetention, DlrStore};
+use crate::memory::PendingLimits;
+use crate::pending::PendingStore;
 use crate::postgresql::PostgresDlrStore;
 use crate::postgresql::test_cluster::TestCluster;
+use crate::postgresql::{PgStageOptions, PgStages};
+use crate::routed_work::RoutedWorkStore;
+use crate::router_queue::RouterQueueStore;
 
-/// Every case gets a fresh database on the test binary's shared cluster.
+/// Every store gets a fresh database on the test binary's shared cluster.
 pub(crate) struct PgFactory;
+
+impl PgFactory {
+    async fn stages(&self, limits: PendingLimits) -> PgStages {
+        let url = TestCluster::shared().fresh_database();
+        PgStages::connect(&url, PgStageOptions::new(4, limits))
+            .await
+            .expect("connect")
+    }
+}
 
 #[async_trait]
 impl DlrFactory for PgFactory {
@@ -25,10 +39,23 @@ impl DlrFactory for PgFactory {
     }
 }
 
-/// Every DLR-store case against PostgreSQL (the outbound stages have no PostgreSQL
-/// backend).
+#[async_trait]
+impl Factory for PgFactory {
+    async fn pending(&self, limits: PendingLimits) -> Arc<dyn PendingStore> {
+        self.stages(limits).await.pending
+    }
+    async fn router_queue(&self) -> Arc<dyn RouterQueueStore> {
+        self.stages(PendingLimits::default()).await.router_queue
+    }
+    async fn routed_work(&self) -> Arc<dyn RoutedWorkStore> {
+        self.stages(PendingLimits::default()).await.routed_work
+    }
+}
+
+/// Every case of the conformance suite against PostgreSQL.
 mod suite {
     use super::PgFactory;
+    crate::conformance::sms_cases!(PgFactory);
     crate::conformance::dlr_cases!(PgFactory);
 }
 

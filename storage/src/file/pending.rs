@@ -53,8 +53,8 @@ use crate::memory::PendingLimits;
 use crate::pending::{
     AdmitOutcome, BlockingPendingWriter, Disposition, PendingCapabilities, PendingStats, PendingStore, ReadyUnit, Unit,
 };
-use crate::reassembly::{self, GroupView, KeyState, Placement};
-use crate::record::{GroupKey, PendingRecord};
+use crate::reassembly::{self, GroupView, KeyState, Placement, group_key_bytes, group_prefix};
+use crate::record::PendingRecord;
 
 const RECORDS: TableDefinition<&[u8; 16], &[u8]> = TableDefinition::new("records");
 const READY: TableDefinition<u64, &[u8]> = TableDefinition::new("ready");
@@ -374,27 +374,6 @@ fn encode<T: serde::Serialize>(
     v: &T,
 ) -> Result<Vec<u8>, Fail> {
     envelope::encode(kind, v).map_err(|e| Fail::record(table, key, e))
-}
-
-/// A group key as bytes: three length-prefixed strings and the reference (the prefix
-/// every open group of the key starts with; see [`group_key_bytes`]).
-fn group_prefix(gk: &GroupKey) -> Vec<u8> {
-    let mut out = Vec::with_capacity(gk.account.len() + gk.source.len() + gk.destination.len() + 15);
-    for s in [&gk.account, &gk.source, &gk.destination] {
-        out.extend_from_slice(&u32::try_from(s.len()).unwrap_or(u32::MAX).to_be_bytes());
-        out.extend_from_slice(s.as_bytes());
-    }
-    out.extend_from_slice(&gk.reference.to_be_bytes());
-    out
-}
-
-/// The `groups` table's key of a group: its [`group_prefix`], then its total. Stable,
-/// so it keys the table across restarts.
-fn group_key_bytes(prefix: &[u8], total: u8) -> Vec<u8> {
-    let mut out = Vec::with_capacity(prefix.len() + 1);
-    out.extend_from_slice(prefix);
-    out.push(total);
-    out
 }
 
 /// A group as the `groups` or `completed_groups` table holds it.
@@ -1314,20 +1293,5 @@ mod tests {
         }
         let err = FilePendingStore::open(&dir, PendingLimits::default()).err().unwrap();
         assert_eq!(err.kind, FailureKind::UnsupportedVersion, "{err}");
-    }
-
-    #[test]
-    fn group_keys_encode_unambiguously() {
-        let gk = |a: &str, s: &str| GroupKey {
-            account: a.into(),
-            source: s.into(),
-            destination: "d".into(),
-            reference: 1,
-        };
-        assert_ne!(group_prefix(&gk("ab", "c")), group_prefix(&gk("a", "bc")));
-        // Every total of one key shares the prefix, and only those.
-        let prefix = group_prefix(&gk("a", "b"));
-        assert!(group_key_bytes(&prefix, 3).starts_with(&prefix));
-        assert_eq!(group_key_bytes(&prefix, 3).len(), prefix.len() + 1);
     }
 }

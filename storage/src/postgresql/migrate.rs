@@ -22,8 +22,10 @@ use crate::error::BackendFailure;
 /// (version, description, SQL). Append only: an applied migration is never edited
 /// (its checksum is checked at every startup). A test checks that this list and the
 /// directory agree.
-pub(crate) const MIGRATIONS: &[(i64, &str, &str)] =
-    &[(1, "dlr store", include_str!("../../migrations/0001_dlr_store.sql"))];
+pub(crate) const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (1, "dlr store", include_str!("../../migrations/0001_dlr_store.sql")),
+    (2, "sms stages", include_str!("../../migrations/0002_sms_stages.sql")),
+];
 
 fn migrator() -> Migrator {
     Migrator::with_migrations(

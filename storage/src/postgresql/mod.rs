@@ -23,10 +23,61 @@
 //! `sendium-storage = { workspace = true, features = ["pg-test-cluster"] }` under
 //! `[dev-dependencies]`, then `TestCluster::shared().fresh_database()`.
 
+/// Transactions retried on deadlock / serialization failure before giving up.
+pub(crate) const MAX_TX_RETRIES: u32 = 8;
+
+/// Errors inside an operation: retryable database errors are told apart from final
+/// failures.
+#[derive(Debug)]
+pub(crate) enum OpError {
+    Sql(sqlx::Error),
+    Failure(crate::error::BackendFailure),
+}
+
+impl From<sqlx::Error> for OpError {
+    fn from(e: sqlx::Error) -> Self {
+        OpError::Sql(e)
+    }
+}
+
+/// Run `$body` (which uses `$tx`, a `&mut PgConnection` inside a transaction) and
+/// commit; retry the whole transaction on deadlock or serialization failure. `$self`
+/// has the store's `pool` and `loc`. A macro rather than a closure-taking fn: the
+/// future must stay `Send` for `async_trait`.
+macro_rules! in_transaction {
+    ($self:ident, $tx:ident => $body:expr) => {{
+        let mut retries = 0u32;
+        loop {
+            let result: Result<_, $crate::postgresql::OpError> = async {
+                let mut txn = $self.pool.begin().await?;
+                let $tx: &mut sqlx::PgConnection = &mut txn;
+                let out = $body;
+                txn.commit().await?;
+                Ok(out)
+            }
+            .await;
+            match result {
+                Ok(v) => break Ok(v),
+                Err($crate::postgresql::OpError::Sql(e))
+                    if $crate::postgresql::failure::is_retryable(&e) && retries < $crate::postgresql::MAX_TX_RETRIES =>
+                {
+                    retries += 1;
+                    tracing::debug!(retries, error = %e, "postgresql: transaction retried");
+                    tokio::time::sleep(std::time::Duration::from_millis(u64::from(retries) * 5)).await;
+                }
+                Err($crate::postgresql::OpError::Sql(e)) => break Err($crate::postgresql::failure::failure(&$self.loc, &e)),
+                Err($crate::postgresql::OpError::Failure(f)) => break Err(f),
+            }
+        }
+    }};
+}
+
 pub mod dlr;
 mod failure;
 mod migrate;
+pub mod sms;
 #[cfg(any(test, feature = "pg-test-cluster"))]
 pub mod test_cluster;
 
 pub use dlr::{PgDlrOptions, PostgresDlrStore};
+pub use sms::{PgPendingStore, PgRoutedWorkStore, PgRouterQueueStore, PgStageOptions, PgStages};

@@ -39,14 +39,14 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::PgConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use self::handoff::Hand;
 use self::receipts::Rcpt;
 use self::records::ms;
 use self::tracks::ClaimBudget;
-use super::failure::{Location, failure, is_retryable};
+use super::OpError;
+use super::failure::{Location, failure};
 use super::migrate;
 use crate::backend::Backend;
 use crate::dlr::{
@@ -88,52 +88,6 @@ pub struct PostgresDlrStore {
     loc: Location,
     retention: DlrRetention,
     operation_timeout: Duration,
-}
-
-/// Transactions retried on deadlock / serialization failure before giving up.
-const MAX_TX_RETRIES: u32 = 8;
-
-/// Errors inside an operation: retryable database errors are told apart from final
-/// failures.
-#[derive(Debug)]
-enum OpError {
-    Sql(sqlx::Error),
-    Failure(BackendFailure),
-}
-
-impl From<sqlx::Error> for OpError {
-    fn from(e: sqlx::Error) -> Self {
-        OpError::Sql(e)
-    }
-}
-
-/// Run `$body` (which uses `$tx`, a `&mut PgConnection` inside a transaction) and
-/// commit; retry the whole transaction on deadlock or serialization failure. A macro
-/// rather than a closure-taking fn: the future must stay `Send` for `async_trait`.
-macro_rules! in_transaction {
-    ($self:ident, $tx:ident => $body:expr) => {{
-        let mut retries = 0u32;
-        loop {
-            let result: Result<_, OpError> = async {
-                let mut txn = $self.pool.begin().await?;
-                let $tx: &mut PgConnection = &mut txn;
-                let out = $body;
-                txn.commit().await?;
-                Ok(out)
-            }
-            .await;
-            match result {
-                Ok(v) => break Ok(v),
-                Err(OpError::Sql(e)) if is_retryable(&e) && retries < MAX_TX_RETRIES => {
-                    retries += 1;
-                    tracing::debug!(retries, error = %e, "dlr store: transaction retried");
-                    tokio::time::sleep(Duration::from_millis(u64::from(retries) * 5)).await;
-                }
-                Err(OpError::Sql(e)) => break Err(failure(&$self.loc, &e)),
-                Err(OpError::Failure(f)) => break Err(f),
-            }
-        }
-    }};
 }
 
 impl PostgresDlrStore {

@@ -1,0 +1,194 @@
+//! The PostgreSQL outbound stages — pending, router-queue, routed-work — on one
+//! connection pool: [`PgStages`] opens the database once and hands out the three
+//! stores.
+//!
+//! The tables are in `storage/migrations/0002_sms_stages.sql`. A message is inserted
+//! once (one multi-row `INSERT … SELECT FROM UNNEST` per group commit, committed before
+//! any acknowledgement) and deleted once (when its source completes). Records, groups
+//! and routed units are the versioned envelopes the file stages store, so both
+//! backends decode and check them with the same code.
+//!
+//! * `pending.rs`: admissions and completions in one transaction; multipart groups and
+//!   idempotency keys; ready units in commit order.
+//! * `router_queue.rs`: staged units and the selection cursor.
+//! * `routed_work.rs`: routed units, failovers, branch completions.
+
+mod pending;
+mod routed_work;
+mod router_queue;
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+
+pub use self::pending::PgPendingStore;
+pub use self::routed_work::PgRoutedWorkStore;
+pub use self::router_queue::PgRouterQueueStore;
+use super::OpError;
+use super::failure::{Location, failure};
+use super::migrate;
+use crate::error::{BackendFailure, FailureKind};
+use crate::memory::PendingLimits;
+
+/// Connection settings of the outbound stages.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PgStageOptions {
+    /// Pool size of this process, shared by the three stages.
+    pub max_connections: u32,
+    /// How long an operation waits for a pooled connection (including connecting): a
+    /// stopped server answers `Unavailable` after this, not a hang.
+    pub acquire_timeout: Duration,
+    /// Upper bound on one whole operation.
+    pub operation_timeout: Duration,
+    /// The schema the tables live in (`search_path`), when not the server's default.
+    pub schema: Option<String>,
+    /// How many partitions messages are spread over (see [`partition_of`]).
+    pub partitions: u16,
+    pub limits: PendingLimits,
+}
+
+impl PgStageOptions {
+    pub fn new(max_connections: u32, limits: PendingLimits) -> Self {
+        Self {
+            max_connections,
+            acquire_timeout: Duration::from_secs(5),
+            operation_timeout: Duration::from_secs(30),
+            schema: None,
+            partitions: 16,
+            limits,
+        }
+    }
+}
+
+/// The database of the outbound stages: one pool, shared by its three stores.
+#[derive(Debug)]
+pub(crate) struct Db {
+    pub(crate) pool: PgPool,
+    pub(crate) loc: Location,
+    operation_timeout: Duration,
+}
+
+impl Db {
+    /// Bound `op` by the operation timeout.
+    pub(crate) async fn timed<T, E: From<BackendFailure>>(
+        &self,
+        op: impl Future<Output = Result<T, BackendFailure>>,
+    ) -> Result<T, E> {
+        match tokio::time::timeout(self.operation_timeout, op).await {
+            Ok(r) => r.map_err(E::from),
+            Err(_) => Err(E::from(self.loc.failure(
+                FailureKind::Unavailable,
+                format_args!("no answer within {:?}", self.operation_timeout),
+            ))),
+        }
+    }
+
+    pub(crate) fn corrupt(&self, detail: impl std::fmt::Display) -> OpError {
+        OpError::Failure(self.loc.failure(FailureKind::Corrupt, detail))
+    }
+
+    pub(crate) fn done<T>(&self, r: Result<T, OpError>) -> Result<T, BackendFailure> {
+        r.map_err(|e| match e {
+            OpError::Sql(e) => failure(&self.loc, &e),
+            OpError::Failure(f) => f,
+        })
+    }
+}
+
+/// The three outbound stages on one PostgreSQL database.
+pub struct PgStages {
+    pub pending: Arc<PgPendingStore>,
+    pub router_queue: Arc<PgRouterQueueStore>,
+    pub routed_work: Arc<PgRoutedWorkStore>,
+}
+
+impl PgStages {
+    /// Connect, apply the schema migrations (idempotent, safe when several processes
+    /// start at once; a database migrated by a newer build is refused) and open a pool.
+    pub async fn connect(url: &str, options: PgStageOptions) -> Result<Self, BackendFailure> {
+        let mut connect = PgConnectOptions::from_str(url)
+            .map_err(|_| {
+                // The URL itself may hold a password: never echo it.
+                BackendFailure::new(
+                    FailureKind::Unavailable,
+                    "postgresql (storage.postgresql.url)",
+                    "invalid database URL",
+                )
+            })?
+            .application_name("sendium");
+        if let Some(schema) = &options.schema {
+            connect = connect.options([("search_path", schema.as_str())]);
+        }
+        let loc = Location::of(&connect);
+        tokio::time::timeout(options.operation_timeout, migrate::run(&connect, &loc))
+            .await
+            .map_err(|_| loc.failure(FailureKind::Unavailable, "timed out applying schema migrations"))??;
+        // Lazy: the migrations just proved the server reachable; connections open on
+        // demand and reopen by themselves after a restart of the server.
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections.max(1))
+            .acquire_timeout(options.acquire_timeout)
+            .connect_lazy_with(connect);
+        let db = Arc::new(Db {
+            pool,
+            loc,
+            operation_timeout: options.operation_timeout,
+        });
+        Ok(Self {
+            pending: Arc::new(PgPendingStore::new(db.clone(), options.limits, options.partitions)),
+            router_queue: Arc::new(PgRouterQueueStore::new(db.clone())),
+            routed_work: Arc::new(PgRoutedWorkStore::new(db)),
+        })
+    }
+}
+
+/// The partition a message's work belongs to: a stable hash (CRC-32) of its account and
+/// destination number, so one number's messages always share a partition (and keep
+/// their order) whatever process admitted them.
+pub fn partition_of(account: &str, destination: &str, partitions: u16) -> u16 {
+    let mut bytes = Vec::with_capacity(account.len() + destination.len() + 1);
+    bytes.extend_from_slice(account.as_bytes());
+    bytes.push(0);
+    bytes.extend_from_slice(destination.as_bytes());
+    let hash = crate::envelope::crc32(&bytes);
+    u16::try_from(hash % u32::from(partitions.max(1))).unwrap_or(0)
+}
+
+/// `Vec<T>` from one column of rows.
+pub(crate) fn column<T>(rows: &[sqlx::postgres::PgRow], name: &str) -> Result<Vec<T>, sqlx::Error>
+where
+    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    use sqlx::Row;
+    rows.iter().map(|r| r.try_get::<T, _>(name)).collect()
+}
+
+/// Milliseconds as PostgreSQL stores them (bigint).
+pub(crate) fn ms(t: crate::ids::Timestamp) -> i64 {
+    i64::try_from(t.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A stored millisecond count as a timestamp.
+pub(crate) fn ts(ms: i64) -> crate::ids::Timestamp {
+    crate::ids::Timestamp(u64::try_from(ms).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_number_keeps_its_partition() {
+        let p = partition_of("esme1", "447700900123", 16);
+        assert!(p < 16);
+        assert_eq!(partition_of("esme1", "447700900123", 16), p);
+        assert_eq!(partition_of("esme1", "447700900123", 1), 0);
+        assert_eq!(partition_of("esme1", "447700900123", 0), 0);
+        let spread: std::collections::HashSet<u16> = (0..200)
+            .map(|i| partition_of("esme1", &format!("4477009{i:05}"), 16))
+            .collect();
+        assert!(spread.len() > 12, "numbers spread over the partitions: {spread:?}");
+    }
+}
