@@ -74,7 +74,7 @@ macro_rules! in_transaction {
 
 pub mod dlr;
 mod failure;
-mod migrate;
+pub(crate) mod migrate;
 pub mod sms;
 #[cfg(any(test, feature = "pg-test-cluster"))]
 pub mod test_cluster;
