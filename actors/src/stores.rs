@@ -21,7 +21,7 @@ use sendium_storage::file::{
 use sendium_storage::memory::{
     MemoryDlrStore, MemoryPendingStore, MemoryRoutedWorkStore, MemoryRouterQueueStore, PendingLimits,
 };
-use sendium_storage::postgresql::PostgresDlrStore;
+use sendium_storage::postgresql::{PgStageOptions, PgStages, PostgresDlrStore};
 use sendium_storage::{BackendFailure, DlrRetention, DlrStore, PendingStore, RoutedWorkStore, RouterQueueStore};
 
 /// The four stages' stores. They outlive every actor: the supervisor hands the same
@@ -56,15 +56,25 @@ pub enum OpenError {
         outstanding: String,
     },
     #[error(
-        "data directory {dir} was last started with dlr.backend = \"postgresql\"; to change the DLR backend, keep \
-         storage.postgresql.url configured so Sendium can check that database holds no receipts still owed \
-         (and `sendium drain --config FILE` can finish them)"
+        "data directory {dir} was last started with a postgresql backend; to change it, keep \
+         storage.postgresql.url configured so Sendium can check that database holds no work still owed \
+         (and `sendium drain --config FILE` can finish it)"
     )]
     RecordedDatabaseUnknown { dir: PathBuf },
     #[error("storage.file.dir is required because a stage uses the file backend")]
     NoDataDir,
-    #[error("storage.postgresql.url is required because dlr.backend = \"postgresql\"")]
+    #[error("storage.postgresql.url is required because a stage uses the postgresql backend")]
     NoDatabase,
+    #[error(
+        "database {database} holds {records} outstanding messages of the postgresql outbound stages; this \
+         configuration selects {requested}. Nothing is abandoned silently: finish them first with \
+         `sendium drain --config FILE` using the postgresql configuration, then start with the new profile"
+    )]
+    DatabaseHoldsWork {
+        database: String,
+        records: u64,
+        requested: String,
+    },
 }
 
 fn unavailable(key: &'static str, b: StageBackend) -> OpenError {
@@ -149,6 +159,29 @@ pub async fn outstanding(
         let st = s.stats().await.map_err(|e| failure(e.into()))?;
         out.push(("dlr", st.awaiting_receipts + st.pending_deliveries));
     }
+    if m.pending == "postgresql" && cfg.sms.pending.backend != StageBackend::Postgresql {
+        let url = cfg
+            .storage
+            .postgresql
+            .url
+            .as_ref()
+            .ok_or(OpenError::RecordedDatabaseUnknown {
+                dir: dir.path().to_path_buf(),
+            })?;
+        let pg = PgStages::connect(url.expose(), stage_options(cfg)).await?;
+        let counts = async {
+            let pending = pg.pending.stats().await.map_err(|e| failure(e.into()))?.records;
+            let staged = pg.router_queue.stats().await.map_err(|e| failure(e.into()))?.staged;
+            let routed = pg.routed_work.stats().await.map_err(|e| failure(e.into()))?.units;
+            Ok::<_, OpenError>((pending, staged, routed))
+        }
+        .await;
+        pg.close().await;
+        let (pending, staged, routed) = counts?;
+        out.push(("pending (postgresql)", pending));
+        out.push(("router-queue (postgresql)", staged));
+        out.push(("routed-work (postgresql)", routed));
+    }
     if m.dlr == "postgresql" && cfg.dlr.backend != DlrBackend::Postgresql {
         let url = cfg
             .storage
@@ -207,6 +240,38 @@ async fn check_profile_change(dir: &Arc<DataDir>, cfg: &Config) -> Result<(), Op
     })
 }
 
+/// The connection settings of the PostgreSQL outbound stages.
+pub fn stage_options(cfg: &Config) -> PgStageOptions {
+    PgStageOptions {
+        schema: cfg.storage.postgresql.schema.clone(),
+        ..PgStageOptions::new(cfg.storage.postgresql.max_connections, pending_limits(cfg))
+    }
+}
+
+/// Leaving the PostgreSQL outbound stages while the configured database still holds
+/// their messages is refused, as leaving a data directory with records is: the
+/// database is where the postgresql profile keeps its work, with or without a data
+/// directory (and its manifest) beside it.
+async fn check_database_profile(cfg: &Config) -> Result<(), OpenError> {
+    if cfg.sms.pending.backend == StageBackend::Postgresql {
+        return Ok(());
+    }
+    let Some(url) = cfg.storage.postgresql.url.as_ref().filter(|u| !u.is_empty()) else {
+        return Ok(());
+    };
+    let pg = PgStages::connect(url.expose(), stage_options(cfg)).await?;
+    let records = pg.pending.stats().await.map_err(|e| failure(e.into()))?.records;
+    pg.close().await;
+    if records == 0 {
+        return Ok(());
+    }
+    Err(OpenError::DatabaseHoldsWork {
+        database: pg.location(),
+        records,
+        requested: profile_text(&manifest_of(cfg)),
+    })
+}
+
 /// Lock the configured data directory when the profile (or a previous one) uses it.
 fn data_dir(cfg: &Config) -> Result<Option<Arc<DataDir>>, OpenError> {
     let dir: Option<&Path> = cfg.storage.file.dir.as_deref();
@@ -226,20 +291,32 @@ impl Stores {
             check_profile_change(dir, cfg).await?;
         }
         let dir = || data_dir.clone().ok_or(OpenError::NoDataDir);
-        let pending: Arc<dyn PendingStore> = match cfg.sms.pending.backend {
-            StageBackend::Memory => Arc::new(MemoryPendingStore::new(limits)),
-            StageBackend::File => Arc::new(FilePendingStore::open(&dir()?, limits)?),
-            b => return Err(unavailable("sms.pending.backend", b)),
+        check_database_profile(cfg).await?;
+        // The PostgreSQL stages come as a set (the only profile with them is
+        // postgresql/postgresql/postgresql), on one pool.
+        let pg = if cfg.sms.pending.backend == StageBackend::Postgresql {
+            let url = cfg.storage.postgresql.url.as_ref().ok_or(OpenError::NoDatabase)?;
+            Some(PgStages::connect(url.expose(), stage_options(cfg)).await?)
+        } else {
+            None
         };
-        let router_queue: Arc<dyn RouterQueueStore> = match cfg.sms.router_queue.backend {
-            StageBackend::Memory => Arc::new(MemoryRouterQueueStore::new()),
-            StageBackend::File => Arc::new(FileRouterQueueStore::open(&dir()?)?),
-            b => return Err(unavailable("sms.router-queue.backend", b)),
+        let pending: Arc<dyn PendingStore> = match (cfg.sms.pending.backend, &pg) {
+            (StageBackend::Memory, _) => Arc::new(MemoryPendingStore::new(limits)),
+            (StageBackend::File, _) => Arc::new(FilePendingStore::open(&dir()?, limits)?),
+            (StageBackend::Postgresql, Some(pg)) => pg.pending.clone(),
+            (b, _) => return Err(unavailable("sms.pending.backend", b)),
         };
-        let routed_work: Arc<dyn RoutedWorkStore> = match cfg.sms.routed_work.backend {
-            StageBackend::Memory => Arc::new(MemoryRoutedWorkStore::new()),
-            StageBackend::File => Arc::new(FileRoutedWorkStore::open(&dir()?)?),
-            b => return Err(unavailable("sms.routed-work.backend", b)),
+        let router_queue: Arc<dyn RouterQueueStore> = match (cfg.sms.router_queue.backend, &pg) {
+            (StageBackend::Memory, _) => Arc::new(MemoryRouterQueueStore::new()),
+            (StageBackend::File, _) => Arc::new(FileRouterQueueStore::open(&dir()?)?),
+            (StageBackend::Postgresql, Some(pg)) => pg.router_queue.clone(),
+            (b, _) => return Err(unavailable("sms.router-queue.backend", b)),
+        };
+        let routed_work: Arc<dyn RoutedWorkStore> = match (cfg.sms.routed_work.backend, &pg) {
+            (StageBackend::Memory, _) => Arc::new(MemoryRoutedWorkStore::new()),
+            (StageBackend::File, _) => Arc::new(FileRoutedWorkStore::open(&dir()?)?),
+            (StageBackend::Postgresql, Some(pg)) => pg.routed_work.clone(),
+            (b, _) => return Err(unavailable("sms.routed-work.backend", b)),
         };
         let retention = dlr_retention(cfg);
         let dlr: Option<Arc<dyn DlrStore>> = match cfg.dlr.backend {

@@ -10,6 +10,7 @@
 //! | file/file/memory | selected batch restored without reselection; rerouted |
 //! | file/memory/file | not-yet-routed messages reselected; recorded destinations restored, completed branches not redone |
 //! | file/file/file | selected batch and recorded destinations restored |
+//! | postgresql/postgresql/postgresql | selected batch and recorded destinations restored, in one PostgreSQL database |
 //!
 //! SIGKILL tests prove crash recovery of the process, not power-loss safety (that rests
 //! on the fsync of every acknowledging commit).
@@ -36,7 +37,7 @@ struct Profile {
 
 impl Profile {
     fn durable(&self) -> bool {
-        self.pending == "file"
+        self.pending != "memory"
     }
 }
 
@@ -70,12 +71,25 @@ const FFF: Profile = Profile {
     router_queue: "file",
     routed_work: "file",
 };
+const PPP: Profile = Profile {
+    name: "postgresql/postgresql/postgresql",
+    pending: "postgresql",
+    router_queue: "postgresql",
+    routed_work: "postgresql",
+};
 
 fn config(p: Profile) -> String {
     let storage = format!(
         "[sms]\nmultipart-expiry = \"3s\"\n[sms.pending]\nbackend = \"{}\"\n[sms.router-queue]\nbackend = \"{}\"\n\
-         [sms.routed-work]\nbackend = \"{}\"\n[storage.file]\ndir = \"{{data_dir}}\"\n",
-        p.pending, p.router_queue, p.routed_work
+         [sms.routed-work]\nbackend = \"{}\"\n[storage.file]\ndir = \"{{data_dir}}\"\n{}",
+        p.pending,
+        p.router_queue,
+        p.routed_work,
+        if p.pending == "postgresql" {
+            "[storage.postgresql]\nurl = \"{pg_url}\"\n"
+        } else {
+            ""
+        }
     );
     // A small provider window keeps the provider-submit window (where duplicates are
     // allowed) small.
@@ -101,15 +115,23 @@ struct Rig {
     primary: TestSmsc,
     copy: TestSmsc,
     gw: GatewayProcess,
+    pg_url: String,
 }
 
 impl Rig {
     async fn start(profile: Profile, failpoint: Option<&str>) -> Rig {
         let primary = TestSmsc::start(smsc_config()).await;
         let copy = TestSmsc::start(smsc_config()).await;
+        // Every rig has a database of its own; only the postgresql profile uses it.
+        let pg_url = if profile.pending == "postgresql" {
+            sendium_storage::postgresql::test_cluster::TestCluster::shared().fresh_database()
+        } else {
+            String::new()
+        };
         let mut b = GatewayProcess::builder(&config(profile))
             .smsc_port(primary.port())
-            .var("copy_port", &copy.port().to_string());
+            .var("copy_port", &copy.port().to_string())
+            .var("pg_url", &pg_url);
         if let Some(fp) = failpoint {
             b = b.env("SENDIUM_FAILPOINT", fp);
         }
@@ -119,6 +141,7 @@ impl Rig {
             primary,
             copy,
             gw,
+            pg_url,
         }
     }
 
@@ -234,7 +257,7 @@ async fn named_failpoint(profile: Profile, failpoint: &str) {
     let before_copy = counts(&rig.copy);
     let acked: Vec<&Sent> = sent.iter().filter(|s| s.acked).collect();
     let recorded = if profile.durable() {
-        Some(recorded_state(rig.gw.data_dir(), profile).await)
+        Some(recorded_state(&rig, profile).await)
     } else {
         None
     };
@@ -343,7 +366,7 @@ async fn named_failpoint(profile: Profile, failpoint: &str) {
         );
     }
     match failpoint.split('@').next() {
-        Some("mid-select-and-stage") if profile.router_queue == "file" => {
+        Some("mid-select-and-stage") if profile.router_queue != "memory" => {
             assert!(
                 restored_staged > 0.0,
                 "{}: the staged batch was not restored",
@@ -351,7 +374,7 @@ async fn named_failpoint(profile: Profile, failpoint: &str) {
             );
         }
         Some("after-routing") | Some("after-provider-submit") | Some("before-branch-completion")
-            if profile.routed_work == "file" =>
+            if profile.routed_work != "memory" =>
         {
             assert!(
                 restored_routed > 0.0,
@@ -465,14 +488,29 @@ struct Recorded {
     completed: HashSet<(String, u16)>,
 }
 
-async fn recorded_state(dir: &std::path::Path, profile: Profile) -> Recorded {
+async fn recorded_state(rig: &Rig, profile: Profile) -> Recorded {
     use sendium_storage::file::{DataDir, FilePendingStore, FileRoutedWorkStore};
     use sendium_storage::memory::PendingLimits;
+    use sendium_storage::postgresql::{PgStageOptions, PgStages};
     use sendium_storage::{PendingStore, ReadySeq, RoutedWorkStore};
-    let dir = std::sync::Arc::new(DataDir::open(dir).expect("the killed gateway released its lock"));
+    let (pending_store, routed_store): (std::sync::Arc<dyn PendingStore>, std::sync::Arc<dyn RoutedWorkStore>) =
+        if profile.pending == "postgresql" {
+            let url = rig.pg_url.as_str();
+            let pg = PgStages::connect(url, PgStageOptions::new(2, PendingLimits::default()))
+                .await
+                .unwrap();
+            (pg.pending.clone(), pg.routed_work.clone())
+        } else {
+            let dir =
+                std::sync::Arc::new(DataDir::open(rig.gw.data_dir()).expect("the killed gateway released its lock"));
+            (
+                std::sync::Arc::new(FilePendingStore::open(&dir, PendingLimits::default()).unwrap()),
+                std::sync::Arc::new(FileRoutedWorkStore::open(&dir).unwrap()),
+            )
+        };
     let mut pending = HashSet::new();
     {
-        let store = FilePendingStore::open(&dir, PendingLimits::default()).unwrap();
+        let store = &pending_store;
         let mut after = ReadySeq(0);
         loop {
             let page = store.ready_after(after, 1000).await.unwrap();
@@ -484,8 +522,8 @@ async fn recorded_state(dir: &std::path::Path, profile: Profile) -> Recorded {
         }
     }
     let mut completed = HashSet::new();
-    if profile.routed_work == "file" {
-        let store = FileRoutedWorkStore::open(&dir).unwrap();
+    if profile.routed_work != "memory" {
+        let store = &routed_store;
         let mut after = None;
         loop {
             let page = store.load_after(after, 1000).await.unwrap();
@@ -570,3 +608,4 @@ profile_tests!(file_memory_memory, FMM);
 profile_tests!(file_file_memory, FFM);
 profile_tests!(file_memory_file, FMF);
 profile_tests!(file_file_file, FFF);
+profile_tests!(postgresql_postgresql_postgresql, PPP);

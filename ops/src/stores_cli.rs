@@ -131,7 +131,19 @@ fn recorded_profile(cfg: &Config, m: &Manifest) -> Config {
 /// every stage is empty; then stop. Destinations, routes and listeners come from the
 /// configuration (receipts still reach ESMEs that bind).
 pub async fn drain(cfg: &Config, timeout: Option<Duration>) -> Result<(), StoresCliError> {
-    let path = cfg.storage.file.dir.as_ref().ok_or(StoresCliError::NoDir)?;
+    // The postgresql stages keep their work in the database, with or without a data
+    // directory: this configuration is the profile to finish.
+    let in_database = cfg.sms.pending.backend == StageBackend::Postgresql;
+    let Some(path) = cfg.storage.file.dir.as_ref().filter(|_| !in_database) else {
+        if !in_database {
+            return Err(StoresCliError::NoDir);
+        }
+        println!(
+            "drain: running storage profile {} to finish the work in its database (new submissions are refused)",
+            cfg.storage_profile()
+        );
+        return run_drain(cfg, cfg, timeout).await;
+    };
     let recorded = {
         let dir = std::sync::Arc::new(DataDir::open(path).map_err(storage)?);
         let Some(m) = dir.manifest().map_err(storage)? else {
@@ -150,8 +162,14 @@ pub async fn drain(cfg: &Config, timeout: Option<Duration>) -> Result<(), Stores
         recorded.storage_profile(),
         path.display()
     );
-    crate::serve::announce_profile(&recorded);
-    let gateway = Gateway::start_with(&recorded, Mode::Drain).await?;
+    run_drain(&recorded, cfg, timeout).await
+}
+
+/// Run `recorded` without admissions until its stages are empty (see [`drain`]); `cfg`
+/// is the profile that starts next.
+async fn run_drain(recorded: &Config, cfg: &Config, timeout: Option<Duration>) -> Result<(), StoresCliError> {
+    crate::serve::announce_profile(recorded);
+    let gateway = Gateway::start_with(recorded, Mode::Drain).await?;
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
     // A PostgreSQL DLR store the new profile keeps is not drained: it keeps its rows, and
     // other gateways sharing it may never let it run dry.

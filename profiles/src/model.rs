@@ -538,9 +538,13 @@ pub struct PostgresqlStorageConfig {
     /// Connection URL (may hold a password, hence [`Secret`]); required when
     /// any backend is `postgresql`.
     pub url: Option<Secret>,
-    /// Connection pool size.
+    /// Connection pool size of each store (the outbound stages share one pool, the
+    /// DLR store has its own).
     #[serde(deserialize_with = "whole_number")]
     pub max_connections: u32,
+    /// The schema Sendium's tables live in (its `search_path`); the server's default
+    /// when omitted.
+    pub schema: Option<String>,
 }
 
 impl Default for PostgresqlStorageConfig {
@@ -548,6 +552,7 @@ impl Default for PostgresqlStorageConfig {
         Self {
             url: None,
             max_connections: 8,
+            schema: None,
         }
     }
 }

@@ -100,7 +100,7 @@ pub const OUTBOUND_GUARANTEES: &[(StageBackend, StageBackend, StageBackend, &str
         Postgresql,
         Postgresql,
         Postgresql,
-        "as file/file/file, in one database; several processes may share it",
+        "selected batch and recorded destinations restored, in one PostgreSQL database",
     ),
 ];
 
@@ -137,6 +137,7 @@ pub const IMPLEMENTED_OUTBOUND: &[(StageBackend, StageBackend, StageBackend)] = 
     (File, File, Memory),
     (File, Memory, File),
     (File, File, File),
+    (Postgresql, Postgresql, Postgresql),
 ];
 
 /// The DLR backends Sendium accepts. Each accepted outbound profile combines with each
@@ -327,7 +328,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(refused, 27 * 4 - 5 * 4);
+        assert_eq!(refused, 27 * 4 - 6 * 4);
     }
 
     #[test]
@@ -339,8 +340,8 @@ mod tests {
              (sms.pending.backend = \"memory\", sms.router-queue.backend = \"file\", \
              sms.routed-work.backend = \"memory\", dlr.backend = \"memory\"); \
              supported: sms profiles memory/memory/memory, file/memory/memory, \
-             file/file/memory, file/memory/file or file/file/file, each with dlr.backend memory, \
-             file, postgresql or disabled"
+             file/file/memory, file/memory/file, file/file/file or postgresql/postgresql/postgresql, \
+             each with dlr.backend memory, file, postgresql or disabled"
         );
     }
 
@@ -374,7 +375,9 @@ mod tests {
         assert!(t.contains("| memory | receipts are correlated"));
         assert!(t.contains("| disabled | no Sendium-owned"));
         assert!(t.contains("| file/file/file | selected batch and recorded destinations restored |"));
-        assert!(!t.contains("postgresql/postgresql/postgresql"));
+        assert!(t.contains("| postgresql/postgresql/postgresql | selected batch and recorded destinations restored, in one PostgreSQL database |"));
+        // A mix of file and postgresql stages is not offered.
+        assert!(!t.contains("file/postgresql"));
         assert!(t.contains("| postgresql | provider correlations"));
     }
 }

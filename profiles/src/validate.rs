@@ -209,6 +209,25 @@ impl Validator {
                 1,
             );
         }
+        if let Some(schema) = &cfg.storage.postgresql.schema {
+            let plain = schema
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+                && schema.len() <= 63
+                && schema
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            if !plain {
+                self.invalid(
+                    "storage.postgresql.schema",
+                    format!(
+                        "\"{schema}\" is not a plain schema name: lower-case letters, digits and _, \
+                         starting with a letter or _, at most 63 characters"
+                    ),
+                );
+            }
+        }
     }
 
     fn smpp(&mut self, cfg: &Config) {

@@ -102,9 +102,20 @@ pub struct PgStages {
     pub pending: Arc<PgPendingStore>,
     pub router_queue: Arc<PgRouterQueueStore>,
     pub routed_work: Arc<PgRoutedWorkStore>,
+    db: Arc<Db>,
 }
 
 impl PgStages {
+    /// `host:port/database` (no credentials), for logs and errors.
+    pub fn location(&self) -> String {
+        self.db.loc.to_string()
+    }
+
+    /// Close the pool's connections (in-flight operations finish first).
+    pub async fn close(&self) {
+        self.db.pool.close().await;
+    }
+
     /// Connect, apply the schema migrations (idempotent, safe when several processes
     /// start at once; a database migrated by a newer build is refused) and open a pool.
     pub async fn connect(url: &str, options: PgStageOptions) -> Result<Self, BackendFailure> {
@@ -139,7 +150,8 @@ impl PgStages {
         Ok(Self {
             pending: Arc::new(PgPendingStore::new(db.clone(), options.limits, options.partitions)),
             router_queue: Arc::new(PgRouterQueueStore::new(db.clone())),
-            routed_work: Arc::new(PgRoutedWorkStore::new(db)),
+            routed_work: Arc::new(PgRoutedWorkStore::new(db.clone())),
+            db,
         })
     }
 }
