@@ -53,8 +53,10 @@ impl PgStageOptions {
     pub fn new(max_connections: u32, limits: PendingLimits) -> Self {
         Self {
             max_connections,
-            acquire_timeout: Duration::from_secs(5),
-            operation_timeout: Duration::from_secs(30),
+            // Clients wait for their acknowledgement meanwhile: a database that does not
+            // answer makes admissions refuse within seconds, not time out at the ESME.
+            acquire_timeout: Duration::from_secs(2),
+            operation_timeout: Duration::from_secs(10),
             schema: None,
             partitions: 16,
             limits,
