@@ -168,7 +168,11 @@ pub async fn outstanding(
             .ok_or(OpenError::RecordedDatabaseUnknown {
                 dir: dir.path().to_path_buf(),
             })?;
-        let pg = PgStages::connect(url.expose(), stage_options(cfg)).await?;
+        let readonly = PgStageOptions {
+            exclusive: false,
+            ..stage_options(cfg)
+        };
+        let pg = PgStages::connect(url.expose(), readonly).await?;
         let counts = async {
             let pending = pg.pending.stats().await.map_err(|e| failure(e.into()))?.records;
             let staged = pg.router_queue.stats().await.map_err(|e| failure(e.into()))?.staged;
@@ -259,7 +263,11 @@ async fn check_database_profile(cfg: &Config) -> Result<(), OpenError> {
     let Some(url) = cfg.storage.postgresql.url.as_ref().filter(|u| !u.is_empty()) else {
         return Ok(());
     };
-    let pg = PgStages::connect(url.expose(), stage_options(cfg)).await?;
+    let readonly = PgStageOptions {
+        exclusive: false,
+        ..stage_options(cfg)
+    };
+    let pg = PgStages::connect(url.expose(), readonly).await?;
     let records = pg.pending.stats().await.map_err(|e| failure(e.into()))?.records;
     pg.close().await;
     if records == 0 {

@@ -496,9 +496,11 @@ async fn recorded_state(rig: &Rig, profile: Profile) -> Recorded {
     let (pending_store, routed_store): (std::sync::Arc<dyn PendingStore>, std::sync::Arc<dyn RoutedWorkStore>) =
         if profile.pending == "postgresql" {
             let url = rig.pg_url.as_str();
-            let pg = PgStages::connect(url, PgStageOptions::new(2, PendingLimits::default()))
-                .await
-                .unwrap();
+            let readonly = PgStageOptions {
+                exclusive: false,
+                ..PgStageOptions::new(2, PendingLimits::default())
+            };
+            let pg = PgStages::connect(url, readonly).await.unwrap();
             (pg.pending.clone(), pg.routed_work.clone())
         } else {
             let dir =

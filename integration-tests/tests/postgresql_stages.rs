@@ -160,3 +160,34 @@ async fn a_database_that_goes_away_under_load_loses_nothing() {
         "nothing left pending"
     );
 }
+
+/// A second process on the same database's outbound stages is refused at startup, naming
+/// why (selection and delivery are not divided between processes); once the first stops,
+/// the database is free again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_on_the_database_is_refused() {
+    let url = TestCluster::shared().fresh_database();
+    let smsc = smsc().await;
+    let config = pg_config(&url, "[dlr]\nbackend = \"memory\"");
+    let mut first = gateway(&config, &smsc).await;
+    let mut second = sendium_integration_tests::GatewayProcess::builder(&config)
+        .smsc_port(smsc.port())
+        .spawn();
+    let status = second
+        .wait_exit(Duration::from_secs(30))
+        .await
+        .expect("the second gateway exits");
+    assert!(!status.success());
+    let log = second.log();
+    assert!(
+        log.contains("another Sendium process runs the postgresql outbound stages of this database"),
+        "{log}"
+    );
+    first.kill();
+    let mut third = sendium_integration_tests::GatewayProcess::builder(&config)
+        .smsc_port(smsc.port())
+        .start()
+        .await;
+    assert_eq!(third.admin_get("/readyz").await.0, 200);
+    third.kill();
+}

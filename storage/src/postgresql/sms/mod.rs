@@ -13,6 +13,7 @@
 //! * `router_queue.rs`: staged units and the selection cursor.
 //! * `routed_work.rs`: routed units, failovers, branch completions.
 
+mod exclusive;
 mod pending;
 mod routed_work;
 mod router_queue;
@@ -46,6 +47,9 @@ pub struct PgStageOptions {
     pub schema: Option<String>,
     /// How many partitions messages are spread over (see [`partition_of`]).
     pub partitions: u16,
+    /// Hold the database's outbound stages for this process alone (serving); off for a
+    /// process that only reads them (a profile check) or tests that share nothing.
+    pub exclusive: bool,
     pub limits: PendingLimits,
 }
 
@@ -59,6 +63,7 @@ impl PgStageOptions {
             operation_timeout: Duration::from_secs(10),
             schema: None,
             partitions: 16,
+            exclusive: true,
             limits,
         }
     }
@@ -70,6 +75,7 @@ pub(crate) struct Db {
     pub(crate) pool: PgPool,
     pub(crate) loc: Location,
     operation_timeout: Duration,
+    exclusive: Option<exclusive::ExclusiveLock>,
 }
 
 impl Db {
@@ -85,6 +91,12 @@ impl Db {
                 format_args!("no answer within {:?}", self.operation_timeout),
             ))),
         }
+    }
+
+    /// Refuse a write while this process does not hold the stages it was opened to hold
+    /// alone.
+    pub(crate) fn may_write(&self) -> Result<(), BackendFailure> {
+        self.exclusive.as_ref().map_or(Ok(()), exclusive::ExclusiveLock::check)
     }
 
     pub(crate) fn corrupt(&self, detail: impl std::fmt::Display) -> OpError {
@@ -138,6 +150,11 @@ impl PgStages {
         tokio::time::timeout(options.operation_timeout, migrate::run(&connect, &loc))
             .await
             .map_err(|_| loc.failure(FailureKind::Unavailable, "timed out applying schema migrations"))??;
+        let exclusive = if options.exclusive {
+            Some(exclusive::ExclusiveLock::acquire(connect.clone(), loc.clone()).await?)
+        } else {
+            None
+        };
         // Lazy: the migrations just proved the server reachable; connections open on
         // demand and reopen by themselves after a restart of the server.
         let pool = PgPoolOptions::new()
@@ -148,6 +165,7 @@ impl PgStages {
             pool,
             loc,
             operation_timeout: options.operation_timeout,
+            exclusive,
         });
         Ok(Self {
             pending: Arc::new(PgPendingStore::new(db.clone(), options.limits, options.partitions)),

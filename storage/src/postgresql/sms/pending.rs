@@ -651,6 +651,7 @@ impl PendingStore for PgPendingStore {
             return Ok(Vec::new());
         }
         let db = &self.db;
+        db.may_write()?;
         let now = Timestamp::now();
         db.timed(async { in_transaction!(db, tx => self.commit_tx(tx, &admit, complete, now).await?) })
             .await
@@ -722,6 +723,7 @@ impl PendingStore for PgPendingStore {
         if !due {
             return Ok(0);
         }
+        db.may_write()?;
         db.timed(async { in_transaction!(db, tx => self.expire_tx(tx, now, limit).await?) })
             .await
     }

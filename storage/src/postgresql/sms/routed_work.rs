@@ -146,6 +146,7 @@ impl RoutedWorkStore for PgRoutedWorkStore {
             return Ok(());
         }
         let db = &self.db;
+        db.may_write()?;
         db.timed(async { in_transaction!(db, tx => self.apply_tx(tx, &write).await?) })
             .await
     }

@@ -93,6 +93,7 @@ impl RouterQueueStore for PgRouterQueueStore {
             return Ok(());
         }
         let db = &self.db;
+        db.may_write()?;
         db.timed(async { in_transaction!(db, tx => self.apply_tx(tx, &write).await?) })
             .await
     }
