@@ -2,9 +2,11 @@
 //! (for receipts to ESMEs), and restart counters.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use sendium_protocols::smpp::server::SessionRegistry;
+use sendium_storage::postgresql::Ownership;
 
 use crate::directory::Directory;
 use crate::dlr_correlator::{DlrMsg, ReceiptBatch};
@@ -39,6 +41,9 @@ pub struct Shared {
     pub restarts: Restarts,
     /// A DLR store is active (`dlr.backend` is not `disabled`).
     pub dlr_enabled: bool,
+    /// This process's partitions, when several processes share the database
+    /// (`storage.postgresql.shared`).
+    pub partitions: Option<Arc<Ownership>>,
 }
 
 impl Shared {

@@ -11,6 +11,7 @@ use ractor::{Actor, ActorRef};
 use sendium_profiles::{Config, DlrBackend, Guarantee, StorageProfile};
 use sendium_protocols::http::{ApiKey, HttpIngressConfig};
 use sendium_protocols::smpp::server::{self, Account, ServerConfig, SessionRegistry};
+use sendium_storage::postgresql::StageAccess;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -107,6 +108,36 @@ impl Snapshot {
     }
 }
 
+/// `/admin/cluster`: this process's share of the database its outbound stages are on.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ClusterView {
+    /// `host:port/database`.
+    pub database: String,
+    /// `sole` (this process alone serves the database) or `shared`.
+    pub access: &'static str,
+    /// Processes serving the database now.
+    pub members: u32,
+    /// Holding the database's stages lock (writes are refused while not).
+    pub member: bool,
+    pub partitions: u16,
+    /// Partitions this process works on, and those it is handing to another process.
+    pub held: Vec<u16>,
+    pub releasing: Vec<u16>,
+    /// Who holds each partition (shared only).
+    pub holders: Vec<PartitionHolder>,
+    /// Why `holders` could not be read, if it could not.
+    pub holders_error: Option<String>,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PartitionHolder {
+    pub partition: u16,
+    /// `this process`, `another process` or `nobody` (between two holders).
+    pub held_by: &'static str,
+    /// The database backend pid of the holding connection.
+    pub backend_pid: Option<i32>,
+}
+
 /// How the gateway runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -150,6 +181,12 @@ impl Gateway {
             sessions: SessionRegistry::new(),
             restarts: Restarts::default(),
             dlr_enabled: cfg.dlr.backend != DlrBackend::Disabled,
+            partitions: spec
+                .stores
+                .database
+                .as_ref()
+                .map(|db| db.ownership())
+                .filter(|o| o.access() == StageAccess::Shared),
         });
         reserve_recovered_receipts(&spec).await;
         let (supervisor, supervisor_task) = Actor::spawn(
@@ -276,6 +313,45 @@ impl Gateway {
 
     pub fn multipart_expiry(&self) -> Duration {
         self.spec.multipart_expiry
+    }
+
+    /// The database's outbound stages as this process shares them; `None` unless they
+    /// are on postgresql.
+    pub async fn cluster(&self) -> Option<ClusterView> {
+        let db = self.spec.stores.database.as_ref()?;
+        let status = db.ownership().status();
+        let (holders, holders_error) = if status.access == StageAccess::Shared.as_str() {
+            match db.partition_holders().await {
+                Ok(by) => (
+                    (0..status.partitions)
+                        .map(|p| PartitionHolder {
+                            partition: p,
+                            held_by: match by.get(&p) {
+                                None => "nobody",
+                                Some(_) if status.held.contains(&p) => "this process",
+                                Some(_) => "another process",
+                            },
+                            backend_pid: by.get(&p).copied(),
+                        })
+                        .collect(),
+                    None,
+                ),
+                Err(e) => (Vec::new(), Some(e.to_string())),
+            }
+        } else {
+            (Vec::new(), None)
+        };
+        Some(ClusterView {
+            database: db.location(),
+            access: status.access,
+            members: status.members,
+            member: status.member,
+            partitions: status.partitions,
+            held: status.held,
+            releasing: status.releasing,
+            holders,
+            holders_error,
+        })
     }
 
     /// Ready: stores healthy and startup reconciliation done. Otherwise the reasons.

@@ -31,4 +31,4 @@ pub mod spec;
 pub mod stores;
 pub mod supervisor;
 
-pub use gateway::{Gateway, GatewayError, Mode, Snapshot};
+pub use gateway::{ClusterView, Gateway, GatewayError, Mode, PartitionHolder, Snapshot};

@@ -40,6 +40,12 @@ pub enum SelectorMsg {
         free: usize,
         exclude: Vec<UnitId>,
     },
+    /// The Router took over partitions of a shared database and restored `restored`
+    /// routed units of theirs (slots they hold from now on): select their staged and
+    /// ready units too.
+    Rescan {
+        restored: usize,
+    },
     Tick,
     Status(RpcReplyPort<SelectorStatus>),
 }
@@ -71,6 +77,9 @@ pub struct SelectorState {
     release_on_routed: bool,
     cursor: ReadySeq,
     credit: usize,
+    /// Slots taken by units the Router restored on its own (partitions taken over):
+    /// paid back from the next credit, so every unit holds one slot.
+    debt: usize,
     /// Units a durable routed-work stage already holds at startup: not selected again.
     exclude: HashSet<UnitId>,
     selected_total: u64,
@@ -165,6 +174,12 @@ impl SelectorState {
         self.shared.dir.selector.send(SelectorMsg::Wake);
     }
 
+    fn add_credit(&mut self, n: usize) {
+        let paid = n.min(self.debt);
+        self.debt -= paid;
+        self.credit += n - paid;
+    }
+
     async fn release(&mut self, ids: &[UnitId]) {
         let write = RouterQueueWrite {
             release: ids.to_vec(),
@@ -241,6 +256,7 @@ impl Actor for Selector {
             release_on_routed: args.release_on_routed,
             cursor,
             credit: 0,
+            debt: 0,
             exclude: HashSet::new(),
             selected_total: 0,
             restored_total: 0,
@@ -262,7 +278,7 @@ impl Actor for Selector {
                 state.select().await;
             }
             SelectorMsg::Completed(ids) => {
-                state.credit += ids.len();
+                state.add_credit(ids.len());
                 if !state.release_on_routed {
                     state.release(&ids).await;
                 }
@@ -274,11 +290,21 @@ impl Actor for Selector {
                 }
             }
             SelectorMsg::Credit(n) => {
-                state.credit += n;
+                state.add_credit(n);
+                state.select().await;
+            }
+            SelectorMsg::Rescan { restored } => {
+                let paid = restored.min(state.credit);
+                state.credit -= paid;
+                state.debt += restored - paid;
+                // The taken-over partitions' units may lie before the cursor.
+                state.cursor = ReadySeq(0);
+                state.resend_staged().await;
                 state.select().await;
             }
             SelectorMsg::Reconcile { free, exclude } => {
                 state.credit = free;
+                state.debt = 0;
                 state.exclude = exclude.into_iter().collect();
                 state.waiting_for_router = false;
                 state.resend_staged().await;

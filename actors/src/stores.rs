@@ -21,7 +21,7 @@ use sendium_storage::file::{
 use sendium_storage::memory::{
     MemoryDlrStore, MemoryPendingStore, MemoryRoutedWorkStore, MemoryRouterQueueStore, PendingLimits,
 };
-use sendium_storage::postgresql::{PgStageOptions, PgStages, PostgresDlrStore};
+use sendium_storage::postgresql::{PgStageOptions, PgStages, PostgresDlrStore, StageAccess};
 use sendium_storage::{BackendFailure, DlrRetention, DlrStore, PendingStore, RoutedWorkStore, RouterQueueStore};
 
 /// The four stages' stores. They outlive every actor: the supervisor hands the same
@@ -35,6 +35,8 @@ pub struct Stores {
     pub dlr: Option<Arc<dyn DlrStore>>,
     /// The locked data directory, when a file backend is in use.
     pub data_dir: Option<Arc<DataDir>>,
+    /// The database of the postgresql outbound stages, when they are in use.
+    pub database: Option<Arc<PgStages>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -169,7 +171,7 @@ pub async fn outstanding(
                 dir: dir.path().to_path_buf(),
             })?;
         let readonly = PgStageOptions {
-            exclusive: false,
+            access: StageAccess::ReadOnly,
             ..stage_options(cfg)
         };
         let pg = PgStages::connect(url.expose(), readonly).await?;
@@ -246,8 +248,15 @@ async fn check_profile_change(dir: &Arc<DataDir>, cfg: &Config) -> Result<(), Op
 
 /// The connection settings of the PostgreSQL outbound stages.
 pub fn stage_options(cfg: &Config) -> PgStageOptions {
+    let pg = &cfg.storage.postgresql;
     PgStageOptions {
-        schema: cfg.storage.postgresql.schema.clone(),
+        schema: pg.schema.clone(),
+        partitions: pg.partitions,
+        access: if pg.shared {
+            StageAccess::Shared
+        } else {
+            StageAccess::Sole
+        },
         ..PgStageOptions::new(cfg.storage.postgresql.max_connections, pending_limits(cfg))
     }
 }
@@ -264,7 +273,7 @@ async fn check_database_profile(cfg: &Config) -> Result<(), OpenError> {
         return Ok(());
     };
     let readonly = PgStageOptions {
-        exclusive: false,
+        access: StageAccess::ReadOnly,
         ..stage_options(cfg)
     };
     let pg = PgStages::connect(url.expose(), readonly).await?;
@@ -304,7 +313,7 @@ impl Stores {
         // postgresql/postgresql/postgresql), on one pool.
         let pg = if cfg.sms.pending.backend == StageBackend::Postgresql {
             let url = cfg.storage.postgresql.url.as_ref().ok_or(OpenError::NoDatabase)?;
-            Some(PgStages::connect(url.expose(), stage_options(cfg)).await?)
+            Some(Arc::new(PgStages::connect(url.expose(), stage_options(cfg)).await?))
         } else {
             None
         };
@@ -366,6 +375,7 @@ impl Stores {
             routed_work,
             dlr,
             data_dir,
+            database: pg,
         })
     }
 }

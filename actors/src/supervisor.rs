@@ -149,6 +149,7 @@ impl SupervisorState {
                         .collect(),
                     max_age: spec.max_age,
                     dlr_enabled: shared.dlr_enabled,
+                    ownership: shared.partitions.clone(),
                 };
                 let (r, _) = Actor::spawn_linked(name, Router, args, cell).await?;
                 r.get_cell()

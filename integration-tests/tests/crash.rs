@@ -491,13 +491,13 @@ struct Recorded {
 async fn recorded_state(rig: &Rig, profile: Profile) -> Recorded {
     use sendium_storage::file::{DataDir, FilePendingStore, FileRoutedWorkStore};
     use sendium_storage::memory::PendingLimits;
-    use sendium_storage::postgresql::{PgStageOptions, PgStages};
+    use sendium_storage::postgresql::{PgStageOptions, PgStages, StageAccess};
     use sendium_storage::{PendingStore, ReadySeq, RoutedWorkStore};
     let (pending_store, routed_store): (std::sync::Arc<dyn PendingStore>, std::sync::Arc<dyn RoutedWorkStore>) =
         if profile.pending == "postgresql" {
             let url = rig.pg_url.as_str();
             let readonly = PgStageOptions {
-                exclusive: false,
+                access: StageAccess::ReadOnly,
                 ..PgStageOptions::new(2, PendingLimits::default())
             };
             let pg = PgStages::connect(url, readonly).await.unwrap();
@@ -511,7 +511,16 @@ async fn recorded_state(rig: &Rig, profile: Profile) -> Recorded {
             )
         };
     let mut pending = HashSet::new();
-    {
+    if profile.pending == "postgresql" {
+        // Every pending unit, whichever stage holds it now.
+        let pool = sqlx::PgPool::connect(rig.pg_url.as_str()).await.unwrap();
+        let ids: Vec<String> = sqlx::query_scalar("SELECT id::text FROM sms_units")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        pending.extend(ids);
+    } else {
         let store = &pending_store;
         let mut after = ReadySeq(0);
         loop {

@@ -180,7 +180,7 @@ async fn a_second_process_on_the_database_is_refused() {
     assert!(!status.success());
     let log = second.log();
     assert!(
-        log.contains("another Sendium process runs the postgresql outbound stages of this database"),
+        log.contains("another Sendium process runs the outbound stages of this database"),
         "{log}"
     );
     first.kill();

@@ -1,7 +1,8 @@
 //! The admin HTTP endpoints.
 //!
 //! `/healthz` (process alive), `/readyz` (stores open and healthy, reconciliation done),
-//! `/metrics` (Prometheus text), `/admin/actors`, `/admin/destinations`, `/admin/profile`.
+//! `/metrics` (Prometheus text), `/admin/actors`, `/admin/destinations`, `/admin/profile`,
+//! `/admin/cluster`.
 //! Served on loopback by default; when a token is configured (required for a
 //! non-loopback listen address), `/metrics` and `/admin/*` need
 //! `Authorization: Bearer <token>`, compared in constant time.
@@ -32,6 +33,7 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/admin/actors", get(actors))
         .route("/admin/destinations", get(destinations))
         .route("/admin/profile", get(profile))
+        .route("/admin/cluster", get(cluster))
         .with_state(state)
 }
 
@@ -119,6 +121,24 @@ async fn profile(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Re
     }
     let g = state.guarantee_view();
     axum::Json(g).into_response()
+}
+
+/// The database of the postgresql outbound stages as this process shares it: the
+/// partitions it holds and who holds the others.
+async fn cluster(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Response {
+    if !authorized(&state, &headers) {
+        return unauthorized();
+    }
+    match state.gateway.cluster().await {
+        Some(view) => axum::Json(view).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({
+                "error": "the outbound stages are not on postgresql: this process alone serves its storage"
+            })),
+        )
+            .into_response(),
+    }
 }
 
 impl AdminState {

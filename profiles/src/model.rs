@@ -545,6 +545,14 @@ pub struct PostgresqlStorageConfig {
     /// The schema Sendium's tables live in (its `search_path`); the server's default
     /// when omitted.
     pub schema: Option<String>,
+    /// Several Sendium processes serve this database's outbound stages, each with its
+    /// share of the partitions (needs `dlr.backend = "postgresql"`); when false, one
+    /// process serves it and a second is refused.
+    pub shared: bool,
+    /// How many partitions the outbound work is spread over (by account and
+    /// destination number); every process on the database uses the same number.
+    #[serde(deserialize_with = "whole_number")]
+    pub partitions: u16,
 }
 
 impl Default for PostgresqlStorageConfig {
@@ -553,6 +561,8 @@ impl Default for PostgresqlStorageConfig {
             url: None,
             max_connections: 8,
             schema: None,
+            shared: false,
+            partitions: 16,
         }
     }
 }

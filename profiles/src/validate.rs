@@ -20,6 +20,9 @@ use crate::profile::check_supported;
 const MAX_SYSTEM_ID: usize = 15;
 const MAX_PASSWORD: usize = 8;
 const MAX_SYSTEM_TYPE: usize = 12;
+/// Most partitions the outbound work may be spread over (each held one needs a
+/// connection of its own).
+const MAX_PARTITIONS: u16 = 1024;
 
 /// `smpp.max-command-length` bounds: below 64 not even a bind fits; above
 /// 1 MiB one session could pin a large allocation per PDU.
@@ -208,6 +211,33 @@ impl Validator {
                 cfg.storage.postgresql.max_connections,
                 1,
             );
+        }
+        let pg = &cfg.storage.postgresql;
+        if !(1..=MAX_PARTITIONS).contains(&pg.partitions) {
+            self.value(
+                "storage.postgresql.partitions",
+                pg.partitions.to_string(),
+                format!("a number from 1 to {MAX_PARTITIONS}"),
+            );
+        }
+        if pg.shared {
+            if cfg.sms.pending.backend != StageBackend::Postgresql {
+                self.invalid(
+                    "storage.postgresql.shared",
+                    "true needs the postgresql outbound stages (sms.pending, sms.router-queue and \
+                     sms.routed-work backend = \"postgresql\"): they are what several processes share",
+                );
+            } else if cfg.dlr.backend != DlrBackend::Postgresql {
+                self.invalid(
+                    "storage.postgresql.shared",
+                    format!(
+                        "true needs dlr.backend = \"postgresql\", but it is \"{}\": a provider hands a receipt to \
+                         whichever process's session it likes, and only a DLR store in the shared database lets \
+                         that process find the message it belongs to and the ESME waiting for it",
+                        cfg.dlr.backend
+                    ),
+                );
+            }
         }
         if let Some(schema) = &cfg.storage.postgresql.schema {
             let plain = schema
@@ -663,6 +693,40 @@ system-id = "sendium"
         let p = problems("[sms.router-queue]\nbackend = \"file\"\n[storage.file]\ndir = \"/var/lib/sendium\"");
         assert_eq!(p.len(), 1);
         assert!(p[0].starts_with("unsupported storage profile memory/file/memory"));
+    }
+
+    #[test]
+    fn shared_database_needs_postgresql_stages_and_receipts() {
+        const PG_STAGES: &str = "[sms.pending]\nbackend = \"postgresql\"\n[sms.router-queue]\nbackend = \
+                                 \"postgresql\"\n[sms.routed-work]\nbackend = \"postgresql\"\n";
+        const URL: &str = "url = \"postgres://x\"\n";
+        // One process on the postgresql stages may keep receipts anywhere.
+        assert!(problems(&format!("{PG_STAGES}[storage.postgresql]\n{URL}")).is_empty());
+        let p = one(&format!("[storage.postgresql]\n{URL}shared = true"));
+        assert!(
+            p.starts_with("invalid storage.postgresql.shared: true needs the postgresql outbound stages"),
+            "{p}"
+        );
+        let p = one(&format!("{PG_STAGES}[storage.postgresql]\n{URL}shared = true"));
+        assert!(
+            p.starts_with(
+                "invalid storage.postgresql.shared: true needs dlr.backend = \"postgresql\", but it is \"memory\""
+            ),
+            "{p}"
+        );
+        assert!(
+            problems(&format!(
+                "{PG_STAGES}[dlr]\nbackend = \"postgresql\"\n[storage.postgresql]\n{URL}shared = true\npartitions = 64"
+            ))
+            .is_empty()
+        );
+        for bad in ["0", "1025"] {
+            let p = one(&format!("{PG_STAGES}[storage.postgresql]\n{URL}partitions = {bad}"));
+            assert!(
+                p.contains("storage.postgresql.partitions") && p.contains("a number from 1 to 1024"),
+                "{p}"
+            );
+        }
     }
 
     #[test]

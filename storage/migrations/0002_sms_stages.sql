@@ -72,25 +72,35 @@ CREATE TABLE sms_pending_totals (
     records          bigint   NOT NULL,
     receipt_requests bigint   NOT NULL,
     units            bigint   NOT NULL,
-    next_seq         bigint   NOT NULL
+    next_seq         bigint   NOT NULL,
+    -- How many partitions the units are spread over: every process on the database
+    -- uses this number (it changes only while the stage is empty and one process runs).
+    partitions       smallint NOT NULL
 );
-INSERT INTO sms_pending_totals VALUES (1, 0, 0, 0, 1);
+INSERT INTO sms_pending_totals VALUES (1, 0, 0, 0, 1, 16);
 
--- The router-queue stage: units selected for routing, and where selection resumes.
+-- The router-queue stage: units selected for routing. Selection takes ready units
+-- that are neither staged nor routed, so no selection cursor is stored: a process
+-- that starts, or takes over a partition, scans its partitions' ready units from the
+-- start and skips what another stage holds.
 CREATE TABLE sms_staged (
-    unit uuid   PRIMARY KEY,
-    seq  bigint NOT NULL
+    unit      uuid     PRIMARY KEY,
+    seq       bigint   NOT NULL,
+    partition smallint NOT NULL
 );
-CREATE INDEX sms_staged_seq ON sms_staged (seq);
-CREATE TABLE sms_selection (
-    id     smallint PRIMARY KEY CHECK (id = 1),
-    cursor bigint   NOT NULL
-);
-INSERT INTO sms_selection VALUES (1, 0);
+CREATE INDEX sms_staged_partition ON sms_staged (partition, seq);
 
 -- The routed-work stage: every branch routing gave a unit, and how far each got.
 CREATE TABLE sms_routed (
-    unit          uuid    PRIMARY KEY,
-    open_branches integer NOT NULL,
-    routed        bytea   NOT NULL
+    unit          uuid     PRIMARY KEY,
+    partition     smallint NOT NULL,
+    open_branches integer  NOT NULL,
+    routed        bytea    NOT NULL
 );
+CREATE INDEX sms_routed_partition ON sms_routed (partition, unit);
+
+-- Receipt deliveries as several processes claim them: each process claims the SMPP
+-- receipts of the accounts bound to it (an account's due receipts, by this index) and
+-- any HTTP receipt (by the second), so an account bound nowhere costs no claim a scan.
+CREATE INDEX dlr_deliveries_smpp_due ON dlr_deliveries (account, due_at, id) WHERE smpp;
+CREATE INDEX dlr_deliveries_http_due ON dlr_deliveries (due_at, id) WHERE NOT smpp;

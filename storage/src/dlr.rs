@@ -137,6 +137,28 @@ pub struct Delivery {
     pub expires_at: Timestamp,
 }
 
+/// Which due deliveries a claim may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClaimScope<'a> {
+    /// Every due delivery: one process serves the store.
+    All,
+    /// HTTP deliveries, and the SMPP deliveries of these accounts only. With several
+    /// processes on one store, each claims the SMPP receipts of the accounts bound to
+    /// it: a receipt goes to the process its ESME is bound to, and one whose ESME is
+    /// bound nowhere waits, claimed by none, until it binds somewhere.
+    SmppAccounts(&'a [String]),
+}
+
+impl ClaimScope<'_> {
+    /// Whether a delivery (SMPP to `smpp_account`, or HTTP when `None`) is in scope.
+    pub fn takes(&self, smpp_account: Option<&str>) -> bool {
+        match (self, smpp_account) {
+            (ClaimScope::All, _) | (_, None) => true,
+            (ClaimScope::SmppAccounts(accounts), Some(a)) => accounts.iter().any(|x| x == a),
+        }
+    }
+}
+
 /// The result of one delivery attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeliveryResult {
@@ -300,9 +322,16 @@ pub trait DlrStore: Send + Sync + 'static {
     /// per second stay bounded by the disk or database, not by the message rate.
     async fn apply(&self, step: DlrWrite) -> DlrWriteOutcome;
 
-    /// Claim up to `limit` deliveries due at `now`; each claim increments its attempt and
-    /// hides it for `lease` (a crashed deliverer's claim lapses by itself).
-    async fn claim_due(&self, now: Timestamp, lease: Duration, limit: usize) -> Result<Vec<Delivery>, DlrError>;
+    /// Claim up to `limit` deliveries due at `now` within `scope`; each claim increments
+    /// its attempt and hides it for `lease` (a crashed deliverer's claim lapses by
+    /// itself).
+    async fn claim_due(
+        &self,
+        now: Timestamp,
+        lease: Duration,
+        limit: usize,
+        scope: ClaimScope<'_>,
+    ) -> Result<Vec<Delivery>, DlrError>;
 
     /// Make every SMPP delivery of `account` due now (it just bound). Returns how many.
     async fn wake_account(&self, account: &str, now: Timestamp) -> Result<u64, DlrError>;

@@ -34,8 +34,8 @@ mod conformance;
 
 pub use backend::{Backend, StageCapabilities};
 pub use dlr::{
-    ClaimCreated, Delivery, DeliveryFinish, DeliveryId, DeliveryResult, DlrCapabilities, DlrRetention, DlrState,
-    DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, ExpiryReport, Handoff, HandoffOutcome, ProviderReceipt,
+    ClaimCreated, ClaimScope, Delivery, DeliveryFinish, DeliveryId, DeliveryResult, DlrCapabilities, DlrRetention,
+    DlrState, DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, ExpiryReport, Handoff, HandoffOutcome, ProviderReceipt,
     ReceiptMatch, ReceiptOutcome, ReceiptReservations, ReceiptTarget, ReplyPath,
 };
 pub use envelope::{EnvelopeError, RecordKind};

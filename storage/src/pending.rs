@@ -144,7 +144,11 @@ pub trait PendingStore: Send + Sync + 'static {
     /// acknowledged.
     async fn commit(&self, admit: Vec<PendingRecord>, complete: &[UnitId]) -> Result<Vec<AdmitOutcome>, PendingError>;
 
-    /// Up to `limit` ready units with `seq > after`, in ready order.
+    /// Up to `limit` ready units with `seq > after`, in ready order, for selection. A
+    /// store whose database also holds the router-queue and routed-work stages
+    /// (postgresql) returns only units neither of them holds, and only of the partitions
+    /// this process works on: there, what to select is decided by the database, which is
+    /// what several processes sharing it need.
     async fn ready_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<ReadyUnit>, PendingError>;
 
     /// The units with these ids that are still pending (missing ids are skipped: their

@@ -172,7 +172,9 @@ pub trait RoutedWorkStore: Send + Sync + 'static {
     /// - forget units whose sources completed; unknown ids are ignored.
     async fn apply(&self, write: RoutedWrite) -> Result<(), RoutedWorkError>;
 
-    /// Recorded units with `id > after` in id order, at most `limit`.
+    /// Recorded units with `id > after` in id order, at most `limit`; with several
+    /// processes on one database (postgresql), those of the partitions this process
+    /// works on.
     async fn load_after(&self, after: Option<UnitId>, limit: usize) -> Result<Vec<RoutedUnit>, RoutedWorkError>;
 
     async fn stats(&self) -> Result<RoutedWorkStats, RoutedWorkError>;

@@ -52,11 +52,19 @@ pub trait RouterQueueStore: Send + Sync + 'static {
     async fn apply(&self, write: RouterQueueWrite) -> Result<(), RouterQueueError>;
 
     /// Staged units with `seq > after`, in seq order, at most `limit` (restore walks
-    /// them page by page).
+    /// them page by page); with several processes on one database (postgresql), those
+    /// of the partitions this process works on.
     async fn staged_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<StagedUnit>, RouterQueueError>;
 
     /// Where selection resumes: every ready unit at or below the cursor was staged once.
+    /// A store whose pending stage leaves staged and routed units out of selection
+    /// (postgresql) keeps no cursor and answers 0 (see [`Self::keeps_cursor`]).
     async fn cursor(&self) -> Result<ReadySeq, RouterQueueError>;
 
     async fn stats(&self) -> Result<RouterQueueStats, RouterQueueError>;
+
+    /// Whether [`Self::cursor`] is kept across writes (every backend but postgresql).
+    fn keeps_cursor(&self) -> bool {
+        true
+    }
 }

@@ -56,8 +56,16 @@ fn give_up_or(d: &Delivery, at: Timestamp) -> DeliveryResult {
     }
 }
 
-/// Deliver SMPP receipts of one account; one result per delivery.
-pub async fn smpp(registry: &SessionRegistry, account: &str, deliveries: &[Delivery]) -> Vec<DeliveryFinish> {
+/// Deliver SMPP receipts of one account; one result per delivery. `shared_store`:
+/// several processes claim from the store, so a receipt whose account is not bound here
+/// (it unbound meanwhile) is due again at once for the process it is bound to, instead
+/// of held until it binds here.
+pub async fn smpp(
+    registry: &SessionRegistry,
+    account: &str,
+    deliveries: &[Delivery],
+    shared_store: bool,
+) -> Vec<DeliveryFinish> {
     let pdus = deliveries.iter().map(deliver_sm).collect();
     let outcomes = registry.deliver(account, pdus).await;
     let now = Timestamp::now();
@@ -70,6 +78,7 @@ pub async fn smpp(registry: &SessionRegistry, account: &str, deliveries: &[Deliv
             let result = match o {
                 DeliverOutcome::Acked => DeliveryResult::Delivered,
                 // Held until the account binds again (the bind wakes it), within retention.
+                DeliverOutcome::NoSession if shared_store => DeliveryResult::Retry { at: now },
                 DeliverOutcome::NoSession => DeliveryResult::Retry { at: d.expires_at },
                 DeliverOutcome::Refused(_) | DeliverOutcome::Timeout | DeliverOutcome::Disconnected => give_up_or(
                     d,

@@ -18,7 +18,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use sendium_protocols::smpp::client::{Acker, DeliverAck};
 use sendium_storage::failpoint;
 use sendium_storage::{
-    ClaimCreated, Delivery, DeliveryFinish, DeliveryResult, DlrCapabilities, DlrStats, DlrStore, DlrWrite,
+    ClaimCreated, ClaimScope, Delivery, DeliveryFinish, DeliveryResult, DlrCapabilities, DlrStats, DlrStore, DlrWrite,
     DlrWriteOutcome, Handoff, HandoffOutcome, ProviderReceipt, ReceiptMatch, ReplyPath, Timestamp,
 };
 
@@ -456,6 +456,18 @@ impl DlrState {
         self.write_queued();
     }
 
+    /// When to try a receipt again whose account has no receiver bound here: alone,
+    /// hold it until the account binds (the bind wakes it), within retention; with
+    /// several processes on the store, it is due again at once for the process the
+    /// account is bound to (only that one claims it).
+    fn no_session_until(&self, d: &Delivery) -> Timestamp {
+        if self.shared.partitions.is_some() {
+            Timestamp::now()
+        } else {
+            d.expires_at
+        }
+    }
+
     async fn deliver_due(&mut self) {
         self.deliver_scheduled = false;
         // Steps being written may still claim what they create: their share counts.
@@ -465,7 +477,15 @@ impl DlrState {
         }
         let limit = CLAIM_BATCH.min(MAX_IN_FLIGHT - busy);
         let claimed_at = std::time::Instant::now();
-        let claimed = match self.store.claim_due(Timestamp::now(), self.lease, limit).await {
+        // With several processes on the store, each claims the SMPP receipts of the
+        // accounts bound to it (and any HTTP receipt).
+        let bound = self
+            .shared
+            .partitions
+            .as_ref()
+            .map(|_| self.shared.sessions.receiving_accounts());
+        let scope = bound.as_deref().map_or(ClaimScope::All, ClaimScope::SmppAccounts);
+        let claimed = match self.store.claim_due(Timestamp::now(), self.lease, limit, scope).await {
             Ok(c) => {
                 self.shared.health.dlr.ok();
                 self.last_claim = Some((std::time::Instant::now(), c.len() == limit));
@@ -498,11 +518,12 @@ impl DlrState {
             match &d.target.reply {
                 ReplyPath::Smpp => {
                     if self.shared.sessions.receivers(&d.target.account) == 0 {
-                        // Nobody to deliver to: hold it until the account binds.
                         parked.push(DeliveryFinish {
                             id: d.id,
                             attempt: d.attempt,
-                            result: DeliveryResult::Retry { at: d.expires_at },
+                            result: DeliveryResult::Retry {
+                                at: self.no_session_until(&d),
+                            },
                         });
                     } else {
                         smpp.entry(d.target.account.clone()).or_default().push(d);
@@ -518,7 +539,8 @@ impl DlrState {
         for (account, deliveries) in smpp {
             let shared = self.shared.clone();
             tokio::spawn(async move {
-                let results = deliver::smpp(&shared.sessions, &account, &deliveries).await;
+                let shared_store = shared.partitions.is_some();
+                let results = deliver::smpp(&shared.sessions, &account, &deliveries, shared_store).await;
                 shared.dir.dlr.send(DlrMsg::Delivered(results));
             });
         }

@@ -15,6 +15,7 @@
 
 mod completion;
 mod dispatch;
+mod partitions;
 mod placement;
 mod plan;
 mod restore;
@@ -140,6 +141,8 @@ pub struct RouterArgs {
     /// `[sms] max-age`.
     pub max_age: Duration,
     pub dlr_enabled: bool,
+    /// This process's partitions of a database several processes share.
+    pub ownership: Option<Arc<sendium_storage::postgresql::Ownership>>,
 }
 
 struct Tracked {
@@ -235,6 +238,10 @@ pub struct RouterState {
     // during an fsync; what arrives meanwhile goes into the next write (group commit).
     to_record: Vec<(Arc<Unit>, RoutedUnit)>,
     recording: Option<std::collections::HashSet<UnitId>>,
+    /// The partitions of the units being recorded (shared database only).
+    recording_partitions: Vec<u16>,
+    /// The partitions this Router works on, when several processes share the database.
+    partitions: Option<self::partitions::Partitions>,
     to_remove: Vec<UnitId>,
     last_write: Option<Instant>,
     write_timer: bool,
@@ -313,6 +320,8 @@ impl Actor for Router {
             retry_done: Vec::new(),
             to_record: Vec::new(),
             recording: None,
+            recording_partitions: Vec::new(),
+            partitions: args.ownership.map(self::partitions::Partitions::new),
             to_remove: Vec::new(),
             last_write: None,
             write_timer: false,

@@ -101,6 +101,14 @@ impl RouterState {
         let Some(t) = self.units.get(&key.unit) else {
             return;
         };
+        if !self.takes(self.partition(&t.unit)) {
+            // Its partition is leaving: the next owner places it.
+            self.waiting.remove(&key);
+            if let Some(t) = self.units.get_mut(&key.unit) {
+                t.clear_dispatched(key.branch);
+            }
+            return;
+        }
         let Some(branch) = t.branch(key.branch) else {
             return;
         };

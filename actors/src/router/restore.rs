@@ -74,6 +74,7 @@ impl RouterState {
     }
 
     pub(super) async fn tick(&mut self) {
+        self.sync_partitions().await;
         let record = std::mem::take(&mut self.retry_record);
         self.to_record.extend(record);
         self.start_write();
@@ -130,8 +131,9 @@ impl RouterState {
         }
     }
 
-    /// Rebuild the projection from routed-work and the pending stage (startup and
-    /// restart). Units whose sources are gone were completed: forget them.
+    /// Rebuild the projection from routed-work and the pending stage (startup, restart,
+    /// and partitions taken over); units already in it are kept as they are. Units
+    /// whose sources are gone were completed: forget them.
     pub(super) async fn restore(&mut self) -> Result<(), ActorProcessingErr> {
         let mut after = None;
         let mut restored = 0u64;
@@ -152,7 +154,11 @@ impl RouterState {
             let mut by_id: HashMap<UnitId, Unit> = units.into_iter().map(|u| (u.unit.id, u.unit)).collect();
             let mut gone = Vec::new();
             for routed in page {
+                if self.units.contains_key(&routed.id) {
+                    continue;
+                }
                 match by_id.remove(&routed.id) {
+                    Some(unit) if !self.takes(self.partition(&unit)) => {}
                     Some(unit) => {
                         restored += 1;
                         self.track(Arc::new(unit), routed);

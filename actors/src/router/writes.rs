@@ -30,6 +30,7 @@ pub struct Written {
 impl RouterState {
     pub(super) async fn route(&mut self, units: Vec<ReadyUnit>) {
         let mut known = Vec::new();
+        let mut dropped = 0;
         let mut fresh = Vec::with_capacity(units.len());
         for ru in units {
             let id = ru.unit.id;
@@ -41,8 +42,16 @@ impl RouterState {
                 known.push(id);
                 continue;
             }
+            if !self.takes(self.partition(&ru.unit)) {
+                // Its partition is leaving (or gone): the next owner selects it.
+                dropped += 1;
+                continue;
+            }
             let routed = plan(&self.routes, &ru.unit);
             fresh.push((Arc::new(ru.unit), routed));
+        }
+        if dropped > 0 {
+            self.shared.dir.selector.send(SelectorMsg::Credit(dropped));
         }
         if !known.is_empty() {
             self.shared.dir.selector.send(SelectorMsg::Credit(known.len()));
@@ -92,6 +101,9 @@ impl RouterState {
         let done = std::mem::take(&mut self.done);
         let removed = std::mem::take(&mut self.to_remove);
         self.recording = Some(batch.iter().map(|(u, _)| u.id).collect());
+        if self.partitions.is_some() {
+            self.recording_partitions = batch.iter().map(|(u, _)| self.partition(u)).collect();
+        }
         let store = self.store.clone();
         let shared = self.shared.clone();
         tokio::spawn(async move {
@@ -120,6 +132,7 @@ impl RouterState {
 
     pub(super) fn written(&mut self, w: Written) {
         self.recording = None;
+        self.recording_partitions.clear();
         let ok = w.result.is_ok();
         if let Err(e) = &w.result {
             self.shared.health.routed_work.failed("routed-work", e);
@@ -147,6 +160,12 @@ impl RouterState {
             .into_iter()
             .filter(|(u, _)| !self.units.contains_key(&u.id))
             .collect();
+        // Recorded for a partition that is leaving or gone meanwhile: the next owner
+        // restores it from the store.
+        let (fresh, elsewhere): (Vec<_>, Vec<_>) = fresh.into_iter().partition(|(u, _)| self.takes(self.partition(u)));
+        if !elsewhere.is_empty() {
+            self.shared.dir.selector.send(SelectorMsg::Credit(elsewhere.len()));
+        }
         metrics::counter!("sendium_routed_total").increment(fresh.len() as u64);
         let ids: Vec<UnitId> = fresh.iter().map(|(u, _)| u.id).collect();
         if self.durable {
@@ -235,9 +254,14 @@ impl RouterState {
         self.start_write();
     }
 
-    fn removed(&mut self, ids: Vec<UnitId>) {
-        for id in &ids {
-            self.units.remove(id);
+    fn removed(&mut self, mut ids: Vec<UnitId>) {
+        if self.partitions.is_some() {
+            // A unit forgotten when its partition was lost returned its slot then.
+            ids.retain(|id| self.units.remove(id).is_some());
+        } else {
+            for id in &ids {
+                self.units.remove(id);
+            }
         }
         metrics::counter!("sendium_completed_total").increment(ids.len() as u64);
         self.shared.dir.selector.send(SelectorMsg::Completed(ids));

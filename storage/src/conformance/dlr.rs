@@ -3,11 +3,11 @@
 use std::time::Duration;
 
 use super::DlrFactory as Factory;
-use super::fixtures::{handoff, receipt, retention, target};
+use super::fixtures::{account_target, handoff, receipt, retention, target};
 use crate::conformance::ops::DlrOps as _;
 use crate::dlr::{
-    ClaimCreated, DeliveryFinish, DeliveryResult, DlrRetention, DlrState, DlrWrite, HandoffOutcome, ReceiptMatch,
-    ReceiptOutcome, ReplyPath,
+    ClaimCreated, ClaimScope, DeliveryFinish, DeliveryResult, DlrRetention, DlrState, DlrWrite, HandoffOutcome,
+    ReceiptMatch, ReceiptOutcome, ReplyPath,
 };
 use crate::ids::Timestamp;
 
@@ -55,7 +55,10 @@ pub(crate) async fn resolves_delivered_when_every_part_delivered(f: &dyn Factory
         ]
     );
     assert!(
-        s.claim_due(later(), LEASE, 10).await.unwrap().is_empty(),
+        s.claim_due(later(), LEASE, 10, ClaimScope::All)
+            .await
+            .unwrap()
+            .is_empty(),
         "not resolved yet"
     );
     let m = s
@@ -69,7 +72,7 @@ pub(crate) async fn resolves_delivered_when_every_part_delivered(f: &dyn Factory
             resolved: true
         }]
     );
-    let mut due = s.claim_due(later(), LEASE, 10).await.unwrap();
+    let mut due = s.claim_due(later(), LEASE, 10, ClaimScope::All).await.unwrap();
     due.sort_by_key(|d| d.id);
     assert_eq!(due.len(), 2, "one delivery per receipt target");
     assert_eq!(due[0].target, t1);
@@ -96,7 +99,7 @@ pub(crate) async fn resolves_delivered_when_every_part_delivered(f: &dyn Factory
     .await
     .unwrap();
     let far = Timestamp::now().saturating_add(Duration::from_secs(120));
-    assert!(s.claim_due(far, LEASE, 10).await.unwrap().is_empty());
+    assert!(s.claim_due(far, LEASE, 10, ClaimScope::All).await.unwrap().is_empty());
     assert_eq!(s.stats().await.unwrap().pending_deliveries, 0);
 }
 
@@ -115,7 +118,7 @@ pub(crate) async fn first_failure_resolves_at_once(f: &dyn Factory) {
             resolved: true
         }]
     );
-    let due = s.claim_due(later(), LEASE, 10).await.unwrap();
+    let due = s.claim_due(later(), LEASE, 10, ClaimScope::All).await.unwrap();
     assert_eq!(due.len(), 1);
     assert_eq!(due[0].outcome.state, DlrState::Undeliverable);
     assert_eq!(due[0].outcome.error, "045");
@@ -137,7 +140,7 @@ pub(crate) async fn orphan_receipts_match_a_later_handoff(f: &dyn Factory) {
     assert_eq!(s.stats().await.unwrap().orphans, 1);
     let h = handoff(&["early"], vec![target(ReplyPath::Smpp)]);
     s.hand_off(vec![h]).await.unwrap();
-    let due = s.claim_due(later(), LEASE, 10).await.unwrap();
+    let due = s.claim_due(later(), LEASE, 10, ClaimScope::All).await.unwrap();
     assert_eq!(due.len(), 1, "the orphan resolved the message at handoff");
     assert_eq!(due[0].outcome.state, DlrState::Delivered);
     assert_eq!(s.stats().await.unwrap().orphans, 0);
@@ -154,7 +157,7 @@ pub(crate) async fn repeated_handoff_is_idempotent(f: &dyn Factory) {
         .unwrap();
     // A repeat after resolution does not start the branch over.
     s.hand_off(vec![h]).await.unwrap();
-    let due = s.claim_due(later(), LEASE, 10).await.unwrap();
+    let due = s.claim_due(later(), LEASE, 10, ClaimScope::All).await.unwrap();
     assert_eq!(due.len(), 1);
     assert_eq!(s.stats().await.unwrap().awaiting_receipts, 0);
 }
@@ -179,7 +182,7 @@ pub(crate) async fn resubmission_replaces_provider_ids(f: &dyn Factory) {
             resolved: true
         }]
     );
-    assert_eq!(s.claim_due(later(), LEASE, 10).await.unwrap().len(), 1);
+    assert_eq!(s.claim_due(later(), LEASE, 10, ClaimScope::All).await.unwrap().len(), 1);
 }
 
 pub(crate) async fn failure_only_targets(f: &dyn Factory) {
@@ -195,7 +198,7 @@ pub(crate) async fn failure_only_targets(f: &dyn Factory) {
     ])
     .await
     .unwrap();
-    let due = s.claim_due(later(), LEASE, 10).await.unwrap();
+    let due = s.claim_due(later(), LEASE, 10, ClaimScope::All).await.unwrap();
     assert_eq!(due.len(), 1, "failure-only receipts skip successes");
     assert_eq!(due[0].outcome.state, DlrState::Rejected);
     if let Some(gate) = s.capabilities().reservations {
@@ -212,7 +215,7 @@ pub(crate) async fn failed_handoff_delivers_failure_receipt(f: &dyn Factory) {
     h.outcome = HandoffOutcome::Failed(outcome(DlrState::Undeliverable, "001"));
     s.hand_off(vec![h.clone()]).await.unwrap();
     s.hand_off(vec![h]).await.unwrap();
-    let due = s.claim_due(later(), LEASE, 10).await.unwrap();
+    let due = s.claim_due(later(), LEASE, 10, ClaimScope::All).await.unwrap();
     assert_eq!(due.len(), 1);
     assert_eq!(due[0].target, t);
     assert_eq!(due[0].outcome.error, "001");
@@ -227,14 +230,14 @@ pub(crate) async fn claims_are_leased_and_fenced(f: &dyn Factory) {
         .await
         .unwrap();
     let now = later();
-    let first = s.claim_due(now, LEASE, 10).await.unwrap();
+    let first = s.claim_due(now, LEASE, 10, ClaimScope::All).await.unwrap();
     assert_eq!(first.len(), 1);
     assert!(
-        s.claim_due(now, LEASE, 10).await.unwrap().is_empty(),
+        s.claim_due(now, LEASE, 10, ClaimScope::All).await.unwrap().is_empty(),
         "a claim hides the delivery"
     );
     let after_lease = now.saturating_add(LEASE).saturating_add(Duration::from_secs(1));
-    let second = s.claim_due(after_lease, LEASE, 10).await.unwrap();
+    let second = s.claim_due(after_lease, LEASE, 10, ClaimScope::All).await.unwrap();
     assert_eq!(second.len(), 1, "an expired lease makes it due again");
     assert_eq!(second[0].attempt, first[0].attempt + 1);
     // The stale attempt's result is ignored.
@@ -254,8 +257,13 @@ pub(crate) async fn claims_are_leased_and_fenced(f: &dyn Factory) {
     }])
     .await
     .unwrap();
-    assert!(s.claim_due(after_lease, LEASE, 10).await.unwrap().is_empty());
-    let third = s.claim_due(retry_at, LEASE, 10).await.unwrap();
+    assert!(
+        s.claim_due(after_lease, LEASE, 10, ClaimScope::All)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let third = s.claim_due(retry_at, LEASE, 10, ClaimScope::All).await.unwrap();
     assert_eq!(third.len(), 1);
     s.finish(vec![DeliveryFinish {
         id: third[0].id,
@@ -276,7 +284,7 @@ pub(crate) async fn wake_account_makes_parked_smpp_receipts_due(f: &dyn Factory)
         .await
         .unwrap();
     let now = later();
-    let d = s.claim_due(now, LEASE, 10).await.unwrap();
+    let d = s.claim_due(now, LEASE, 10, ClaimScope::All).await.unwrap();
     let parked_until = now.saturating_add(Duration::from_secs(3600));
     s.finish(vec![DeliveryFinish {
         id: d[0].id,
@@ -285,10 +293,60 @@ pub(crate) async fn wake_account_makes_parked_smpp_receipts_due(f: &dyn Factory)
     }])
     .await
     .unwrap();
-    assert!(s.claim_due(now, LEASE, 10).await.unwrap().is_empty());
+    assert!(s.claim_due(now, LEASE, 10, ClaimScope::All).await.unwrap().is_empty());
     assert_eq!(s.wake_account("other", now).await.unwrap(), 0);
     assert_eq!(s.wake_account("esme1", now).await.unwrap(), 1);
-    assert_eq!(s.claim_due(now, LEASE, 10).await.unwrap().len(), 1);
+    assert_eq!(s.claim_due(now, LEASE, 10, ClaimScope::All).await.unwrap().len(), 1);
+}
+
+pub(crate) async fn a_scoped_claim_takes_http_and_the_smpp_receipts_of_its_accounts(f: &dyn Factory) {
+    let s = f.dlr(100, retention()).await;
+    let http = ReplyPath::Http {
+        url: "http://127.0.0.1:9/receipts".to_string(),
+    };
+    s.hand_off(vec![
+        handoff(&["a"], vec![account_target("esme1", ReplyPath::Smpp)]),
+        handoff(&["b"], vec![account_target("esme2", ReplyPath::Smpp)]),
+        handoff(&["c"], vec![account_target("esme3", http)]),
+    ])
+    .await
+    .unwrap();
+    s.record_receipts(vec![
+        receipt("a", DlrState::Delivered),
+        receipt("b", DlrState::Delivered),
+        receipt("c", DlrState::Delivered),
+    ])
+    .await
+    .unwrap();
+    let now = later();
+    let bound = ["esme2".to_string()];
+    let got = s
+        .claim_due(now, LEASE, 10, ClaimScope::SmppAccounts(&bound))
+        .await
+        .unwrap();
+    let mut accounts: Vec<&str> = got.iter().map(|d| d.target.account.as_str()).collect();
+    accounts.sort_unstable();
+    assert_eq!(
+        accounts,
+        vec!["esme2", "esme3"],
+        "HTTP, and SMPP of the bound accounts only"
+    );
+    assert!(
+        s.claim_due(now, LEASE, 10, ClaimScope::SmppAccounts(&bound))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        s.claim_due(now, LEASE, 10, ClaimScope::SmppAccounts(&[]))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Bound elsewhere (or nowhere), esme1's receipt stays due for the process it binds to.
+    let rest = s.claim_due(now, LEASE, 10, ClaimScope::All).await.unwrap();
+    assert_eq!(rest.len(), 1);
+    assert_eq!(rest[0].target.account, "esme1");
 }
 
 pub(crate) async fn expires_after_retention(f: &dyn Factory) {
@@ -333,7 +391,7 @@ pub(crate) async fn a_batched_step_equals_its_parts_in_turn(f: &dyn Factory) {
     s.record_receipts(vec![receipt("a1", DlrState::Delivered)])
         .await
         .unwrap();
-    let claimed = s.claim_due(later(), LEASE, 10).await.unwrap();
+    let claimed = s.claim_due(later(), LEASE, 10, ClaimScope::All).await.unwrap();
     assert_eq!(claimed.len(), 1);
 
     let t = target(ReplyPath::Smpp);
@@ -370,7 +428,7 @@ pub(crate) async fn a_batched_step_equals_its_parts_in_turn(f: &dyn Factory) {
 
     // The stale result left the first delivery claimed: it comes back after its lease.
     let after_lease = later().saturating_add(LEASE).saturating_add(Duration::from_secs(1));
-    let due = s.claim_due(after_lease, LEASE, 10).await.unwrap();
+    let due = s.claim_due(after_lease, LEASE, 10, ClaimScope::All).await.unwrap();
     let targets: Vec<_> = due.iter().map(|d| d.target.submit_id).collect();
     assert_eq!(due.len(), 2, "the fenced delivery and the new one: {due:?}");
     assert!(targets.contains(&t.submit_id));
@@ -416,7 +474,7 @@ pub(crate) async fn a_step_may_claim_the_deliveries_it_creates(f: &dyn Factory) 
     assert!(claimed.iter().all(|d| d.outcome.state == DlrState::Delivered));
 
     // The others are due now; the claimed ones are not.
-    let due = s.claim_due(later(), LEASE, 10).await.unwrap();
+    let due = s.claim_due(later(), LEASE, 10, ClaimScope::All).await.unwrap();
     assert_eq!(due.len() + claimed.len(), 3, "due {due:?} claimed {claimed:?}");
     for d in &due {
         assert!(claimed.iter().all(|c| c.id != d.id), "handed out twice: {d:?}");
@@ -451,7 +509,7 @@ pub(crate) async fn a_step_may_claim_the_deliveries_it_creates(f: &dyn Factory) 
     s.finish(std::mem::take(&mut finished)).await.unwrap();
     // After the lease only the unfinished claimed one (if any) comes back.
     let after_lease = later().saturating_add(LEASE).saturating_add(Duration::from_secs(1));
-    let back = s.claim_due(after_lease, LEASE, 10).await.unwrap();
+    let back = s.claim_due(after_lease, LEASE, 10, ClaimScope::All).await.unwrap();
     let expected: Vec<_> = claimed.iter().skip(1).map(|d| d.id).collect();
     assert_eq!(back.iter().map(|d| d.id).collect::<Vec<_>>(), expected);
 }

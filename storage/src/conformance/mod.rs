@@ -131,6 +131,7 @@ macro_rules! dlr_cases {
             dlr::failed_handoff_delivers_failure_receipt,
             dlr::claims_are_leased_and_fenced,
             dlr::wake_account_makes_parked_smpp_receipts_due,
+            dlr::a_scoped_claim_takes_http_and_the_smpp_receipts_of_its_accounts,
             dlr::expires_after_retention,
             dlr::a_batched_step_equals_its_parts_in_turn,
             dlr::a_step_may_claim_the_deliveries_it_creates,

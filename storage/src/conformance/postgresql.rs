@@ -68,8 +68,8 @@ use std::time::{Duration, Instant};
 
 use super::fixtures::{account_target, receipt, retention, unit_handoff};
 use crate::dlr::{
-    Delivery, DeliveryFinish, DeliveryResult, DlrState, Handoff, HandoffOutcome, ProviderReceipt, ReceiptMatch,
-    ReceiptTarget, ReplyPath,
+    ClaimScope, Delivery, DeliveryFinish, DeliveryResult, DlrState, Handoff, HandoffOutcome, ProviderReceipt,
+    ReceiptMatch, ReceiptTarget, ReplyPath,
 };
 use crate::error::FailureKind;
 use crate::ids::{MessageId, Timestamp, UnitId};
@@ -138,7 +138,7 @@ async fn two_processes_never_claim_the_same_delivery() {
         tasks.push(tokio::spawn(async move {
             let mut mine = Vec::new();
             loop {
-                let got = s.claim_due(now, LEASE, 37).await.unwrap();
+                let got = s.claim_due(now, LEASE, 37, ClaimScope::All).await.unwrap();
                 if got.is_empty() {
                     return mine;
                 }
@@ -234,7 +234,7 @@ async fn concurrent_receipts_from_two_processes_resolve_each_message_once() {
     let later = Timestamp::now().saturating_add(Duration::from_secs(1));
     let mut claimed: Vec<Delivery> = Vec::new();
     loop {
-        let got = b.claim_due(later, LEASE, 500).await.unwrap();
+        let got = b.claim_due(later, LEASE, 500, ClaimScope::All).await.unwrap();
         if got.is_empty() {
             break;
         }
@@ -263,11 +263,11 @@ async fn a_stale_attempt_from_another_process_is_ignored() {
     let (_url, a, b) = two_processes().await;
     resolved_messages(&a, 1).await;
     let t0 = Timestamp::now().saturating_add(Duration::from_secs(1));
-    let first = a.claim_due(t0, LEASE, 10).await.unwrap();
+    let first = a.claim_due(t0, LEASE, 10, ClaimScope::All).await.unwrap();
     assert_eq!(first.len(), 1);
     // Process A stalls past its lease; B claims the delivery again.
     let t1 = t0.saturating_add(LEASE).saturating_add(Duration::from_secs(1));
-    let second = b.claim_due(t1, LEASE, 10).await.unwrap();
+    let second = b.claim_due(t1, LEASE, 10, ClaimScope::All).await.unwrap();
     assert_eq!(second.len(), 1);
     assert_eq!((second[0].id, second[0].attempt), (first[0].id, 2));
     a.finish(vec![DeliveryFinish {
@@ -385,7 +385,10 @@ async fn survives_a_server_crash_and_is_unavailable_while_down() {
     assert_eq!(kind(&e), FailureKind::Unavailable, "{e}");
     let e = s.record_receipts(vec![delivered("c2")]).await.unwrap_err();
     assert_eq!(kind(&e), FailureKind::Unavailable, "{e}");
-    let e = s.claim_due(Timestamp::now(), LEASE, 10).await.unwrap_err();
+    let e = s
+        .claim_due(Timestamp::now(), LEASE, 10, ClaimScope::All)
+        .await
+        .unwrap_err();
     assert_eq!(kind(&e), FailureKind::Unavailable, "{e}");
     assert!(
         started.elapsed() < Duration::from_secs(10),
@@ -412,7 +415,12 @@ async fn survives_a_server_crash_and_is_unavailable_while_down() {
     // A new process sees the same.
     let other = PostgresDlrStore::connect(&url, 1, retention()).await.unwrap();
     let due = other
-        .claim_due(Timestamp::now().saturating_add(Duration::from_secs(1)), LEASE, 10)
+        .claim_due(
+            Timestamp::now().saturating_add(Duration::from_secs(1)),
+            LEASE,
+            10,
+            ClaimScope::All,
+        )
         .await
         .unwrap();
     assert_eq!(due.len(), 1);
@@ -477,7 +485,12 @@ async fn earlier_provider_ids_keep_matching_after_a_resubmission() {
     let m = a.record_receipts(vec![delivered("first")]).await.unwrap();
     assert_eq!(m, vec![ReceiptMatch::Duplicate { unit }]);
     let due = a
-        .claim_due(Timestamp::now().saturating_add(Duration::from_secs(1)), LEASE, 10)
+        .claim_due(
+            Timestamp::now().saturating_add(Duration::from_secs(1)),
+            LEASE,
+            10,
+            ClaimScope::All,
+        )
         .await
         .unwrap();
     assert_eq!(due.len(), 1);
@@ -600,7 +613,7 @@ async fn bench_postgresql_dlr() {
                 tokio::spawn(async move {
                     let mut n = 0usize;
                     loop {
-                        let got = s.claim_due(now, LEASE, batch).await.unwrap();
+                        let got = s.claim_due(now, LEASE, batch, ClaimScope::All).await.unwrap();
                         if got.is_empty() {
                             return n;
                         }
@@ -665,7 +678,10 @@ async fn bench_postgresql_dlr() {
         };
         let mut done = 0;
         while done < MESSAGES {
-            let got = s.claim_due(Timestamp::now(), LEASE, batch).await.unwrap();
+            let got = s
+                .claim_due(Timestamp::now(), LEASE, batch, ClaimScope::All)
+                .await
+                .unwrap();
             if got.is_empty() {
                 tokio::time::sleep(Duration::from_millis(2)).await;
                 continue;
@@ -691,4 +707,156 @@ async fn bench_postgresql_dlr() {
         );
         s.close().await;
     }
+}
+
+// ---------------------------------------------------------------------------------
+// The outbound stages shared by several processes: partitions and their ownership.
+// ---------------------------------------------------------------------------------
+
+use crate::conformance::ops::{PendingOps as _, RouterQueueOps as _};
+use crate::ids::ReadySeq;
+use crate::postgresql::{Ownership, StageAccess};
+use crate::router_queue::StagedUnit;
+
+async fn stages_on(url: &str, access: StageAccess, partitions: u16) -> Result<PgStages, crate::BackendFailure> {
+    let options = PgStageOptions {
+        access,
+        partitions,
+        ..PgStageOptions::new(4, PendingLimits::default())
+    };
+    PgStages::connect(url, options).await
+}
+
+/// The partitions newly releasing or held, waited for (polling) until there are some.
+async fn releasing(o: &Ownership, within: Duration, what: &str) -> Vec<u16> {
+    let deadline = Instant::now() + within;
+    loop {
+        let r = o.assignment().releasing;
+        if !r.is_empty() {
+            return r;
+        }
+        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Wait until `cond` holds, polling.
+async fn eventually(within: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_processes_split_the_partitions_and_take_over_a_dead_ones() {
+    let url = TestCluster::shared().fresh_database();
+    let a = stages_on(&url, StageAccess::Shared, 8).await.unwrap();
+    let oa = a.ownership();
+    assert_eq!(
+        oa.status().held,
+        (0..8).collect::<Vec<u16>>(),
+        "alone, it holds every partition"
+    );
+    let b = stages_on(&url, StageAccess::Shared, 8).await.unwrap();
+    let ob = b.ownership();
+    assert!(ob.status().held.is_empty(), "a newcomer takes only free partitions");
+
+    // A sees two members and hands back what exceeds its share; nothing moves until
+    // its pipeline says the work there is settled.
+    let mut surplus = releasing(&oa, Duration::from_secs(5), "A releasing").await;
+    surplus.sort_unstable();
+    assert_eq!(surplus.len(), 4);
+    assert_eq!(oa.assignment().active.len(), 4, "no new work from what it hands back");
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert!(ob.status().held.is_empty(), "B waits for A to settle them");
+    oa.released(surplus.clone());
+    eventually(Duration::from_secs(5), "B adopts", || ob.assignment().active.len() == 4).await;
+    assert_eq!(ob.assignment().active, surplus, "B takes exactly what A handed back");
+    eventually(Duration::from_secs(3), "A holds four", || oa.status().held.len() == 4).await;
+    let (ha, hb): (HashSet<u16>, HashSet<u16>) = (
+        oa.status().held.into_iter().collect(),
+        ob.status().held.into_iter().collect(),
+    );
+    assert!(ha.is_disjoint(&hb));
+    assert_eq!(ha.len() + hb.len(), 8);
+    let holders = a.partition_holders().await.unwrap();
+    assert_eq!(holders.len(), 8, "every partition has one holder: {holders:?}");
+
+    // Each reads the work of its own partitions only, and nothing staged or routed.
+    let records: Vec<_> = (0..64)
+        .map(|i| super::record("esme1", &format!("4477009{i:05}"), "x"))
+        .collect();
+    a.pending.admit(records.clone()).await.unwrap();
+    let ra = a.pending.ready_after(ReadySeq(0), 1_000).await.unwrap();
+    let rb = b.pending.ready_after(ReadySeq(0), 1_000).await.unwrap();
+    assert_eq!(ra.len() + rb.len(), 64, "each unit read by exactly one process");
+    for u in &ra {
+        let p = crate::postgresql::partition_of(&u.unit.parts[0].account, &u.unit.parts[0].destination.addr, 8);
+        assert!(ha.contains(&p));
+    }
+    let first = StagedUnit {
+        id: ra[0].unit.id,
+        seq: ra[0].seq,
+    };
+    a.router_queue.stage(&[first], first.seq).await.unwrap();
+    let again = a.pending.ready_after(ReadySeq(0), 1_000).await.unwrap();
+    assert_eq!(again.len(), ra.len() - 1, "a staged unit is not selected again");
+    assert_eq!(a.router_queue.staged_after(ReadySeq(0), 10).await.unwrap(), vec![first]);
+    assert!(b.router_queue.staged_after(ReadySeq(0), 10).await.unwrap().is_empty());
+
+    // A dies: its connections close, and B takes its partitions within seconds.
+    let started = Instant::now();
+    drop(a);
+    drop(oa);
+    eventually(Duration::from_secs(5), "B takes over", || {
+        ob.assignment().active.len() == 8
+    })
+    .await;
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(ob.status().held, (0..8).collect::<Vec<u16>>());
+    assert_eq!(b.pending.ready_after(ReadySeq(0), 1_000).await.unwrap().len(), 63);
+    assert_eq!(b.router_queue.staged_after(ReadySeq(0), 10).await.unwrap(), vec![first]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sole_process_and_shared_ones_exclude_each_other() {
+    let url = TestCluster::shared().fresh_database();
+    let sole = stages_on(&url, StageAccess::Sole, 16).await.unwrap();
+    let e = stages_on(&url, StageAccess::Shared, 16).await.err().expect("refused");
+    assert!(e.to_string().contains("serving this database alone"), "{e}");
+    let e = stages_on(&url, StageAccess::Sole, 16).await.err().expect("refused");
+    assert!(e.to_string().contains("another Sendium process"), "{e}");
+    drop(sole);
+    let shared = stages_on(&url, StageAccess::Shared, 16).await.unwrap();
+    let e = stages_on(&url, StageAccess::Sole, 16).await.err().expect("refused");
+    assert!(e.to_string().contains("another Sendium process"), "{e}");
+    // A process that only reads takes no lock.
+    stages_on(&url, StageAccess::ReadOnly, 16).await.unwrap();
+    drop(shared);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_process_spreads_work_over_the_same_partitions() {
+    let url = TestCluster::shared().fresh_database();
+    // Empty and alone: the number may change.
+    drop(stages_on(&url, StageAccess::Sole, 8).await.unwrap());
+    let s = stages_on(&url, StageAccess::Sole, 4).await.unwrap();
+    s.pending
+        .admit(vec![super::record("esme1", "447700900001", "x")])
+        .await
+        .unwrap();
+    drop(s);
+    // Work is spread over 4: another number is refused until it is gone.
+    let e = stages_on(&url, StageAccess::Sole, 8).await.err().expect("refused");
+    assert!(e.to_string().contains("spread over 4 partitions"), "{e}");
+    let shared = stages_on(&url, StageAccess::Shared, 4).await.unwrap();
+    let units = shared.pending.ready_after(ReadySeq(0), 10).await.unwrap();
+    shared.pending.complete(&[units[0].unit.id]).await.unwrap();
+    // Empty, but another process serves the database: still refused.
+    let e = stages_on(&url, StageAccess::Shared, 8).await.err().expect("refused");
+    assert!(e.to_string().contains("another process serves it"), "{e}");
+    drop(shared);
+    stages_on(&url, StageAccess::Sole, 8).await.unwrap();
 }

@@ -18,9 +18,9 @@ use parking_lot::Mutex;
 
 use crate::backend::Backend;
 use crate::dlr::{
-    Delivery, DeliveryFinish, DeliveryId, DeliveryResult, DlrCapabilities, DlrRetention, DlrState, DlrStats, DlrStore,
-    DlrWrite, DlrWriteOutcome, ExpiryReport, Handoff, HandoffOutcome, ProviderReceipt, ReceiptMatch, ReceiptOutcome,
-    ReceiptReservations, ReceiptTarget, ReplyPath,
+    ClaimScope, Delivery, DeliveryFinish, DeliveryId, DeliveryResult, DlrCapabilities, DlrRetention, DlrState,
+    DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, ExpiryReport, Handoff, HandoffOutcome, ProviderReceipt,
+    ReceiptMatch, ReceiptOutcome, ReceiptReservations, ReceiptTarget, ReplyPath,
 };
 use crate::error::DlrError;
 use crate::ids::{Timestamp, UnitId};
@@ -408,12 +408,23 @@ impl DlrStore for MemoryDlrStore {
         }
     }
 
-    async fn claim_due(&self, now: Timestamp, lease: Duration, limit: usize) -> Result<Vec<Delivery>, DlrError> {
+    async fn claim_due(
+        &self,
+        now: Timestamp,
+        lease: Duration,
+        limit: usize,
+        scope: ClaimScope<'_>,
+    ) -> Result<Vec<Delivery>, DlrError> {
         let mut inner = self.inner.lock();
         let due: Vec<DeliveryId> = inner
             .due
             .iter()
             .take_while(|(at, _)| *at <= now)
+            .filter(|(_, id)| {
+                inner.deliveries.get(id).is_some_and(|rec| {
+                    scope.takes((rec.target.reply == ReplyPath::Smpp).then_some(rec.target.account.as_str()))
+                })
+            })
             .take(limit)
             .map(|(_, id)| *id)
             .collect();

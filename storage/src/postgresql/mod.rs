@@ -80,4 +80,7 @@ pub mod sms;
 pub mod test_cluster;
 
 pub use dlr::{PgDlrOptions, PostgresDlrStore};
-pub use sms::{PgPendingStore, PgRoutedWorkStore, PgRouterQueueStore, PgStageOptions, PgStages};
+pub use sms::{
+    Assignment, CHECK_EVERY, Ownership, OwnershipStatus, PgPendingStore, PgRoutedWorkStore, PgRouterQueueStore,
+    PgStageOptions, PgStages, StageAccess, partition_of,
+};

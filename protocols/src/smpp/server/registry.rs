@@ -252,6 +252,20 @@ impl SessionRegistry {
         })
     }
 
+    /// Accounts with at least one bound receiver/transceiver session, sorted.
+    pub fn receiving_accounts(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .inner
+            .accounts
+            .read()
+            .iter()
+            .filter(|(_, sessions)| sessions.sessions.iter().any(|entry| entry.kind.can_receive()))
+            .map(|(account, _)| account.to_string())
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
     /// Every bound session (all bind kinds), for the admin view.
     pub fn sessions(&self) -> Vec<SessionInfo> {
         let accounts = self.inner.accounts.read();

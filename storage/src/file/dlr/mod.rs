@@ -102,7 +102,7 @@ use super::engine::db::{Fail, FileOptions, META, StoreFile, blocking, get_counte
 use super::engine::dir::{DLR_FILE, DataDir};
 use crate::backend::Backend;
 use crate::dlr::{
-    Delivery, DlrCapabilities, DlrRetention, DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, ExpiryReport,
+    ClaimScope, Delivery, DlrCapabilities, DlrRetention, DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, ExpiryReport,
 };
 use crate::error::{BackendFailure, DlrError};
 use crate::ids::Timestamp;
@@ -246,12 +246,25 @@ impl DlrStore for FileDlrStore {
     }
 
     /// Committed without fsync: see the module docs for why a lost claim is harmless.
-    async fn claim_due(&self, now: Timestamp, lease: Duration, limit: usize) -> Result<Vec<Delivery>, DlrError> {
+    async fn claim_due(
+        &self,
+        now: Timestamp,
+        lease: Duration,
+        limit: usize,
+        scope: ClaimScope<'_>,
+    ) -> Result<Vec<Delivery>, DlrError> {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        self.run(move |i| i.write(Durability::None, |tx| tx.claim_due(now, lease, limit)))
-            .await
+        let accounts: Option<Vec<String>> = match scope {
+            ClaimScope::All => None,
+            ClaimScope::SmppAccounts(a) => Some(a.to_vec()),
+        };
+        self.run(move |i| {
+            let scope = accounts.as_deref().map_or(ClaimScope::All, ClaimScope::SmppAccounts);
+            i.write(Durability::None, |tx| tx.claim_due(now, lease, limit, scope))
+        })
+        .await
     }
 
     /// The whole step in one durable transaction: one commit (and one fsync) for every

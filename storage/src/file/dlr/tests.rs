@@ -21,7 +21,7 @@ use super::{FileDlrStore, WAKE_BATCH};
 use crate::conformance::fixtures::{handoff, receipt, retention, target};
 use crate::conformance::ops::DlrOps as _;
 use crate::dlr::{
-    DeliveryFinish, DeliveryId, DeliveryResult, DlrRetention, DlrState, DlrStore, Handoff, HandoffOutcome,
+    ClaimScope, DeliveryFinish, DeliveryId, DeliveryResult, DlrRetention, DlrState, DlrStore, Handoff, HandoffOutcome,
     ProviderReceipt, ReceiptMatch, ReceiptOutcome, ReplyPath,
 };
 use crate::error::FailureKind;
@@ -154,7 +154,7 @@ async fn populate(s: &FileDlrStore) -> Written {
         ]
     );
     let now = Timestamp::now().saturating_add(Duration::from_secs(1));
-    let mut due = s.claim_due(now, LEASE, 10).await.unwrap();
+    let mut due = s.claim_due(now, LEASE, 10, ClaimScope::All).await.unwrap();
     due.sort_by_key(|d| d.id);
     assert_eq!(due.len(), 3, "two for the resolved branch, one failure receipt");
     let smpp = due.iter().find(|d| d.target.reply == ReplyPath::Smpp).unwrap();
@@ -200,7 +200,7 @@ async fn check_after_restart(s: &FileDlrStore, w: &Written, claimed_fresh: bool)
     assert_eq!(st.correlations, 7, "m1-3, d1, r-old, r-new, f1");
     // The fresh delivery: claimed again with attempt 1 if its claim was lost, else hidden
     // by its lease and next claimed with attempt 2.
-    let c = s.claim_due(now, LEASE, 10).await.unwrap();
+    let c = s.claim_due(now, LEASE, 10, ClaimScope::All).await.unwrap();
     if claimed_fresh {
         assert!(c.is_empty(), "{c:?}");
     } else {
@@ -210,12 +210,12 @@ async fn check_after_restart(s: &FileDlrStore, w: &Written, claimed_fresh: bool)
     }
     // The retried delivery waits for its saved retry time, then continues its attempts.
     let retry_at = Timestamp(w.retried.2);
-    let c = s.claim_due(retry_at, LEASE, 10).await.unwrap();
+    let c = s.claim_due(retry_at, LEASE, 10, ClaimScope::All).await.unwrap();
     assert_eq!(c.len(), 1, "{c:?}");
     assert_eq!((c[0].id.0, c[0].attempt), (w.retried.0, w.retried.1 + 1));
     // The leased one comes back when its saved lease ends.
     let lease_end = Timestamp(w.leased.2);
-    let c = s.claim_due(lease_end, LEASE, 10).await.unwrap();
+    let c = s.claim_due(lease_end, LEASE, 10, ClaimScope::All).await.unwrap();
     let leased: Vec<_> = c.iter().filter(|d| d.id.0 == w.leased.0).collect();
     assert_eq!(leased.len(), 1, "{c:?}");
     assert_eq!(leased[0].attempt, w.leased.1 + 1);
@@ -224,7 +224,7 @@ async fn check_after_restart(s: &FileDlrStore, w: &Written, claimed_fresh: bool)
         .unwrap();
     // The parked SMPP receipt waits for its account to bind.
     assert_eq!(s.wake_account("esme1", lease_end).await.unwrap(), 1);
-    let c = s.claim_due(lease_end, LEASE, 10).await.unwrap();
+    let c = s.claim_due(lease_end, LEASE, 10, ClaimScope::All).await.unwrap();
     assert_eq!(c.len(), 1, "{c:?}");
     assert_eq!((c[0].id.0, c[0].attempt), (w.parked.0, w.parked.1 + 1));
     // Resolved branches stay resolved: a repeated receipt is a duplicate, a repeated
@@ -269,7 +269,7 @@ async fn check_after_restart(s: &FileDlrStore, w: &Written, claimed_fresh: bool)
     let st = s.stats().await.unwrap();
     assert_eq!((st.awaiting_receipts, st.orphans, st.pending_deliveries), (0, 0, 7));
     let far = lease_end.saturating_add(Duration::from_secs(60));
-    let mut c = s.claim_due(far, LEASE, 100).await.unwrap();
+    let mut c = s.claim_due(far, LEASE, 100, ClaimScope::All).await.unwrap();
     c.sort_by_key(|d| d.id);
     let new_ids: Vec<u64> = c.iter().map(|d| d.id.0).filter(|id| *id > w.fresh).collect();
     assert_eq!(
@@ -286,7 +286,7 @@ fn everything_survives_a_clean_reopen() {
         let (dir, s) = open(tmp.path());
         let w = populate(&s).await;
         // Claimed with Durability::None: a clean close keeps it.
-        let c = s.claim_due(Timestamp(w.now), LEASE, 10).await.unwrap();
+        let c = s.claim_due(Timestamp(w.now), LEASE, 10, ClaimScope::All).await.unwrap();
         assert_eq!((c.len(), c[0].id.0, c[0].attempt), (1, w.fresh, 1));
         let before = dump(&s);
         drop(s);
@@ -359,7 +359,7 @@ fn child_process() {
             std::fs::write(dir.join("expected.txt"), dump(&s)).unwrap();
             std::fs::write(dir.join("written.json"), serde_json::to_string(&w).unwrap()).unwrap();
             // A claim (Durability::None) after the last durable commit, then death.
-            let c = s.claim_due(Timestamp(w.now), LEASE, 10).await.unwrap();
+            let c = s.claim_due(Timestamp(w.now), LEASE, 10, ClaimScope::All).await.unwrap();
             assert_eq!(c.len(), 1);
             sigkill_self();
         }),
@@ -442,7 +442,7 @@ fn ten_thousand_handoffs_then_ten_thousand_receipts_resolve_all() {
         let mut claimed = 0;
         let now = Timestamp::now().saturating_add(Duration::from_secs(1));
         loop {
-            let c = s.claim_due(now, LEASE, 1000).await.unwrap();
+            let c = s.claim_due(now, LEASE, 1000, ClaimScope::All).await.unwrap();
             if c.is_empty() {
                 break;
             }
@@ -500,7 +500,7 @@ fn multipart_receipts_in_one_batch_and_candidate_keys() {
                 ReceiptMatch::Duplicate { unit: h.unit },
             ]
         );
-        let c = s.claim_due(Timestamp::now(), LEASE, 10).await.unwrap();
+        let c = s.claim_due(Timestamp::now(), LEASE, 10, ClaimScope::All).await.unwrap();
         assert_eq!(c.len(), 1, "the failure-only target is skipped on success");
         assert_eq!(c[0].target.reply, http());
         // A batch of duplicates changes nothing and commits nothing.
@@ -533,7 +533,7 @@ fn wake_account_walks_every_parked_receipt_in_bounded_transactions() {
             .await
             .unwrap();
         let now = Timestamp::now().saturating_add(Duration::from_secs(1));
-        let c = s.claim_due(now, LEASE, 100).await.unwrap();
+        let c = s.claim_due(now, LEASE, 100, ClaimScope::All).await.unwrap();
         assert_eq!(c.len(), n);
         let park = now.saturating_add(Duration::from_secs(3600));
         // All parked but one, which stays leased (in flight): a wake leaves it alone.
@@ -547,10 +547,16 @@ fn wake_account_walks_every_parked_receipt_in_bounded_transactions() {
         .unwrap();
         assert_eq!(s.wake_account("esme1", now).await.unwrap(), (n - 1) as u64);
         assert_eq!(s.wake_account("esme1", now).await.unwrap(), 0, "already due");
-        assert_eq!(s.claim_due(now, LEASE, 100).await.unwrap().len(), n - 1);
+        assert_eq!(
+            s.claim_due(now, LEASE, 100, ClaimScope::All).await.unwrap().len(),
+            n - 1
+        );
         // A stale result (the leased one's first attempt, after it was claimed again at
         // lease end) is ignored.
-        let again = s.claim_due(now.saturating_add(LEASE), LEASE, 100).await.unwrap();
+        let again = s
+            .claim_due(now.saturating_add(LEASE), LEASE, 100, ClaimScope::All)
+            .await
+            .unwrap();
         let first = c[0].clone();
         let second = again.iter().find(|d| d.id == first.id).unwrap();
         assert_eq!(second.attempt, 2);
@@ -661,14 +667,20 @@ fn a_corrupt_value_is_a_corrupt_error_naming_dlr_redb() {
                 Ok(((), true))
             })
             .unwrap();
-        let err = s.claim_due(Timestamp::now(), LEASE, 10).await.unwrap_err();
+        let err = s
+            .claim_due(Timestamp::now(), LEASE, 10, ClaimScope::All)
+            .await
+            .unwrap_err();
         let f = crate::StorageError::from(err).failure().clone();
         assert_eq!(f.kind, FailureKind::Corrupt, "{f}");
         assert!(f.location.contains("dlr.redb table deliveries key 1"), "{f}");
         assert!(f.detail.contains("checksum mismatch"), "{f}");
         // A garbled delivery header: also corrupt, naming the key.
         garble(&s, DELIVERIES, 1u64);
-        let err = s.claim_due(Timestamp::now(), LEASE, 10).await.unwrap_err();
+        let err = s
+            .claim_due(Timestamp::now(), LEASE, 10, ClaimScope::All)
+            .await
+            .unwrap_err();
         let f = crate::StorageError::from(err).failure().clone();
         assert_eq!(f.kind, FailureKind::Corrupt, "{f}");
         assert!(
@@ -784,7 +796,7 @@ async fn round(s: &FileDlrStore, n: usize, batch: usize) -> (f64, f64, f64) {
     let now = Timestamp::now().saturating_add(Duration::from_secs(1));
     let mut left = n;
     while left > 0 {
-        let c = s.claim_due(now, LEASE, batch).await.unwrap();
+        let c = s.claim_due(now, LEASE, batch, ClaimScope::All).await.unwrap();
         assert!(!c.is_empty());
         left -= c.len();
         s.finish(
@@ -838,7 +850,7 @@ fn bench_dlr_throughput() {
                 if backlog > 0 {
                     let now = Timestamp::now().saturating_add(Duration::from_secs(1));
                     loop {
-                        let c = s.claim_due(now, LEASE, 5000).await.unwrap();
+                        let c = s.claim_due(now, LEASE, 5000, ClaimScope::All).await.unwrap();
                         if c.is_empty() {
                             break;
                         }
@@ -935,7 +947,7 @@ fn claims_left_by_a_previous_process_are_released_at_once() {
         .await
         .unwrap();
         let now = Timestamp::now();
-        let first = s.claim_due(now, LEASE, 10).await.unwrap();
+        let first = s.claim_due(now, LEASE, 10, ClaimScope::All).await.unwrap();
         assert_eq!(first.len(), 2);
         // The SMPP one is parked far beyond the lease (nobody bound); the HTTP one stays
         // claimed when the process goes.
@@ -957,7 +969,10 @@ fn claims_left_by_a_previous_process_are_released_at_once() {
 
         let (_dir, s) = open(tmp.path());
         assert!(
-            s.claim_due(Timestamp::now(), LEASE, 10).await.unwrap().is_empty(),
+            s.claim_due(Timestamp::now(), LEASE, 10, ClaimScope::All)
+                .await
+                .unwrap()
+                .is_empty(),
             "still leased"
         );
         assert_eq!(
@@ -965,7 +980,7 @@ fn claims_left_by_a_previous_process_are_released_at_once() {
             1,
             "only the claim, not the parked one"
         );
-        let again = s.claim_due(Timestamp::now(), LEASE, 10).await.unwrap();
+        let again = s.claim_due(Timestamp::now(), LEASE, 10, ClaimScope::All).await.unwrap();
         assert_eq!(again.len(), 1);
         assert_eq!(again[0].id, http_claim.id);
         assert_eq!(

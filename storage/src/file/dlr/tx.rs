@@ -14,8 +14,8 @@ use super::records::{
     track_key, track_name, track_of_expiry_key, track_unit,
 };
 use crate::dlr::{
-    Delivery, DeliveryFinish, DeliveryId, DeliveryResult, DlrRetention, ExpiryReport, Handoff, HandoffOutcome,
-    ProviderReceipt, ReceiptMatch, ReplyPath,
+    ClaimScope, Delivery, DeliveryFinish, DeliveryId, DeliveryResult, DlrRetention, ExpiryReport, Handoff,
+    HandoffOutcome, ProviderReceipt, ReceiptMatch, ReplyPath,
 };
 use crate::envelope::{self, RecordKind};
 use crate::file::engine::db::{Fail, META, check_layout, get_counter};
@@ -599,11 +599,29 @@ impl<'t> Tx<'t> {
 
     /// Claim up to `limit` deliveries due at `now`, in due-time order (the first keys of
     /// the `due` index): attempt + 1, due again at the lease's end.
-    pub(crate) fn claim_due(&mut self, now: Timestamp, lease: Duration, limit: usize) -> Result<Vec<Delivery>, Fail> {
+    pub(crate) fn claim_due(
+        &mut self,
+        now: Timestamp,
+        lease: Duration,
+        limit: usize,
+        scope: ClaimScope<'_>,
+    ) -> Result<Vec<Delivery>, Fail> {
         let upper = due_key(now, u64::MAX);
         let mut picked = Vec::with_capacity(limit.min(4096));
-        for item in self.due.range::<&[u8; 16]>(..=&upper)?.take(limit) {
-            picked.push(due_key_id(item?.0.value()));
+        for item in self.due.range::<&[u8; 16]>(..=&upper)? {
+            if picked.len() >= limit {
+                break;
+            }
+            let id = due_key_id(item?.0.value());
+            if scope != ClaimScope::All {
+                let Some(value) = self.deliveries.get(id)? else {
+                    continue;
+                };
+                if !scope.takes(delivery_parts(id, value.value())?.smpp_account) {
+                    continue;
+                }
+            }
+            picked.push(id);
         }
         let lease_end = now.saturating_add(lease);
         let mut out = Vec::with_capacity(picked.len());

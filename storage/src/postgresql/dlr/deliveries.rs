@@ -14,7 +14,7 @@ use sqlx::{PgConnection, Row};
 
 use super::records::{StoredTarget, ms, plus, state_of, ts};
 use super::{OpError, PostgresDlrStore};
-use crate::dlr::{Delivery, DeliveryFinish, DeliveryId, DeliveryResult, ReceiptOutcome};
+use crate::dlr::{ClaimScope, Delivery, DeliveryFinish, DeliveryId, DeliveryResult, ReceiptOutcome};
 use crate::ids::Timestamp;
 
 /// Rows `wake_account` updates per statement.
@@ -54,20 +54,48 @@ impl PostgresDlrStore {
         now: Timestamp,
         lease: Duration,
         limit: usize,
+        scope: ClaimScope<'_>,
     ) -> Result<Vec<Delivery>, OpError> {
         let now = ms(now);
-        let rows = sqlx::query(
-            "
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = match scope {
+            ClaimScope::All => {
+                sqlx::query(
+                    "
 UPDATE dlr_deliveries d SET attempt = d.attempt + 1, due_at = $2, lease_until = $2
  WHERE d.id = ANY(ARRAY(SELECT id FROM dlr_deliveries WHERE due_at <= $1
                          ORDER BY due_at, id LIMIT $3 FOR UPDATE SKIP LOCKED))
 RETURNING d.id, d.attempt, d.target::text AS target, d.state, d.error, d.done_at, d.created_at, d.expires_at",
-        )
-        .bind(now)
-        .bind(plus(now, lease))
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .fetch_all(&self.pool)
-        .await?;
+                )
+                .bind(now)
+                .bind(plus(now, lease))
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?
+            }
+            // HTTP deliveries, and the SMPP ones of the accounts bound here, each through
+            // its own partial index: an account bound nowhere is never scanned.
+            ClaimScope::SmppAccounts(accounts) => {
+                sqlx::query(
+                    "
+UPDATE dlr_deliveries d SET attempt = d.attempt + 1, due_at = $2, lease_until = $2
+ WHERE d.id = ANY(ARRAY(
+       SELECT id FROM dlr_deliveries WHERE id = ANY(ARRAY(
+              (SELECT id FROM dlr_deliveries WHERE NOT smpp AND due_at <= $1 ORDER BY due_at, id LIMIT $3)
+              UNION ALL
+              (SELECT id FROM dlr_deliveries WHERE smpp AND account = ANY($4) AND due_at <= $1
+                ORDER BY due_at, id LIMIT $3)))
+        ORDER BY due_at, id LIMIT $3 FOR UPDATE SKIP LOCKED))
+RETURNING d.id, d.attempt, d.target::text AS target, d.state, d.error, d.done_at, d.created_at, d.expires_at",
+                )
+                .bind(now)
+                .bind(plus(now, lease))
+                .bind(limit)
+                .bind(accounts)
+                .fetch_all(&self.pool)
+                .await?
+            }
+        };
         let mut out = rows
             .iter()
             .map(|r| self.delivery_of(r))

@@ -50,7 +50,7 @@ use super::failure::{Location, failure};
 use super::migrate;
 use crate::backend::Backend;
 use crate::dlr::{
-    Delivery, DlrCapabilities, DlrRetention, DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, ExpiryReport,
+    ClaimScope, Delivery, DlrCapabilities, DlrRetention, DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, ExpiryReport,
 };
 use crate::error::{BackendFailure, DlrError, FailureKind};
 use crate::ids::Timestamp;
@@ -195,11 +195,17 @@ impl DlrStore for PostgresDlrStore {
         }
     }
 
-    async fn claim_due(&self, now: Timestamp, lease: Duration, limit: usize) -> Result<Vec<Delivery>, DlrError> {
+    async fn claim_due(
+        &self,
+        now: Timestamp,
+        lease: Duration,
+        limit: usize,
+        scope: ClaimScope<'_>,
+    ) -> Result<Vec<Delivery>, DlrError> {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        self.timed(async { self.done(self.claim_due_op(now, lease, limit).await) })
+        self.timed(async { self.done(self.claim_due_op(now, lease, limit, scope).await) })
             .await
     }
 

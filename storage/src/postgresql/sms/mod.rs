@@ -12,8 +12,9 @@
 //!   idempotency keys; ready units in commit order.
 //! * `router_queue.rs`: staged units and the selection cursor.
 //! * `routed_work.rs`: routed units, failovers, branch completions.
+//! * `ownership.rs`: which process works on which partitions.
 
-mod exclusive;
+mod ownership;
 mod pending;
 mod routed_work;
 mod router_queue;
@@ -22,8 +23,10 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sqlx::Row;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
+pub use self::ownership::{Assignment, CHECK_EVERY, Ownership, OwnershipStatus, StageAccess};
 pub use self::pending::PgPendingStore;
 pub use self::routed_work::PgRoutedWorkStore;
 pub use self::router_queue::PgRouterQueueStore;
@@ -47,9 +50,8 @@ pub struct PgStageOptions {
     pub schema: Option<String>,
     /// How many partitions messages are spread over (see [`partition_of`]).
     pub partitions: u16,
-    /// Hold the database's outbound stages for this process alone (serving); off for a
-    /// process that only reads them (a profile check) or tests that share nothing.
-    pub exclusive: bool,
+    /// Serving alone, one of several, or reading only (see [`StageAccess`]).
+    pub access: StageAccess,
     pub limits: PendingLimits,
 }
 
@@ -63,7 +65,7 @@ impl PgStageOptions {
             operation_timeout: Duration::from_secs(10),
             schema: None,
             partitions: 16,
-            exclusive: true,
+            access: StageAccess::Sole,
             limits,
         }
     }
@@ -75,7 +77,8 @@ pub(crate) struct Db {
     pub(crate) pool: PgPool,
     pub(crate) loc: Location,
     operation_timeout: Duration,
-    exclusive: Option<exclusive::ExclusiveLock>,
+    ownership: Arc<Ownership>,
+    view: Arc<ownership::PartitionView>,
 }
 
 impl Db {
@@ -93,10 +96,15 @@ impl Db {
         }
     }
 
-    /// Refuse a write while this process does not hold the stages it was opened to hold
-    /// alone.
+    /// Refuse a write while this process does not hold the stages lock it was opened
+    /// with.
     pub(crate) fn may_write(&self) -> Result<(), BackendFailure> {
-        self.exclusive.as_ref().map_or(Ok(()), exclusive::ExclusiveLock::check)
+        self.ownership.check()
+    }
+
+    /// The partitions whose work this process reads now.
+    pub(crate) fn selectable(&self) -> Arc<[i16]> {
+        self.view.selectable()
     }
 
     pub(crate) fn corrupt(&self, detail: impl std::fmt::Display) -> OpError {
@@ -125,6 +133,25 @@ impl PgStages {
         self.db.loc.to_string()
     }
 
+    /// This process's locks and partitions.
+    pub fn ownership(&self) -> Arc<Ownership> {
+        self.db.ownership.clone()
+    }
+
+    /// Who holds each partition: the database backend pid of its lock's connection.
+    pub async fn partition_holders(&self) -> Result<std::collections::BTreeMap<u16, i32>, BackendFailure> {
+        let db = &self.db;
+        db.timed(async {
+            let r: Result<_, OpError> = async {
+                let mut conn = db.pool.acquire().await?;
+                Ok(ownership::holders(&mut conn).await?)
+            }
+            .await;
+            db.done(r)
+        })
+        .await
+    }
+
     /// Close the pool's connections (in-flight operations finish first).
     pub async fn close(&self) {
         self.db.pool.close().await;
@@ -150,29 +177,89 @@ impl PgStages {
         tokio::time::timeout(options.operation_timeout, migrate::run(&connect, &loc))
             .await
             .map_err(|_| loc.failure(FailureKind::Unavailable, "timed out applying schema migrations"))??;
-        let exclusive = if options.exclusive {
-            Some(exclusive::ExclusiveLock::acquire(connect.clone(), loc.clone()).await?)
-        } else {
-            None
-        };
+        let partitions = options.partitions.max(1);
+        let ownership = Arc::new(Ownership::acquire(options.access, partitions, connect.clone(), loc.clone()).await?);
         // Lazy: the migrations just proved the server reachable; connections open on
         // demand and reopen by themselves after a restart of the server.
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections.max(1))
             .acquire_timeout(options.acquire_timeout)
             .connect_lazy_with(connect);
+        if options.access != StageAccess::ReadOnly {
+            tokio::time::timeout(
+                options.operation_timeout,
+                agree_partitions(&pool, partitions, options.access, &loc),
+            )
+            .await
+            .map_err(|_| loc.failure(FailureKind::Unavailable, "timed out checking the partition count"))??;
+        }
         let db = Arc::new(Db {
             pool,
             loc,
             operation_timeout: options.operation_timeout,
-            exclusive,
+            view: ownership.view(),
+            ownership,
         });
         Ok(Self {
-            pending: Arc::new(PgPendingStore::new(db.clone(), options.limits, options.partitions)),
+            pending: Arc::new(PgPendingStore::new(db.clone(), options.limits, partitions)),
             router_queue: Arc::new(PgRouterQueueStore::new(db.clone())),
             routed_work: Arc::new(PgRoutedWorkStore::new(db.clone())),
             db,
         })
+    }
+}
+
+/// Every process on a database spreads work over the same number of partitions: a
+/// unit stored in partition 20 would never be read by processes working on 16. The
+/// stored number changes only while the pending stage holds no unit and no other
+/// process serves the database; otherwise a different configured number is refused.
+async fn agree_partitions(
+    pool: &PgPool,
+    partitions: u16,
+    access: StageAccess,
+    loc: &super::failure::Location,
+) -> Result<(), BackendFailure> {
+    let r: Result<Option<(i16, i64)>, OpError> = async {
+        let mut tx = pool.begin().await?;
+        // The totals row lock orders processes starting together: the census below sees
+        // every process that locked it earlier.
+        let row = sqlx::query("SELECT partitions, units FROM sms_pending_totals WHERE id = 1 FOR UPDATE")
+            .fetch_one(&mut *tx)
+            .await?;
+        let (stored, units): (i16, i64) = (row.try_get("partitions")?, row.try_get("units")?);
+        let wanted = i16::try_from(partitions).unwrap_or(i16::MAX);
+        if stored == wanted {
+            return Ok(None);
+        }
+        let alone = access == StageAccess::Sole || ownership::members(&mut tx).await? <= 1;
+        if units != 0 || !alone {
+            return Ok(Some((stored, units)));
+        }
+        sqlx::query("UPDATE sms_pending_totals SET partitions = $1 WHERE id = 1")
+            .bind(wanted)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(None)
+    }
+    .await;
+    match r {
+        Ok(None) => Ok(()),
+        Ok(Some((stored, units))) => Err(loc.failure(
+            FailureKind::Locked,
+            format!(
+                "storage.postgresql.partitions is {partitions}, but the database's work is spread over {stored} \
+                 partitions{}; use {stored}, or change it when the outbound stages are empty and no other \
+                 process serves the database",
+                if units != 0 {
+                    format!(" ({units} units pending)")
+                } else {
+                    " (another process serves it)".to_string()
+                }
+            ),
+        )),
+        Err(OpError::Sql(e)) => Err(failure(loc, &e)),
+        Err(OpError::Failure(f)) => Err(f),
     }
 }
 

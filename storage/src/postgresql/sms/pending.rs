@@ -664,11 +664,18 @@ impl PendingStore for PgPendingStore {
         db.timed(async {
             let r: Result<_, OpError> = async {
                 let mut conn = db.pool.acquire().await?;
+                // Units of this process's partitions that no process has selected: not
+                // staged and not routed (the stages share the database).
                 let rows = sqlx::query(
-                    "SELECT seq, id, disposition, members FROM sms_units WHERE seq > $1 ORDER BY seq LIMIT $2",
+                    "SELECT seq, id, disposition, members FROM sms_units u \
+                     WHERE seq > $1 AND partition = ANY($3) \
+                       AND NOT EXISTS (SELECT 1 FROM sms_staged s WHERE s.unit = u.id) \
+                       AND NOT EXISTS (SELECT 1 FROM sms_routed r WHERE r.unit = u.id) \
+                     ORDER BY seq LIMIT $2",
                 )
                 .bind(after)
                 .bind(limit)
+                .bind(&*db.selectable())
                 .fetch_all(&mut *conn)
                 .await?;
                 self.build_units(&mut conn, &rows).await

@@ -49,10 +49,14 @@ impl PgRoutedWorkStore {
                 .iter()
                 .map(|u| self.encode(u))
                 .collect::<Result<Vec<_>, _>>()?;
-            // Routing decisions are not redone: the first record stays.
+            // Routing decisions are not redone: the first record stays. The partition is
+            // the unit's own (read from the pending stage in the same statement).
             sqlx::query(
-                "INSERT INTO sms_routed (unit, open_branches, routed) \
-                 SELECT * FROM UNNEST($1::uuid[], $2::int4[], $3::bytea[]) ON CONFLICT (unit) DO NOTHING",
+                "INSERT INTO sms_routed (unit, partition, open_branches, routed) \
+                 SELECT r.unit, coalesce(u.partition, 0), r.open, r.routed \
+                 FROM UNNEST($1::uuid[], $2::int4[], $3::bytea[]) AS r(unit, open, routed) \
+                 LEFT JOIN sms_units u ON u.id = r.unit \
+                 ON CONFLICT (unit) DO NOTHING",
             )
             .bind(&ids)
             .bind(&open)
@@ -157,11 +161,14 @@ impl RoutedWorkStore for PgRoutedWorkStore {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         db.timed(async {
             let r: Result<Vec<RoutedUnit>, OpError> = async {
-                let rows = sqlx::query("SELECT routed FROM sms_routed WHERE unit > $1 ORDER BY unit LIMIT $2")
-                    .bind(after)
-                    .bind(limit)
-                    .fetch_all(&db.pool)
-                    .await?;
+                let rows = sqlx::query(
+                    "SELECT routed FROM sms_routed WHERE unit > $1 AND partition = ANY($3) ORDER BY unit LIMIT $2",
+                )
+                .bind(after)
+                .bind(limit)
+                .bind(&*db.selectable())
+                .fetch_all(&db.pool)
+                .await?;
                 rows.iter()
                     .map(|row| self.decode(&row.try_get::<Vec<u8>, _>("routed")?))
                     .collect()

@@ -1,5 +1,10 @@
-//! The PostgreSQL router-queue stage, [`PgRouterQueueStore`]: `sms_staged` (one row per
-//! staged unit) and `sms_selection` (the cursor), each write one transaction.
+//! The PostgreSQL router-queue stage, [`PgRouterQueueStore`]: `sms_staged`, one row per
+//! staged unit, each write one transaction.
+//!
+//! No selection cursor is stored: the pending stage's selection read leaves out what is
+//! staged or routed (the three stages share the database), so selection may start from
+//! the beginning after a restart or a partition's takeover and still takes each unit
+//! once.
 
 use std::sync::Arc;
 
@@ -29,22 +34,18 @@ impl PgRouterQueueStore {
         if !write.stage.is_empty() {
             let ids: Vec<Uuid> = write.stage.iter().map(|u| u.id.as_uuid()).collect();
             let seqs: Vec<i64> = write.stage.iter().map(|u| seq(u.seq)).collect();
-            // Staging a unit again keeps its first entry.
+            // Staging a unit again keeps its first entry. The partition is the unit's
+            // own (read from the pending stage in the same statement).
             sqlx::query(
-                "INSERT INTO sms_staged (unit, seq) SELECT * FROM UNNEST($1::uuid[], $2::int8[]) \
+                "INSERT INTO sms_staged (unit, seq, partition) \
+                 SELECT s.unit, s.seq, coalesce(u.partition, 0) \
+                 FROM UNNEST($1::uuid[], $2::int8[]) AS s(unit, seq) LEFT JOIN sms_units u ON u.id = s.unit \
                  ON CONFLICT (unit) DO NOTHING",
             )
             .bind(&ids)
             .bind(&seqs)
             .execute(&mut *tx)
             .await?;
-        }
-        if let Some(cursor) = write.cursor {
-            // The cursor never moves backwards.
-            sqlx::query("UPDATE sms_selection SET cursor = greatest(cursor, $1) WHERE id = 1")
-                .bind(seq(cursor))
-                .execute(&mut *tx)
-                .await?;
         }
         if !write.release.is_empty() {
             let ids: Vec<Uuid> = write.release.iter().map(MessageId::as_uuid).collect();
@@ -89,7 +90,7 @@ impl RouterQueueStore for PgRouterQueueStore {
 
     /// One transaction: the batch and the cursor together, or neither.
     async fn apply(&self, write: RouterQueueWrite) -> Result<(), RouterQueueError> {
-        if write.is_empty() {
+        if write.stage.is_empty() && write.release.is_empty() {
             return Ok(());
         }
         let db = &self.db;
@@ -101,11 +102,14 @@ impl RouterQueueStore for PgRouterQueueStore {
     async fn staged_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<StagedUnit>, RouterQueueError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.read(async |conn: &mut PgConnection| {
-            let rows = sqlx::query("SELECT unit, seq FROM sms_staged WHERE seq > $1 ORDER BY seq LIMIT $2")
-                .bind(seq(after))
-                .bind(limit)
-                .fetch_all(&mut *conn)
-                .await?;
+            let rows = sqlx::query(
+                "SELECT unit, seq FROM sms_staged WHERE seq > $1 AND partition = ANY($3) ORDER BY seq LIMIT $2",
+            )
+            .bind(seq(after))
+            .bind(limit)
+            .bind(&*self.db.selectable())
+            .fetch_all(&mut *conn)
+            .await?;
             let mut out = Vec::with_capacity(rows.len());
             for row in rows {
                 out.push(StagedUnit {
@@ -118,20 +122,23 @@ impl RouterQueueStore for PgRouterQueueStore {
         .await
     }
 
+    /// None is stored (see the module docs): selection starts from the beginning.
     async fn cursor(&self) -> Result<ReadySeq, RouterQueueError> {
-        Ok(self.stats().await?.cursor)
+        Ok(ReadySeq(0))
+    }
+
+    fn keeps_cursor(&self) -> bool {
+        false
     }
 
     async fn stats(&self) -> Result<RouterQueueStats, RouterQueueError> {
         self.read(async |conn: &mut PgConnection| {
-            let row = sqlx::query(
-                "SELECT (SELECT count(*) FROM sms_staged) AS staged, cursor FROM sms_selection WHERE id = 1",
-            )
-            .fetch_one(&mut *conn)
-            .await?;
+            let row = sqlx::query("SELECT count(*) AS staged FROM sms_staged")
+                .fetch_one(&mut *conn)
+                .await?;
             Ok(RouterQueueStats {
                 staged: u64::try_from(row.try_get::<i64, _>("staged")?).unwrap_or(0),
-                cursor: ready_seq(row.try_get("cursor")?),
+                cursor: ReadySeq(0),
             })
         })
         .await
