@@ -18,12 +18,13 @@ use sendium_storage::postgresql::test_cluster::TestCluster;
 use support::*;
 
 /// Shared postgresql stages and DLR store at `url`, 8 partitions, over the memory
-/// profile's listeners, destination and route.
+/// profile's listeners, destination and route. Receipt claims lapse after 3 s, so the
+/// receipts the killed process had claimed are delivered again soon.
 fn shared_config(url: &str) -> String {
     format!(
         "[sms.pending]\nbackend = \"postgresql\"\n[sms.router-queue]\nbackend = \"postgresql\"\n\
          [sms.routed-work]\nbackend = \"postgresql\"\n[storage.postgresql]\nurl = \"{url}\"\nshared = true\n\
-         partitions = 8\n[dlr]\nbackend = \"postgresql\"\n{}",
+         partitions = 8\n[dlr]\nbackend = \"postgresql\"\ncallback-timeout = \"1s\"\nclaim-lease = \"3s\"\n{}",
         memory_config()
     )
 }

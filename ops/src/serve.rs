@@ -44,6 +44,21 @@ pub fn announce_profile(cfg: &Config) {
         }
         Err(e) => tracing::error!(error = %e, "unsupported storage profile"),
     }
+    if cfg.sms.pending.backend == sendium_profiles::StageBackend::Postgresql {
+        let pg = &cfg.storage.postgresql;
+        if pg.shared {
+            tracing::info!(
+                partitions = pg.partitions,
+                "outbound stages shared with the other Sendium processes on this database: each works on the \
+                 partitions it holds and takes over those of a process that dies"
+            );
+        } else {
+            tracing::info!(
+                partitions = pg.partitions,
+                "outbound stages served by this process alone: another process on the same database is refused"
+            );
+        }
+    }
     let fps = sendium_storage::failpoint::active();
     if !fps.is_empty() {
         tracing::warn!(failpoints = ?fps, "failpoints are active (test run)");
