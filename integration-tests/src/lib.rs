@@ -12,6 +12,7 @@
 //!   for `/readyz`, kills and restarts it, talks to its admin and HTTP APIs.
 //! - [`callback`]: a tiny HTTP server recording the DLR callbacks Sendium POSTs.
 //! - [`loadgen`]: the benchmark's load generator (also the `sendium-loadgen` binary).
+//! - [`pgstats`]: what a PostgreSQL server spent on a benchmark phase, per message.
 //! - [`histogram`]: a small log-linear latency histogram.
 //! - [`http`]: a minimal HTTP/1.1 client.
 //!
@@ -34,6 +35,7 @@ pub mod gateway;
 pub mod histogram;
 pub mod http;
 pub mod loadgen;
+pub mod pgstats;
 pub mod smsc;
 pub mod wire;
 

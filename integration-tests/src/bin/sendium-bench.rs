@@ -45,6 +45,7 @@ use std::time::{Duration, Instant};
 use sendium_integration_tests::gateway::{self, GatewayProcess};
 use sendium_integration_tests::http;
 use sendium_integration_tests::loadgen::{self, LoadConfig, LoadReport, Mix};
+use sendium_integration_tests::pgstats::{PgCost, PgProbe};
 use sendium_integration_tests::smsc::{SmscConfig, SmscStats, TestSmsc};
 use sendium_storage::postgresql::test_cluster::TestCluster;
 use serde_json::{Value, json};
@@ -65,9 +66,12 @@ bench starts a throwaway cluster of the machine's PostgreSQL (initdb, fsync on) 
 each profile a new database in it. --rounds N runs the list N times, alternating the
 profiles, and adds each profile's median and range over the rounds.";
 
-/// The ESME account the load generator binds with.
-const ESME_SYSTEM_ID: &str = "bench";
-const ESME_PASSWORD: &str = "bench";
+/// The ESME account the load generator binds with; with several gateway processes, the
+/// load generator of process `i` binds as account `i` (system id and password), so each
+/// one's receipts come back to its own sessions.
+const ESME_ACCOUNTS: [&str; 2] = ["bench", "bench2"];
+const ESME_SYSTEM_ID: &str = ESME_ACCOUNTS[0];
+const ESME_PASSWORD: &str = ESME_ACCOUNTS[0];
 
 /// The gateway configuration around a profile's storage fragment. Placeholders are the
 /// gateway harness's (`{smpp_port}`, `{http_port}`, `{admin_port}`, `{data_dir}`,
@@ -85,6 +89,11 @@ window = {smpp_window}
 [[smpp.accounts]]
 system-id = "bench"
 password = "bench"
+max-tps = 0
+max-binds = {max_binds}
+[[smpp.accounts]]
+system-id = "bench2"
+password = "bench2"
 max-tps = 0
 max-binds = {max_binds}
 
@@ -142,6 +151,9 @@ struct Profile {
     /// `--include-unsupported` or when named, and a refusal at startup is reported cleanly.
     /// Flip this when a profile lands.
     supported: bool,
+    /// Gateway processes on one database (`[storage.postgresql] shared = true` when more
+    /// than one), each driven by its own load generator and ESME account.
+    processes: usize,
 }
 
 impl Profile {
@@ -151,6 +163,7 @@ impl Profile {
             name,
             backends,
             supported: true,
+            processes: 1,
         }
     }
 
@@ -176,7 +189,11 @@ impl Profile {
             out.push("[storage.file]\ndir = \"{data_dir}\"".to_owned());
         }
         if self.needs_pg_url() {
-            out.push("[storage.postgresql]\nurl = \"{pg_url}\"".to_owned());
+            let mut pg = "[storage.postgresql]\nurl = \"{pg_url}\"".to_owned();
+            if self.processes > 1 {
+                pg.push_str("\nshared = true");
+            }
+            out.push(pg);
         }
         out.join("\n")
     }
@@ -194,9 +211,16 @@ const PROFILES: &[Profile] = &[
     Profile::new("memory+dlr-file", [Memory, Memory, Memory, File]),
     Profile::new("file-file-file+dlr-file", [File, File, File, File]),
     Profile::new("file-file-file+dlr-postgresql", [File, File, File, Postgresql]),
+    Profile::new(
+        "postgresql-postgresql-postgresql",
+        [Postgresql, Postgresql, Postgresql, Postgresql],
+    ),
     Profile {
-        supported: false,
-        ..Profile::new("postgresql", [Postgresql, Postgresql, Postgresql, Postgresql])
+        processes: 2,
+        ..Profile::new(
+            "postgresql-shared-2-processes",
+            [Postgresql, Postgresql, Postgresql, Postgresql],
+        )
     },
 ];
 
@@ -816,10 +840,28 @@ impl Bench {
             rate,
             mix: self.opts.mix,
             receipts: true,
+            // Other numbers than the other phase's: a multipart message repeated to the
+            // same number with the same reference while the gateway still remembers the
+            // completed group is (rightly) taken for a retransmission, not a new message.
+            dest_prefix: match phase {
+                Phase::Throughput => "4477",
+                Phase::Latency => "4476",
+            }
+            .to_owned(),
             receipt_timeout: Duration::from_secs(30),
             resp_timeout: Duration::from_secs(30),
             ..LoadConfig::default()
         }
+    }
+
+    /// The load generator's own runtime, on `--threads` threads.
+    fn loadgen_runtime(&self) -> Result<tokio::runtime::Runtime, String> {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(self.opts.threads)
+            .thread_name("bench-loadgen")
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the load generator runtime: {e}"))
     }
 
     /// Runs the load generator on its own runtime (dropped afterwards, which stops any
@@ -833,17 +875,9 @@ impl Bench {
         gw: &mut GatewayProcess,
         smsc: &TestSmsc,
     ) -> (PhaseOutcome, Option<f64>) {
-        let runtime = match tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(self.opts.threads)
-            .thread_name("bench-loadgen")
-            .enable_all()
-            .build()
-        {
+        let runtime = match self.loadgen_runtime() {
             Ok(r) => r,
-            Err(e) => {
-                let e = format!("cannot start the load generator runtime: {e}");
-                return (PhaseOutcome::LoadError(e), None);
-            }
+            Err(e) => return (PhaseOutcome::LoadError(e), None),
         };
         let timeout = self.opts.phase_timeout;
         let admin = gw.admin_addr();
@@ -898,6 +932,7 @@ impl Bench {
         rate: Option<f64>,
         gw: &mut GatewayProcess,
         smsc: &TestSmsc,
+        pg: Option<&PgProbe>,
     ) -> (Row, Option<LoadReport>) {
         let label = format!("{} {}", profile.name, phase.name());
         let cfg = self.load_config(gw, phase, rate);
@@ -906,6 +941,7 @@ impl Bench {
         let before = sample_proc(pid);
         let smsc_before = smsc.stats();
         let scraped_before = scrape(&self.ctl, gw);
+        let pg_before = pg.and_then(|p| self.ctl.block_on(p.sample()));
         match rate {
             Some(r) => eprintln!(
                 "  [{label}] {} messages at {r:.0} msg/s, {} sessions × window {}",
@@ -929,6 +965,7 @@ impl Bench {
         let after = sample_proc(pid);
         let smsc_after = smsc.stats();
         let scraped = scrape(&self.ctl, gw);
+        let pg_after = pg.and_then(|p| self.ctl.block_on(p.sample()));
         let (mut fsyncs_before, mut admissions, mut journal_syncs, mut background_syncs) = (None, None, None, None);
         if let (Some(b), Some(a)) = (&scraped_before, &scraped) {
             fsyncs_before = b.sums.get(FSYNCS_TOTAL).copied();
@@ -1028,6 +1065,13 @@ impl Bench {
             detail["admission_p99_ms_bound"] = json!(p99);
             detail["admissions_within_5ms"] = json!(within);
         }
+        if let Some(cost) = pg_before
+            .zip(pg_after)
+            .and_then(|(b, a)| b.cost_until(&a, report.messages, self.ticks_per_s))
+        {
+            notes.push(pg_note(&cost));
+            detail["postgresql"] = pg_json(&cost);
+        }
         if let Some(busy) = machine_busy {
             // Gateway, load generator and test SMSC share the cores: how close to full
             // they were says how much of a tail is waiting for a core.
@@ -1114,15 +1158,21 @@ impl Bench {
 
     fn run_profile(&self, profile: &Profile) -> Vec<Row> {
         eprintln!("== profile {} ==", profile.name);
-        let pg_url = match (&self.opts.pg_url, profile.needs_pg_url()) {
-            (Some(url), _) => Some(url.clone()),
-            (None, false) => None,
+        let pg = match (&self.opts.pg_url, profile.needs_pg_url()) {
+            (Some(url), true) => Some(PgProbe {
+                url: url.clone(),
+                server_pid: None,
+            }),
+            (_, false) => None,
             (None, true) => match self
                 .pg_cluster
                 .get_or_init(|| TestCluster::try_start().map_err(|e| e.to_string()))
             {
                 Ok(cluster) => match cluster.try_fresh_database() {
-                    Ok(url) => Some(url),
+                    Ok(url) => Some(PgProbe {
+                        url,
+                        server_pid: cluster.server_pid(),
+                    }),
                     Err(e) => return vec![Row::note_only(profile.name, format!("no database: {e}"), false)],
                 },
                 Err(e) => {
@@ -1137,32 +1187,44 @@ impl Bench {
             receipt_delay: self.opts.receipt_delay,
             ..SmscConfig::default()
         });
+        if let Some(pg) = &pg
+            && !self.ctl.block_on(pg.prepare())
+        {
+            eprintln!("  note: the server does not preload pg_stat_statements: statements are not counted");
+        }
         let smpp_window = gateway_smpp_window(self.opts.window);
         let mut builder = GatewayProcess::builder(&gateway_template(profile))
             .smsc_port(smsc.port())
             .var("smpp_window", &smpp_window.to_string())
             .var("max_binds", &(self.opts.sessions + 8).to_string())
             .ready_timeout(self.opts.ready_timeout);
-        if let Some(url) = &pg_url {
-            builder = builder.var("pg_url", url);
+        if let Some(pg) = &pg {
+            builder = builder.var("pg_url", &pg.url);
         }
-        let mut gw = builder.spawn();
+        let mut gws: Vec<GatewayProcess> = (0..profile.processes).map(|_| builder.clone().spawn()).collect();
         if self.opts.show_config {
             eprintln!(
                 "--- config for {} ---\n{}--- end of config ---",
                 profile.name,
-                gw.config()
+                gws[0].config()
             );
         }
-        let rows = self.run_started(profile, &mut gw, &smsc);
-        if let Some(note) = stop_gateway(&self.ctl, &mut gw) {
-            eprintln!("  {note}");
+        let rows = if let [gw] = gws.as_mut_slice() {
+            self.run_started(profile, gw, &smsc, pg.as_ref())
+        } else {
+            self.run_cluster(profile, &mut gws, &smsc, pg.as_ref())
+        };
+        for gw in &mut gws {
+            if let Some(note) = stop_gateway(&self.ctl, gw) {
+                eprintln!("  {note}");
+            }
         }
         self.ctl.block_on(smsc.shutdown());
         rows
     }
 
-    fn run_started(&self, profile: &Profile, gw: &mut GatewayProcess, smsc: &TestSmsc) -> Vec<Row> {
+    /// Waits for `/readyz`; a row saying why not when the gateway did not get there.
+    fn started(&self, profile: &Profile, gw: &mut GatewayProcess) -> Result<(), Box<Row>> {
         let started = Instant::now();
         match wait_ready(&self.ctl, gw, self.opts.ready_timeout) {
             Ok(()) => eprintln!(
@@ -1187,13 +1249,13 @@ impl Bench {
                 if profile.supported {
                     dump_log(gw, profile.name, "refused a profile marked supported");
                 }
-                return vec![Row::note_only(profile.name, note, profile.supported)];
+                return Err(Box::new(Row::note_only(profile.name, note, profile.supported)));
             }
             Err(StartFailure::Exited { status, .. }) => {
                 let note = format!("failed at startup ({status})");
                 eprintln!("  {note}");
                 dump_log(gw, profile.name, "startup failure");
-                return vec![Row::note_only(profile.name, note, true)];
+                return Err(Box::new(Row::note_only(profile.name, note, true)));
             }
             Err(StartFailure::NotReady { last }) => {
                 let note = format!(
@@ -1202,7 +1264,7 @@ impl Bench {
                 );
                 eprintln!("  {note}");
                 dump_log(gw, profile.name, "not ready");
-                return vec![Row::note_only(profile.name, note, true)];
+                return Err(Box::new(Row::note_only(profile.name, note, true)));
             }
         }
         if !profile.supported {
@@ -1211,13 +1273,26 @@ impl Bench {
                 profile.name
             );
         }
+        Ok(())
+    }
+
+    fn run_started(
+        &self,
+        profile: &Profile,
+        gw: &mut GatewayProcess,
+        smsc: &TestSmsc,
+        pg: Option<&PgProbe>,
+    ) -> Vec<Row> {
+        if let Err(row) = self.started(profile, gw) {
+            return vec![*row];
+        }
         // The destination binds in the background; submits before that would only queue.
         if !self.ctl.block_on(smsc.wait_bound(1, Duration::from_secs(10))) {
             eprintln!("  warning: the gateway's destination did not bind to the test SMSC within 10 s");
         }
 
         let mut rows = Vec::new();
-        let (row, report) = self.run_phase(profile, Phase::Throughput, None, gw, smsc);
+        let (row, report) = self.run_phase(profile, Phase::Throughput, None, gw, smsc, pg);
         rows.push(row);
         let Some(report) = report else {
             return rows;
@@ -1234,11 +1309,207 @@ impl Bench {
             }
         };
         if self.opts.latency_count > 0 {
-            let (row, _) = self.run_phase(profile, Phase::Latency, Some(rate), gw, smsc);
+            let (row, _) = self.run_phase(profile, Phase::Latency, Some(rate), gw, smsc, pg);
             rows.push(row);
         }
         rows
     }
+
+    /// Several gateway processes sharing one database: one load generator per process
+    /// (its own ESME account, its share of `--count`), all at full speed at once. One
+    /// row: the combined rate (messages over the longest run), the worst p50/p99 of the
+    /// merged responses, the processes' CPU together, and the database's cost.
+    fn run_cluster(
+        &self,
+        profile: &Profile,
+        gws: &mut [GatewayProcess],
+        smsc: &TestSmsc,
+        pg: Option<&PgProbe>,
+    ) -> Vec<Row> {
+        for gw in gws.iter_mut() {
+            if let Err(row) = self.started(profile, gw) {
+                return vec![*row];
+            }
+        }
+        let n = gws.len();
+        if !self.ctl.block_on(smsc.wait_bound(n, Duration::from_secs(10))) {
+            eprintln!("  warning: not every gateway's destination bound to the test SMSC within 10 s");
+        }
+        // Until the processes have split the partitions (otherwise the first one would
+        // do all the work while the others join).
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let split = gws.iter().all(|gw| {
+                let (status, body) = self.ctl.block_on(gw.admin_get("/admin/cluster"));
+                let view: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+                status == 200
+                    && view["members"].as_u64() == Some(n as u64)
+                    && view["releasing"].as_array().is_some_and(Vec::is_empty)
+                    && view["held"].as_array().is_some_and(|h| !h.is_empty())
+            });
+            if split {
+                break;
+            }
+            if Instant::now() > deadline {
+                eprintln!("  warning: the processes had not split the partitions after 15 s");
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let label = format!("{} {}", profile.name, Phase::Throughput.name());
+        let configs: Vec<LoadConfig> = gws
+            .iter()
+            .zip(ESME_ACCOUNTS)
+            .enumerate()
+            .map(|(i, (gw, account))| LoadConfig {
+                system_id: account.to_owned(),
+                password: account.to_owned(),
+                count: self.opts.count / n as u64,
+                dest_prefix: format!("447{i}"),
+                ..self.load_config(gw, Phase::Throughput, None)
+            })
+            .collect();
+        eprintln!(
+            "  [{label}] {} processes × {} messages at full speed, {} sessions × window {} each",
+            n, configs[0].count, configs[0].sessions, configs[0].window
+        );
+        let pids: Vec<u32> = gws.iter().map(|gw| gw.pid().unwrap_or(0)).collect();
+        let before: Vec<Option<ProcSample>> = pids.iter().map(|p| sample_proc(*p)).collect();
+        let pg_before = pg.and_then(|p| self.ctl.block_on(p.sample()));
+        let machine_before = machine_cpu_ticks();
+        let runtime = match self.loadgen_runtime() {
+            Ok(r) => r,
+            Err(note) => return vec![Row::note_only(profile.name, note, true)],
+        };
+        let timeout = self.opts.phase_timeout;
+        let outcome: Result<Vec<LoadReport>, String> = runtime.block_on(async {
+            let runs: Vec<_> = configs.into_iter().map(|c| tokio::spawn(loadgen::run(c))).collect();
+            let mut reports = Vec::new();
+            for run in runs {
+                match tokio::time::timeout(timeout, run).await {
+                    Ok(Ok(Ok(report))) => reports.push(report),
+                    Ok(Ok(Err(e))) => return Err(format!("load generator: {e}")),
+                    Ok(Err(e)) => return Err(format!("load generator task: {e}")),
+                    Err(_) => return Err(format!("timed out after {} s", timeout.as_secs())),
+                }
+            }
+            Ok(reports)
+        });
+        runtime.shutdown_timeout(Duration::from_secs(2));
+        let machine_busy = busy_share(machine_before, machine_cpu_ticks());
+        let after: Vec<Option<ProcSample>> = pids.iter().map(|p| sample_proc(*p)).collect();
+        let pg_after = pg.and_then(|p| self.ctl.block_on(p.sample()));
+        let reports = match outcome {
+            Ok(r) => r,
+            Err(note) => {
+                eprintln!("  [{label}] {note}: {}", smsc_progress(&smsc.stats()));
+                for gw in gws.iter() {
+                    dump_log(gw, profile.name, "cluster phase failed");
+                }
+                return vec![Row {
+                    phase: Some(Phase::Throughput),
+                    ..Row::note_only(profile.name, note, true)
+                }];
+            }
+        };
+        let messages: u64 = reports.iter().map(|r| r.messages).sum();
+        let elapsed_s = reports.iter().map(|r| r.elapsed.as_secs_f64()).fold(0.0, f64::max);
+        let mut latency = sendium_integration_tests::histogram::Histogram::new();
+        for r in &reports {
+            latency.merge(&r.resp_latency);
+        }
+        let errors: u64 = reports
+            .iter()
+            .map(|r| r.statuses.values().sum::<u64>() + r.no_response + r.session_errors.len() as u64)
+            .sum();
+        let receipts_missing: u64 = reports.iter().map(|r| r.receipts_missing).sum();
+        let cpu_ticks: Option<u64> = before
+            .iter()
+            .zip(&after)
+            .map(|(b, a)| b.zip(*a).map(|(b, a)| a.cpu_ticks.saturating_sub(b.cpu_ticks)))
+            .sum();
+        let measured = Measured {
+            messages,
+            elapsed_s,
+            msgs_per_sec: if elapsed_s > 0.0 {
+                messages as f64 / elapsed_s
+            } else {
+                0.0
+            },
+            p50_ms: latency.percentile_ms(50.0).unwrap_or(0.0),
+            p99_ms: latency.percentile_ms(99.0).unwrap_or(0.0),
+            peak_rss_mib: after
+                .iter()
+                .map(|a| a.map(|a| a.hwm_kib as f64 / 1024.0))
+                .sum::<Option<f64>>(),
+            cpu_s_per_10k: cpu_ticks
+                .filter(|_| messages > 0)
+                .map(|t| t as f64 / self.ticks_per_s as f64 / messages as f64 * 10_000.0),
+            receipts_missing,
+            errors,
+        };
+        let per_process: Vec<String> = reports.iter().map(|r| format!("{:.0}", r.msgs_per_sec)).collect();
+        let mut notes = vec![format!(
+            "{n} processes ({} msg/s each); RSS and CPU summed",
+            per_process.join(" + ")
+        )];
+        let mut detail = json!({
+            "processes": n,
+            "per_process": reports.iter().map(LoadReport::to_json).collect::<Vec<_>>(),
+            "machine_busy": machine_busy,
+        });
+        if let Some(cost) = pg_before
+            .zip(pg_after)
+            .and_then(|(b, a)| b.cost_until(&a, messages, self.ticks_per_s))
+        {
+            notes.push(pg_note(&cost));
+            detail["postgresql"] = pg_json(&cost);
+        }
+        if let Some(busy) = machine_busy {
+            notes.push(format!("machine {:.0}% busy", busy * 100.0));
+        }
+        if errors > 0 || receipts_missing > 0 {
+            notes.push(format!("{errors} errors, {receipts_missing} receipts missing"));
+            for gw in gws.iter() {
+                dump_log(gw, profile.name, "errors or receipts missing");
+            }
+        }
+        eprintln!(
+            "  [{label}] {messages} messages in {elapsed_s:.2} s = {:.0} msg/s; {}",
+            measured.msgs_per_sec,
+            notes.join("; ")
+        );
+        vec![Row {
+            profile: profile.name.to_owned(),
+            round: None,
+            phase: Some(Phase::Throughput),
+            failed: errors > 0 || receipts_missing > 0 || messages == 0,
+            measured: Some(measured),
+            note: notes.join("; "),
+            detail,
+        }]
+    }
+}
+
+/// The database's cost of a phase, per message, for the notes column.
+fn pg_note(cost: &PgCost) -> String {
+    let mut parts = Vec::new();
+    if let Some(st) = cost.statements_per_msg {
+        parts.push(format!("{st:.3} statements/msg"));
+    }
+    parts.push(format!("{:.0} B WAL/msg", cost.wal_bytes_per_msg));
+    if let Some(cpu) = cost.server_cpu_s_per_10k {
+        parts.push(format!("database CPU {cpu:.2} s/10k"));
+    }
+    parts.join(", ")
+}
+
+fn pg_json(cost: &PgCost) -> Value {
+    json!({
+        "statements_per_msg": cost.statements_per_msg,
+        "wal_bytes_per_msg": cost.wal_bytes_per_msg,
+        "server_cpu_s_per_10k": cost.server_cpu_s_per_10k,
+    })
 }
 
 fn resources_json(before: Option<ProcSample>, after: Option<ProcSample>, hwm_reset: bool, ticks: u64) -> Value {

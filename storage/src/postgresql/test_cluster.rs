@@ -188,11 +188,15 @@ impl TestCluster {
 
     /// Start the server again (same port) after [`stop_server`](Self::stop_server).
     pub fn start_server(&self) -> Result<(), ClusterError> {
-        let options = format!(
+        let mut options = format!(
             "-k '{}' -p {} -c listen_addresses=127.0.0.1 -c fsync=on -c max_connections=200",
             self.sockets.display(),
             self.port
         );
+        // Statement counts for the benchmark, where the server ships the module.
+        if self.has_pg_stat_statements() {
+            options.push_str(" -c shared_preload_libraries=pg_stat_statements");
+        }
         let out = self
             .server_tool("pg_ctl")
             .arg("-D")
@@ -208,6 +212,20 @@ impl TestCluster {
             let tail: Vec<&str> = tail.into_iter().rev().collect();
             err(format!("{}\nserver log {:?}:\n{}", e.0, self.log, tail.join("\n")))
         })
+    }
+
+    /// Whether the server's library directory has `pg_stat_statements` (preloaded when
+    /// it does; `CREATE EXTENSION pg_stat_statements` in a database then shows what ran).
+    pub fn has_pg_stat_statements(&self) -> bool {
+        self.bindir
+            .parent()
+            .is_some_and(|root| root.join("lib").join("pg_stat_statements.so").exists())
+    }
+
+    /// The server's process id (the postmaster; its backends are its children).
+    pub fn server_pid(&self) -> Option<u32> {
+        let text = std::fs::read_to_string(self.data.join("postmaster.pid")).ok()?;
+        text.lines().next()?.trim().parse().ok()
     }
 
     fn create_database(&self, name: &str) -> Result<(), ClusterError> {

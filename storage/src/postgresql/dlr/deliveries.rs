@@ -132,32 +132,52 @@ RETURNING d.id, d.attempt, d.target::text AS target, d.state, d.error, d.done_at
         if order.is_empty() {
             return Ok(());
         }
-        let (mut ids, mut attempts, mut retry_at) = (Vec::new(), Vec::new(), Vec::new());
-        for k in order {
-            ids.push(k.0);
-            attempts.push(k.1);
-            retry_at.push(by.get(&k).copied().flatten());
+        // Every statement finds its rows by `id = ANY(…)` on the primary key, and the
+        // attempts are compared here: a join with the UNNEST of (id, attempt) pairs is
+        // planned from a queue table's statistics (often taken while it was nearly
+        // empty), and either walks the whole table or compares every pair with every row.
+        let mut ids: Vec<i64> = order.iter().map(|k| k.0).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let rows = sqlx::query("SELECT id, attempt FROM dlr_deliveries WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+            .bind(&ids)
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut current: HashMap<i64, i32> = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            current.insert(row.try_get("id")?, row.try_get("attempt")?);
         }
-        sqlx::query(
-            "
-WITH f AS (SELECT * FROM UNNEST($1::int8[], $2::int4[], $3::int8[]) AS f(id, attempt, retry_at)),
-gone AS (
-    DELETE FROM dlr_deliveries d USING f
-     WHERE d.id = f.id AND d.attempt = f.attempt AND f.retry_at IS NULL
-    RETURNING 1
-), again AS (
-    UPDATE dlr_deliveries d SET due_at = f.retry_at, lease_until = NULL
-      FROM f
-     WHERE d.id = f.id AND d.attempt = f.attempt AND f.retry_at IS NOT NULL
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM gone) AS gone, (SELECT count(*) FROM again) AS again",
-        )
-        .bind(ids)
-        .bind(attempts)
-        .bind(retry_at)
-        .execute(conn)
-        .await?;
+        let (mut gone, mut again_ids, mut again_at) = (Vec::new(), Vec::new(), Vec::new());
+        for k in order {
+            if current.get(&k.0) != Some(&k.1) {
+                continue; // finished already, or claimed again since: not this attempt's
+            }
+            match by.get(&k).copied().flatten() {
+                None => gone.push(k.0),
+                Some(at) => {
+                    again_ids.push(k.0);
+                    again_at.push(at);
+                }
+            }
+        }
+        if !gone.is_empty() {
+            sqlx::query("DELETE FROM dlr_deliveries WHERE id = ANY($1)")
+                .bind(gone)
+                .execute(&mut *conn)
+                .await?;
+        }
+        if !again_ids.is_empty() {
+            sqlx::query(
+                "
+UPDATE dlr_deliveries d SET due_at = f.retry_at, lease_until = NULL
+  FROM UNNEST($1::int8[], $2::int8[]) AS f(id, retry_at)
+ WHERE d.id = ANY($1) AND d.id = f.id",
+            )
+            .bind(again_ids)
+            .bind(again_at)
+            .execute(&mut *conn)
+            .await?;
+        }
         Ok(())
     }
 

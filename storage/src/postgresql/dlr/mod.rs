@@ -107,7 +107,10 @@ impl PostgresDlrStore {
                     format_args!("invalid database URL: {}", redact(&e.to_string(), url)),
                 )
             })?
-            .application_name("sendium-dlr");
+            .application_name("sendium-dlr")
+            // Short statements on queue tables: compiling one with JIT (which a cost
+            // estimate from stale statistics can trigger) takes longer than running it.
+            .options([("jit", "off")]);
         let loc = Location::of(&connect);
         tokio::time::timeout(options.operation_timeout, migrate::run(&connect, &loc))
             .await

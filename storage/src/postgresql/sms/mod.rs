@@ -169,7 +169,10 @@ impl PgStages {
                     "invalid database URL",
                 )
             })?
-            .application_name("sendium");
+            .application_name("sendium")
+            // Short statements on queue tables: compiling one with JIT (which a cost
+            // estimate from stale statistics can trigger) takes longer than running it.
+            .options([("jit", "off")]);
         if let Some(schema) = &options.schema {
             connect = connect.options([("search_path", schema.as_str())]);
         }

@@ -9,6 +9,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use async_trait::async_trait;
 use sqlx::{PgConnection, Row};
@@ -30,6 +31,31 @@ use crate::record::PendingRecord;
 /// quiet spell does not turn one commit into a huge delete). Reads check the deadline,
 /// so what is not forgotten yet never counts.
 const FORGET_PER_COMMIT: i64 = 4096;
+/// How often (in ms) a commit forgets what expired, unless the last one left more: two
+/// statements per admission commit cost more than a second's delay of a deletion.
+const FORGET_EVERY_MS: i64 = 1000;
+
+/// The ready units after the selection cursor that no stage holds, when this process
+/// reads every partition: the primary key's order, stopped by the limit. `OFFSET 0`
+/// keeps each `NOT EXISTS` a primary-key probe per candidate row: flattened into an
+/// anti-join, the planner — with statistics of a queue table taken while it was nearly
+/// empty — may hash or materialize the whole other table on every call.
+const SELECT_READY: &str = "SELECT seq, id, disposition, members FROM sms_units u \
+     WHERE seq > $1 \
+       AND NOT EXISTS (SELECT 1 FROM sms_staged s WHERE s.unit = u.id OFFSET 0) \
+       AND NOT EXISTS (SELECT 1 FROM sms_routed r WHERE r.unit = u.id OFFSET 0) \
+     ORDER BY seq LIMIT $2";
+
+/// The same for some partitions: each partition's ready units in order through its
+/// index, at most the limit of each, merged.
+const SELECT_READY_OF_PARTITIONS: &str = "SELECT x.seq, x.id, x.disposition, x.members \
+     FROM UNNEST($3::int2[]) AS p(partition) CROSS JOIN LATERAL ( \
+       SELECT seq, id, disposition, members FROM sms_units u \
+        WHERE u.partition = p.partition AND u.seq > $1 \
+          AND NOT EXISTS (SELECT 1 FROM sms_staged s WHERE s.unit = u.id OFFSET 0) \
+          AND NOT EXISTS (SELECT 1 FROM sms_routed r WHERE r.unit = u.id OFFSET 0) \
+        ORDER BY seq LIMIT $2) x \
+     ORDER BY x.seq LIMIT $2";
 
 /// The PostgreSQL pending store.
 #[derive(Debug)]
@@ -37,11 +63,18 @@ pub struct PgPendingStore {
     db: Arc<Db>,
     limits: PendingLimits,
     partitions: u16,
+    /// When (ms since the epoch) the next admission commit forgets what expired.
+    forget_at: AtomicI64,
 }
 
 impl PgPendingStore {
     pub(super) fn new(db: Arc<Db>, limits: PendingLimits, partitions: u16) -> Self {
-        Self { db, limits, partitions }
+        Self {
+            db,
+            limits,
+            partitions,
+            forget_at: AtomicI64::new(0),
+        }
     }
 }
 
@@ -173,24 +206,37 @@ impl PgPendingStore {
     }
 
     /// Forget idempotency keys past their retention and completed groups past their
-    /// deadline, at most [`FORGET_PER_COMMIT`] of each.
+    /// deadline, at most [`FORGET_PER_COMMIT`] of each, once every [`FORGET_EVERY_MS`]
+    /// (at once again when a limit was reached).
     async fn forget_tx(&self, tx: &mut PgConnection, now: i64) -> Result<(), OpError> {
-        sqlx::query(
+        if now < self.forget_at.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let keys = sqlx::query(
             "DELETE FROM sms_idempotency WHERE (account, key) IN \
              (SELECT account, key FROM sms_idempotency WHERE expires_at <= $1 LIMIT $2)",
         )
         .bind(now)
         .bind(FORGET_PER_COMMIT)
         .execute(&mut *tx)
-        .await?;
-        sqlx::query(
+        .await?
+        .rows_affected();
+        let groups = sqlx::query(
             "DELETE FROM sms_groups WHERE key IN \
              (SELECT key FROM sms_groups WHERE NOT open AND deadline <= $1 LIMIT $2)",
         )
         .bind(now)
         .bind(FORGET_PER_COMMIT)
         .execute(&mut *tx)
-        .await?;
+        .await?
+        .rows_affected();
+        let full = u64::try_from(FORGET_PER_COMMIT).unwrap_or(u64::MAX);
+        let next = if keys >= full || groups >= full {
+            now
+        } else {
+            now + FORGET_EVERY_MS
+        };
+        self.forget_at.store(next, Ordering::Relaxed);
         Ok(())
     }
 
@@ -666,18 +712,21 @@ impl PendingStore for PgPendingStore {
                 let mut conn = db.pool.acquire().await?;
                 // Units of this process's partitions that no process has selected: not
                 // staged and not routed (the stages share the database).
-                let rows = sqlx::query(
-                    "SELECT seq, id, disposition, members FROM sms_units u \
-                     WHERE seq > $1 AND partition = ANY($3) \
-                       AND NOT EXISTS (SELECT 1 FROM sms_staged s WHERE s.unit = u.id) \
-                       AND NOT EXISTS (SELECT 1 FROM sms_routed r WHERE r.unit = u.id) \
-                     ORDER BY seq LIMIT $2",
-                )
-                .bind(after)
-                .bind(limit)
-                .bind(&*db.selectable())
-                .fetch_all(&mut *conn)
-                .await?;
+                let partitions = db.selectable();
+                let rows = if partitions.len() >= usize::from(self.partitions) {
+                    sqlx::query(SELECT_READY)
+                        .bind(after)
+                        .bind(limit)
+                        .fetch_all(&mut *conn)
+                        .await?
+                } else {
+                    sqlx::query(SELECT_READY_OF_PARTITIONS)
+                        .bind(after)
+                        .bind(limit)
+                        .bind(&*partitions)
+                        .fetch_all(&mut *conn)
+                        .await?
+                };
                 self.build_units(&mut conn, &rows).await
             }
             .await;
