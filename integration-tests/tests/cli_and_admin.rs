@@ -273,3 +273,38 @@ fn non_loopback_admin_without_token_is_refused() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("admin.token"), "{stderr}");
 }
+
+#[test]
+fn outbox_schema_prints_the_shipped_sql_for_the_chosen_table() {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (dialect, file) in [("postgresql", "postgresql.sql"), ("sqlite", "sqlite.sql")] {
+        let shipped = std::fs::read_to_string(manifest.join("../outbox/sql").join(file)).unwrap();
+        let out = sendium_command()
+            .args(["outbox", "schema", "--dialect", dialect])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), shipped, "{dialect}");
+    }
+    let out = sendium_command()
+        .args(["outbox", "schema", "--table", "order_sms"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(stdout.contains("CREATE TABLE order_sms ("), "{stdout}");
+    assert!(!stdout.contains("sendium_outbox"), "{stdout}");
+
+    for (args, key) in [
+        (&["outbox", "schema", "--table", "Order-SMS"][..], "--table"),
+        (&["outbox", "schema", "--dialect", "mysql"][..], "--dialect"),
+        (&["outbox", "schema", "--table"][..], "--table needs a value"),
+        (&["outbox", "purge"][..], "unknown outbox command"),
+    ] {
+        let out = sendium_command().args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(key), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+}

@@ -6,6 +6,7 @@
 //! sendium demo                    run the quickstart and send one SMS over SMPP and HTTP
 //! sendium inspect --config FILE   per-stage counts and oldest record of the data directory
 //! sendium drain --config FILE     finish the work a previous profile left, then stop
+//! sendium outbox schema           print the SQL of the outbox table an application creates
 //! sendium version
 //! ```
 
@@ -27,6 +28,9 @@ usage:
                                   run the storage profile recorded in the data directory with new
                                   submissions refused until every stage is empty, then stop (needed
                                   before switching a stage that holds records to another backend)
+  sendium outbox schema [--table NAME] [--dialect postgresql|sqlite]
+                                  print the SQL that creates the outbox table (default
+                                  sendium_outbox, postgresql) in an application's own database
   sendium version
 
 Environment: SENDIUM__SECTION__KEY overrides a configuration key (kebab-case keys, e.g.
@@ -158,6 +162,7 @@ fn run(args: &[String]) -> Result<(), Failure> {
                 .block_on(crate::stores_cli::drain(&cfg, timeout))
                 .map_err(|e| Failure::Runtime(e.to_string()))
         }
+        "outbox" => outbox(&args[1..]),
         "demo" => {
             let cfg = load(None)?;
             crate::telemetry::init(&cfg.log);
@@ -174,6 +179,35 @@ fn run(args: &[String]) -> Result<(), Failure> {
             Ok(())
         }
         other => Err(Failure::Usage(format!("unknown command {other:?}"))),
+    }
+}
+
+/// `sendium outbox …`.
+fn outbox(args: &[String]) -> Result<(), Failure> {
+    match args.first().map(String::as_str) {
+        Some("schema") => {
+            let mut table = sendium_outbox::TableName::default();
+            let mut dialect = sendium_outbox::Dialect::Postgresql;
+            let mut it = args[1..].iter();
+            while let Some(flag) = it.next() {
+                let value = it
+                    .next()
+                    .ok_or_else(|| Failure::Usage(format!("{flag} needs a value")))?;
+                match flag.as_str() {
+                    "--table" => {
+                        table = value.parse().map_err(|e| Failure::Usage(format!("--table: {e}")))?;
+                    }
+                    "--dialect" => {
+                        dialect = value.parse().map_err(|e| Failure::Usage(format!("--dialect: {e}")))?;
+                    }
+                    other => return Err(Failure::Usage(format!("unknown outbox schema flag {other:?}"))),
+                }
+            }
+            print!("{}", sendium_outbox::schema(dialect, &table));
+            Ok(())
+        }
+        Some(other) => Err(Failure::Usage(format!("unknown outbox command {other:?}"))),
+        None => Err(Failure::Usage("outbox needs a command: schema".into())),
     }
 }
 
