@@ -135,13 +135,7 @@ impl SelectorState {
                 return;
             };
             let batch: Vec<ReadyUnit> = ready.into_iter().filter(|u| !self.exclude.remove(&u.unit.id)).collect();
-            let staged: Vec<StagedUnit> = batch
-                .iter()
-                .map(|u| StagedUnit {
-                    id: u.unit.id,
-                    seq: u.seq,
-                })
-                .collect();
+            let staged: Vec<StagedUnit> = batch.iter().map(StagedUnit::from).collect();
             // Pace durable stage commits like the Router's writes: a short gap gathers
             // bigger batches at moderate rates (nothing acknowledged waits on them).
             if self.durable

@@ -11,12 +11,23 @@ use async_trait::async_trait;
 use crate::backend::StageCapabilities;
 use crate::error::RouterQueueError;
 use crate::ids::{ReadySeq, UnitId};
+use crate::pending::ReadyUnit;
 
 /// A unit recorded as selected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct StagedUnit {
     pub id: UnitId,
     pub seq: ReadySeq,
+}
+
+impl From<&ReadyUnit> for StagedUnit {
+    /// A ready unit as the router queue records it once selected.
+    fn from(u: &ReadyUnit) -> Self {
+        Self {
+            id: u.unit.id,
+            seq: u.seq,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -860,3 +860,63 @@ async fn every_process_spreads_work_over_the_same_partitions() {
     drop(shared);
     stages_on(&url, StageAccess::Sole, 8).await.unwrap();
 }
+
+/// The stages share one database, so a change that spans two of them is one transaction:
+/// a routed unit leaves the router queue as its routing is recorded, and a completed
+/// source's routed work goes with it. No restart can find a unit staged and routed at
+/// once, or routed work whose source is gone.
+#[tokio::test]
+async fn changes_spanning_two_stages_are_one_transaction() {
+    use crate::conformance::ops::RoutedWorkOps as _;
+    use crate::routed_work::{Branch, BranchKind, RoutedUnit};
+
+    let url = TestCluster::shared().fresh_database();
+    let s = stages_on(&url, StageAccess::Sole, 4).await.unwrap();
+    s.pending
+        .admit(vec![
+            super::record("esme1", "447700900001", "one"),
+            super::record("esme1", "447700900002", "two"),
+        ])
+        .await
+        .unwrap();
+    let ready = s.pending.ready_after(ReadySeq(0), 10).await.unwrap();
+    assert_eq!(ready.len(), 2);
+    let staged: Vec<StagedUnit> = ready.iter().map(StagedUnit::from).collect();
+    s.router_queue.stage(&staged, ready[1].seq).await.unwrap();
+    assert_eq!(s.router_queue.stats().await.unwrap().staged, 2);
+
+    let routed = |id: UnitId| RoutedUnit {
+        id,
+        members: vec![id],
+        route: "default".into(),
+        routed_at: Timestamp::now(),
+        branches: vec![Branch {
+            no: 0,
+            kind: BranchKind::Primary,
+            targets: vec!["smsc".into()],
+            outcome: None,
+            failed_over_from: Vec::new(),
+        }],
+    };
+    let first = ready[0].unit.id;
+    s.routed_work.record(vec![routed(first)]).await.unwrap();
+    let left = s.router_queue.staged_after(ReadySeq(0), 10).await.unwrap();
+    assert_eq!(
+        left.iter().map(|u| u.id).collect::<Vec<_>>(),
+        vec![ready[1].unit.id],
+        "routing the first unit took it out of the router queue"
+    );
+    // The Selector's own release afterwards finds nothing left and changes nothing.
+    s.router_queue.release(&[first]).await.unwrap();
+    assert_eq!(s.router_queue.stats().await.unwrap().staged, 1);
+
+    assert_eq!(s.routed_work.load_after(None, 10).await.unwrap().len(), 1);
+    s.pending.complete(&[first]).await.unwrap();
+    assert!(
+        s.routed_work.load_after(None, 10).await.unwrap().is_empty(),
+        "completing the source removed its routed work"
+    );
+    // The Router's own removal afterwards finds nothing left.
+    s.routed_work.remove(&[first]).await.unwrap();
+    assert_eq!(s.pending.stats().await.unwrap().ready_units, 1);
+}

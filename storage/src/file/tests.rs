@@ -132,13 +132,7 @@ async fn populate(s: &Stores) -> Written {
 
     let ready = s.pending.ready_after(ReadySeq(0), 100).await.unwrap();
     assert_eq!(ready.len(), 4, "3 singles + 1 complete group");
-    let staged: Vec<_> = ready
-        .iter()
-        .map(|u| StagedUnit {
-            id: u.unit.id,
-            seq: u.seq,
-        })
-        .collect();
+    let staged: Vec<_> = ready.iter().map(StagedUnit::from).collect();
     s.rq.stage(&staged[..2], staged[1].seq).await.unwrap();
     s.rq.stage(&staged[2..], staged[3].seq).await.unwrap();
 
@@ -1068,13 +1062,7 @@ async fn pipeline(path: &Path, backlog: usize, lanes: usize, per_lane: usize) {
                 lap(0);
                 let units = s.pending.units(&ids).await.unwrap();
                 lap(1);
-                let staged: Vec<_> = units
-                    .iter()
-                    .map(|u| StagedUnit {
-                        id: u.unit.id,
-                        seq: u.seq,
-                    })
-                    .collect();
+                let staged: Vec<_> = units.iter().map(StagedUnit::from).collect();
                 let cursor = staged.last().unwrap().seq;
                 s.rq.stage(&staged, cursor).await.unwrap();
                 lap(2);

@@ -179,6 +179,13 @@ impl PgPendingStore {
             return Ok(());
         }
         let ids: Vec<Uuid> = ids.iter().map(MessageId::as_uuid).collect();
+        // The routed-work stage lives in the same database: a completed source's routed
+        // work goes in the same transaction, so no restart finds routed work whose
+        // source is gone (the Router's own removal later finds nothing left).
+        sqlx::query("DELETE FROM sms_routed WHERE unit = ANY($1)")
+            .bind(&ids)
+            .execute(&mut *tx)
+            .await?;
         let rows = sqlx::query("DELETE FROM sms_units WHERE id = ANY($1) RETURNING members, receipts")
             .bind(&ids)
             .fetch_all(&mut *tx)

@@ -63,6 +63,13 @@ impl PgRoutedWorkStore {
             .bind(&bytes)
             .execute(&mut *tx)
             .await?;
+            // The router-queue stage lives in the same database: a routed unit leaves
+            // it in the same transaction, so no restart finds a unit both staged and
+            // routed (the Selector's own release later finds nothing left).
+            sqlx::query("DELETE FROM sms_staged WHERE unit = ANY($1)")
+                .bind(&ids)
+                .execute(&mut *tx)
+                .await?;
         }
         if !write.moves.is_empty() || !write.complete.is_empty() {
             // Each touched unit is read (locked), changed and written back once.
