@@ -46,9 +46,12 @@ CREATE TABLE sendium_outbox (
     CONSTRAINT sendium_outbox_event_id_key UNIQUE (event_id)
 );
 
--- Partial indexes: the relay's covers only pending rows, so its size follows the
+-- Partial indexes: the relay's cover only pending rows, so their size follows the
 -- backlog, not the history.
 CREATE INDEX sendium_outbox_pending ON sendium_outbox (id) WHERE status = 'pending';
+-- A row of a group waits while an earlier row of its group waits for a retry.
+CREATE INDEX sendium_outbox_pending_groups ON sendium_outbox (group_key, id)
+    WHERE status = 'pending' AND group_key IS NOT NULL;
 CREATE INDEX sendium_outbox_dead ON sendium_outbox (id) WHERE status = 'dead';
 CREATE INDEX sendium_outbox_relayed ON sendium_outbox (relayed_at) WHERE status = 'relayed';
 

@@ -12,11 +12,13 @@
 //! * [`schema`]: the SQL that creates the table, for PostgreSQL and SQLite (the same
 //!   files ship under `outbox/sql/`; `sendium outbox schema` prints them);
 //! * [`publish`]: the insert, for Rust applications on PostgreSQL (every other language
-//!   inserts the message columns in plain SQL; see the README).
+//!   inserts the message columns in plain SQL; see the README);
+//! * [`relay`]: the relay's reads and settlements of a PostgreSQL outbox table.
 
 #![forbid(unsafe_code)]
 
 mod publish;
+pub mod relay;
 mod schema;
 
 pub use publish::{OutboxMessage, PublishError, Published, publish, publish_to};

@@ -53,8 +53,8 @@ impl FromStr for Dialect {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TableName(String);
 
-/// Longest table name: 63 bytes less the longest derived suffix (`_event_id_key`).
-pub const MAX_TABLE_NAME: usize = 63 - "_event_id_key".len();
+/// Longest table name: 63 bytes less the longest derived suffix (`_pending_groups`).
+pub const MAX_TABLE_NAME: usize = 63 - "_pending_groups".len();
 
 /// Why a table name was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -179,7 +179,7 @@ async fn tables_of_other_names_live_side_by_side() {
             .await
             .unwrap()
             .get("n");
-    assert_eq!(indexes, 3, "the three partial indexes");
+    assert_eq!(indexes, 4, "the four partial indexes");
 }
 
 #[tokio::test]

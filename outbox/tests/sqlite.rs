@@ -98,7 +98,7 @@ async fn the_relay_index_is_partial_and_ids_are_never_reused() {
     .await
     .unwrap()
     .get("n");
-    assert_eq!(partial, 3);
+    assert_eq!(partial, 4);
     let bad = sqlx::query("UPDATE order_sms SET status = 'sent' WHERE id = 1")
         .execute(&pool)
         .await;
