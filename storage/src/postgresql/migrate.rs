@@ -25,6 +25,11 @@ use crate::error::BackendFailure;
 pub(crate) const MIGRATIONS: &[(i64, &str, &str)] = &[
     (1, "dlr store", include_str!("../../migrations/0001_dlr_store.sql")),
     (2, "sms stages", include_str!("../../migrations/0002_sms_stages.sql")),
+    (
+        3,
+        "dlr deliveries fewer indexes",
+        include_str!("../../migrations/0003_dlr_deliveries_fewer_indexes.sql"),
+    ),
 ];
 
 fn migrator() -> Migrator {
