@@ -23,6 +23,7 @@ use crate::dlr_correlator::{DlrMsg, DlrStatus};
 use crate::health::Health;
 use crate::http_ingress::HttpIngress;
 use crate::ingress::{IngressMsg, IngressStatus};
+use crate::outbox_relay::{OutboxConfigError, OutboxRelays, SourceView};
 use crate::router::{RouterMsg, RouterStatus};
 use crate::selector::{SelectorMsg, SelectorStatus};
 use crate::smpp_ingress::SmppIngress;
@@ -38,6 +39,8 @@ pub enum GatewayError {
     Profile(#[from] sendium_profiles::ConfigError),
     #[error("cannot start the actor system: {0}")]
     Actors(String),
+    #[error("invalid {0}")]
+    Outbox(#[from] OutboxConfigError),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         what: &'static str,
@@ -158,6 +161,7 @@ pub struct Gateway {
     guarantee: Guarantee,
     smpp_addr: Option<SocketAddr>,
     http_addr: Option<SocketAddr>,
+    outbox: OutboxRelays,
 }
 
 impl Gateway {
@@ -277,7 +281,19 @@ impl Gateway {
                 }
             }));
         }
+        // A draining gateway admits nothing: its sources wait for the next serving one.
+        let outbox = if mode == Mode::Serve {
+            let (relays, tasks) = OutboxRelays::start(cfg, shared.clone(), spec.receipt_policy, &shutdown)
+                .inspect_err(|_| {
+                    shutdown.cancel();
+                })?;
+            listeners.extend(tasks);
+            relays
+        } else {
+            OutboxRelays::none()
+        };
         Ok(Gateway {
+            outbox,
             http_addr,
             shared,
             spec,
@@ -360,6 +376,17 @@ impl Gateway {
         if reasons.is_empty() { Ok(()) } else { Err(reasons) }
     }
 
+    /// Outbox sources whose database does not answer. The gateway stays ready: SMPP
+    /// and HTTP admissions, and every other source, do not depend on them.
+    pub fn degraded(&self) -> Vec<String> {
+        self.outbox.unreachable()
+    }
+
+    /// `/admin/outbox`: every outbox source's state.
+    pub fn outbox(&self) -> Vec<SourceView> {
+        self.outbox.views()
+    }
+
     pub async fn actors(&self) -> Vec<ActorEntry> {
         self.supervisor
             .call(SupervisorMsg::Actors, Some(Duration::from_secs(5)))
@@ -425,6 +452,7 @@ impl Gateway {
         if let Some(task) = task {
             let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
         }
+        self.outbox.close().await;
     }
 }
 

@@ -24,6 +24,7 @@ pub mod gateway;
 pub mod health;
 pub mod http_ingress;
 pub mod ingress;
+pub mod outbox_relay;
 pub mod router;
 pub mod selector;
 pub mod smpp_ingress;

@@ -2,7 +2,7 @@
 //!
 //! `/healthz` (process alive), `/readyz` (stores open and healthy, reconciliation done),
 //! `/metrics` (Prometheus text), `/admin/actors`, `/admin/destinations`, `/admin/profile`,
-//! `/admin/cluster`.
+//! `/admin/cluster`, `/admin/outbox`.
 //! Served on loopback by default; when a token is configured (required for a
 //! non-loopback listen address), `/metrics` and `/admin/*` need
 //! `Authorization: Bearer <token>`, compared in constant time.
@@ -34,6 +34,7 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/admin/destinations", get(destinations))
         .route("/admin/profile", get(profile))
         .route("/admin/cluster", get(cluster))
+        .route("/admin/outbox", get(outbox))
         .with_state(state)
 }
 
@@ -73,16 +74,25 @@ async fn healthz() -> impl IntoResponse {
     axum::Json(json!({"status": "ok"}))
 }
 
+/// Ready (200) or not (503, with the reasons). An outbox source whose database does not
+/// answer is named under `degraded` without making the gateway unready: SMPP and HTTP
+/// admissions and the other sources do not depend on it.
 async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
     let profile = profile_json(&state.gateway);
-    match state.gateway.readiness() {
-        Ok(()) => (StatusCode::OK, axum::Json(json!({"ready": true, "profile": profile}))).into_response(),
-        Err(reasons) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(json!({"ready": false, "profile": profile, "reasons": reasons})),
-        )
-            .into_response(),
+    let degraded = state.gateway.degraded();
+    let mut body = match state.gateway.readiness() {
+        Ok(()) => json!({"ready": true, "profile": profile}),
+        Err(reasons) => json!({"ready": false, "profile": profile, "reasons": reasons}),
+    };
+    if !degraded.is_empty() {
+        body["degraded"] = json!(degraded);
     }
+    let status = if body["ready"] == json!(true) {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, axum::Json(body)).into_response()
 }
 
 async fn metrics(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Response {
@@ -92,6 +102,7 @@ async fn metrics(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Re
     let snapshot = state.gateway.snapshot().await;
     let actors = state.gateway.actors().await;
     crate::metrics::publish(&snapshot, &actors, state.gateway.readiness().is_ok());
+    crate::metrics::publish_outbox(&state.gateway.outbox());
     let body = state.prometheus.as_ref().map(|p| p.render()).unwrap_or_default();
     (
         StatusCode::OK,
@@ -139,6 +150,15 @@ async fn cluster(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Re
         )
             .into_response(),
     }
+}
+
+/// Every outbox source: backlog, age of the oldest row, relay rate, retries, dead rows,
+/// and whether its database answers.
+async fn outbox(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Response {
+    if !authorized(&state, &headers) {
+        return unauthorized();
+    }
+    axum::Json(state.gateway.outbox()).into_response()
 }
 
 impl AdminState {

@@ -7,6 +7,7 @@
 //! sendium inspect --config FILE   per-stage counts and oldest record of the data directory
 //! sendium drain --config FILE     finish the work a previous profile left, then stop
 //! sendium outbox schema           print the SQL of the outbox table an application creates
+//! sendium outbox dead|retry        list a source's dead rows, or put them back to pending
 //! sendium version
 //! ```
 
@@ -31,6 +32,11 @@ usage:
   sendium outbox schema [--table NAME] [--dialect postgresql|sqlite]
                                   print the SQL that creates the outbox table (default
                                   sendium_outbox, postgresql) in an application's own database
+  sendium outbox dead --config FILE --source NAME [--limit N]
+                                  list the dead rows of an outbox source (refused max-attempts
+                                  times), without their bodies
+  sendium outbox retry --config FILE --source NAME [--event-id ID]
+                                  put a source's dead rows (or one) back to pending
   sendium version
 
 Environment: SENDIUM__SECTION__KEY overrides a configuration key (kebab-case keys, e.g.
@@ -206,8 +212,47 @@ fn outbox(args: &[String]) -> Result<(), Failure> {
             print!("{}", sendium_outbox::schema(dialect, &table));
             Ok(())
         }
+        Some(cmd @ ("dead" | "retry")) => {
+            let mut rest = Vec::new();
+            let (mut name, mut event_id, mut limit) = (None, None, crate::outbox_cli::DEFAULT_LIMIT);
+            let mut it = args[1..].iter();
+            while let Some(a) = it.next() {
+                let mut value = |flag: &str| {
+                    it.next()
+                        .cloned()
+                        .ok_or_else(|| Failure::Usage(format!("{flag} needs a value")))
+                };
+                match a.as_str() {
+                    "--source" => name = Some(value("--source")?),
+                    "--event-id" if cmd == "retry" => event_id = Some(value("--event-id")?),
+                    "--limit" if cmd == "dead" => {
+                        let v = value("--limit")?;
+                        limit = v
+                            .parse()
+                            .ok()
+                            .filter(|n| *n > 0)
+                            .ok_or_else(|| Failure::Usage(format!("--limit {v:?}: expected a positive number")))?;
+                    }
+                    _ => rest.push(a.clone()),
+                }
+            }
+            let name = name.ok_or_else(|| Failure::Usage(format!("outbox {cmd} needs --source NAME")))?;
+            let path = config_flag(&rest)?;
+            let cfg = load(path.as_deref())?;
+            let report = runtime()?
+                .block_on(async {
+                    if cmd == "dead" {
+                        crate::outbox_cli::dead(&cfg, &name, limit).await
+                    } else {
+                        crate::outbox_cli::retry(&cfg, &name, event_id.as_deref()).await
+                    }
+                })
+                .map_err(Failure::Runtime)?;
+            print!("{report}");
+            Ok(())
+        }
         Some(other) => Err(Failure::Usage(format!("unknown outbox command {other:?}"))),
-        None => Err(Failure::Usage("outbox needs a command: schema".into())),
+        None => Err(Failure::Usage("outbox needs a command: schema, dead or retry".into())),
     }
 }
 
@@ -248,6 +293,26 @@ pub fn check_config_report(cfg: &Config) -> String {
             .collect::<Vec<_>>()
             .join(", "),
     ));
+    if !cfg.outbox.sources.is_empty() {
+        out.push_str("outbox sources:\n");
+        for s in &cfg.outbox.sources {
+            let dialect = if s.url.expose().starts_with("sqlite:") {
+                "sqlite"
+            } else {
+                "postgresql"
+            };
+            out.push_str(&format!(
+                "  {} ({dialect}, table {}, {} partition(s), batch {})\n",
+                s.name, s.table, s.partitions, s.batch_size
+            ));
+        }
+        if cfg.sms.pending.backend == sendium_profiles::StageBackend::Memory {
+            out.push_str(
+                "  NOTE: a relayed row leaves the outbox once admitted; with sms.pending.backend = \"memory\" \
+                 a restart loses what was admitted and not yet sent\n",
+            );
+        }
+    }
     out.push_str("\nsupported storage profiles:\n");
     out.push_str(&sendium_profiles::guarantee_table());
     out

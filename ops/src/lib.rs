@@ -6,6 +6,7 @@ pub mod admin;
 pub mod cli;
 pub mod demo;
 pub mod metrics;
+pub mod outbox_cli;
 pub mod serve;
 pub mod stores_cli;
 pub mod telemetry;

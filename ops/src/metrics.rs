@@ -8,6 +8,7 @@
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use sendium_actors::Snapshot;
+use sendium_actors::outbox_relay::SourceView;
 use sendium_actors::supervisor::ActorEntry;
 use sendium_storage::Timestamp;
 
@@ -17,6 +18,13 @@ use sendium_storage::Timestamp;
 pub const ADMISSION_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
     10.0, 30.0,
+];
+
+/// Upper bounds (seconds) of `sendium_outbox_relay_delay_seconds`, from a row's insert
+/// to its admission: a notified relay answers within milliseconds, a polled one within
+/// its `poll-interval`, a backlog in seconds or more.
+pub const RELAY_DELAY_BUCKETS: &[f64] = &[
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
 /// Upper bounds (seconds) of `sendium_storage_fsync_seconds`, one fdatasync of a store
@@ -33,6 +41,11 @@ pub fn install() -> Option<PrometheusHandle> {
         .set_buckets_for_metric(
             Matcher::Full(sendium_storage::file::FSYNC_SECONDS.into()),
             FSYNC_BUCKETS,
+        )
+        .ok()?
+        .set_buckets_for_metric(
+            Matcher::Full("sendium_outbox_relay_delay_seconds".into()),
+            RELAY_DELAY_BUCKETS,
         )
         .ok()?
         .install_recorder()
@@ -105,4 +118,22 @@ pub fn publish(s: &Snapshot, actors: &[ActorEntry], ready: bool) {
     }
     metrics::gauge!("sendium_smpp_bound_sessions").set(s.smpp_sessions as f64);
     metrics::counter!("sendium_storage_fsyncs_total").absolute(sendium_storage::file::fsyncs());
+}
+
+/// Set the outbox sources' gauges (labelled by source name, from the configuration).
+pub fn publish_outbox(sources: &[SourceView]) {
+    for s in sources {
+        let name = || s.name.clone();
+        metrics::gauge!("sendium_outbox_source_reachable", "source" => name()).set(if s.reachable { 1.0 } else { 0.0 });
+        metrics::gauge!("sendium_outbox_partitions_held", "source" => name()).set(s.held.len() as f64);
+        if let Some(n) = s.backlog {
+            metrics::gauge!("sendium_outbox_backlog_rows", "source" => name()).set(n as f64);
+        }
+        if let Some(age) = s.oldest_seconds {
+            metrics::gauge!("sendium_outbox_oldest_row_age_seconds", "source" => name()).set(age);
+        }
+        if let Some(n) = s.dead {
+            metrics::gauge!("sendium_outbox_dead_rows", "source" => name()).set(n as f64);
+        }
+    }
 }

@@ -55,6 +55,22 @@ CREATE INDEX sendium_outbox_pending_groups ON sendium_outbox (group_key, id)
 CREATE INDEX sendium_outbox_dead ON sendium_outbox (id) WHERE status = 'dead';
 CREATE INDEX sendium_outbox_relayed ON sendium_outbox (relayed_at) WHERE status = 'relayed';
 
+-- Keeps a group's commit order equal to its id order: an insert of a row with a
+-- group_key waits for any other open transaction that inserted a row of the same group,
+-- and takes its id only then. Without it, two concurrent transactions could commit a
+-- group's rows in the other order than their ids, and the relay could send the later
+-- one first. Rows without a group_key are not ordered and take no lock.
+CREATE FUNCTION sendium_outbox_order() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.group_key IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(hashtext('sendium-outbox-group:sendium_outbox'), hashtext(NEW.group_key));
+        NEW.id := nextval(pg_get_serial_sequence('sendium_outbox', 'id'));
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER sendium_outbox_order BEFORE INSERT ON sendium_outbox
+    FOR EACH ROW EXECUTE FUNCTION sendium_outbox_order();
+
 -- Wakes the relay (LISTEN on the table's name) when a transaction that inserted rows
 -- commits; the relay also polls, so a missed notification only delays.
 CREATE FUNCTION sendium_outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$

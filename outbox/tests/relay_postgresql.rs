@@ -200,3 +200,95 @@ async fn an_outcome_for_a_row_not_read_is_refused() {
     assert!(e.to_string().contains("did not read"), "{e}");
     assert_eq!(status(&pool, id).await, Some(("pending".into(), 0)), "nothing settled");
 }
+
+#[tokio::test]
+async fn a_group_commits_in_id_order_even_from_concurrent_transactions() {
+    let pool = source().await;
+    // T1 inserts a row of group g and stays open; T2's insert of the same group waits
+    // for it, and takes its id only then — so T2's row is after T1's in id order
+    // and commits after it.
+    let mut t1 = pool.begin().await.unwrap();
+    let first: i64 = sqlx::query(
+        "INSERT INTO sendium_outbox (account, source_addr, destination_addr, body, group_key) \
+         VALUES ('shop', 'Shop', '447700900001', 'first', 'g') RETURNING id",
+    )
+    .fetch_one(&mut *t1)
+    .await
+    .unwrap()
+    .get("id");
+    let p2 = pool.clone();
+    let t2 = tokio::spawn(async move {
+        let mut t2 = p2.begin().await.unwrap();
+        let id: i64 = sqlx::query(
+            "INSERT INTO sendium_outbox (account, source_addr, destination_addr, body, group_key) \
+             VALUES ('shop', 'Shop', '447700900001', 'second', 'g') RETURNING id",
+        )
+        .fetch_one(&mut *t2)
+        .await
+        .unwrap()
+        .get("id");
+        t2.commit().await.unwrap();
+        id
+    });
+    // Another group is not held up meanwhile.
+    let other = insert(&pool, "447700900002", Some("h")).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !t2.is_finished(),
+        "the same group's insert waits for the open transaction"
+    );
+    let relay = PgRelay::new(pool.clone(), settings(1));
+    let d = relay.begin(0).await.unwrap().unwrap();
+    assert_eq!(ids(d.rows()), vec![other], "only committed rows are read");
+    drop(d);
+    t1.commit().await.unwrap();
+    let second = t2.await.unwrap();
+    assert!(second > first, "{second} after {first}");
+    let d = relay.begin(0).await.unwrap().unwrap();
+    assert_eq!(ids(d.rows()), vec![first, other, second]);
+}
+
+#[tokio::test]
+async fn backlog_dead_rows_and_their_revival() {
+    let pool = source().await;
+    let relay = PgRelay::new(pool.clone(), settings(1));
+    assert_eq!(relay.stats().await.unwrap().backlog, 0);
+    let a = insert(&pool, "not-a-number", None).await;
+    let b = insert(&pool, "447700900001", None).await;
+    let stats = relay.stats().await.unwrap();
+    assert_eq!((stats.backlog, stats.dead), (2, 0));
+    assert!(stats.oldest.is_some());
+    let refused = RowOutcome::Refused {
+        error: "destination_addr: must be a phone number".into(),
+        after: Duration::ZERO,
+    };
+    for _ in 0..2 {
+        let d = relay.begin(0).await.unwrap().unwrap();
+        d.settle(&[(a, refused.clone()), (b, RowOutcome::Skipped)])
+            .await
+            .unwrap();
+    }
+    let stats = relay.stats().await.unwrap();
+    assert_eq!((stats.backlog, stats.dead), (1, 1));
+    let dead = relay.dead(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!((dead[0].id, dead[0].attempts), (a, 2));
+    assert_eq!(
+        dead[0].last_error.as_deref(),
+        Some("destination_addr: must be a phone number")
+    );
+    assert_eq!(
+        relay
+            .retry_dead(Some("00000000-0000-0000-0000-000000000000"))
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(relay.retry_dead(Some(&dead[0].event_id)).await.unwrap(), 1);
+    assert_eq!(
+        status(&pool, a).await,
+        Some(("pending".into(), 0)),
+        "back with its attempts reset"
+    );
+    assert_eq!(relay.stats().await.unwrap().dead, 0);
+}

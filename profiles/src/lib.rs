@@ -25,9 +25,9 @@ pub use error::ConfigError;
 pub use load::{ENV_PREFIX, ENV_SEPARATOR, QUICKSTART, load, load_str, load_str_with_env, load_with_env};
 pub use model::{
     AdminConfig, ApiKey, BindMode, Config, DestinationConfig, DestinationKind, DlrBackend, DlrConfig,
-    FileStorageConfig, HttpConfig, IdFormat, LogConfig, LogFormat, LogLevel, OnReceiptRequest, PendingConfig,
-    PostgresqlStorageConfig, RouteConfig, RoutedWorkConfig, RouterQueueConfig, Secret, SmppAccount, SmppConfig,
-    SmsConfig, StageBackend, StorageConfig,
+    FileStorageConfig, HttpConfig, IdFormat, LogConfig, LogFormat, LogLevel, OnReceiptRequest, OutboxConfig,
+    OutboxSourceConfig, PendingConfig, PostgresqlStorageConfig, RouteConfig, RoutedWorkConfig, RouterQueueConfig,
+    Secret, SmppAccount, SmppConfig, SmsConfig, StageBackend, StorageConfig,
 };
 pub use profile::{
     DLR_GUARANTEES, Guarantee, IMPLEMENTED_DLR, IMPLEMENTED_OUTBOUND, OUTBOUND_GUARANTEES, StorageProfile,

@@ -370,6 +370,8 @@ pub struct Config {
     pub destinations: Vec<DestinationConfig>,
     /// Routing rules, `[[routes]]`, first match wins.
     pub routes: Vec<RouteConfig>,
+    /// Applications' outbox tables Sendium relays SMS from.
+    pub outbox: OutboxConfig,
 }
 
 /// `[sms]`
@@ -671,6 +673,79 @@ pub struct ApiKey {
     /// The `[[smpp.accounts]]` system-id the submissions belong to (for
     /// routing, receipts and limits).
     pub account: String,
+}
+
+/// `[outbox]`
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct OutboxConfig {
+    /// `[[outbox.sources]]`
+    pub sources: Vec<OutboxSourceConfig>,
+}
+
+/// `[[outbox.sources]]`: one application database whose outbox table Sendium relays.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct OutboxSourceConfig {
+    /// Names the source in metrics, `/admin/outbox` and `sendium outbox` commands.
+    pub name: String,
+    /// `postgres://…` or `sqlite:///path/to/app.db` (may hold a password, hence
+    /// [`Secret`]).
+    pub url: Secret,
+    /// The outbox table in that database.
+    #[serde(default = "default_outbox_table")]
+    pub table: String,
+    /// Parallel relay workers; several Sendium processes on one PostgreSQL source split
+    /// them. Every process relaying a source uses the same number; 1 for SQLite.
+    #[serde(default = "default_outbox_partitions", deserialize_with = "whole_number")]
+    pub partitions: u16,
+    /// Rows one delivery takes at most.
+    #[serde(default = "default_outbox_batch_size", deserialize_with = "whole_number")]
+    pub batch_size: u32,
+    /// How long relayed rows are kept (marked `relayed`); 0 deletes them at once.
+    #[serde(default, deserialize_with = "crate::duration::deserialize")]
+    pub retention: Duration,
+    /// Permanent refusals (unknown account, invalid number, empty body) before a row
+    /// is dead.
+    #[serde(default = "default_outbox_max_attempts", deserialize_with = "whole_number")]
+    pub max_attempts: u32,
+    /// Longest a committed row waits when its commit's notification is missed
+    /// (SQLite has none: this is its polling interval).
+    #[serde(
+        default = "default_outbox_poll_interval",
+        deserialize_with = "crate::duration::deserialize"
+    )]
+    pub poll_interval: Duration,
+    /// Backoff after a refusal or a failing database doubles up to this.
+    #[serde(
+        default = "default_outbox_max_backoff",
+        deserialize_with = "crate::duration::deserialize"
+    )]
+    pub max_backoff: Duration,
+}
+
+fn default_outbox_table() -> String {
+    "sendium_outbox".into()
+}
+
+fn default_outbox_partitions() -> u16 {
+    1
+}
+
+fn default_outbox_batch_size() -> u32 {
+    500
+}
+
+fn default_outbox_max_attempts() -> u32 {
+    5
+}
+
+fn default_outbox_poll_interval() -> Duration {
+    Duration::from_secs(1)
+}
+
+fn default_outbox_max_backoff() -> Duration {
+    Duration::from_secs(60)
 }
 
 /// `[admin]`

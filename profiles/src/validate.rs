@@ -23,6 +23,10 @@ const MAX_SYSTEM_TYPE: usize = 12;
 /// Most partitions the outbound work may be spread over (each held one needs a
 /// connection of its own).
 const MAX_PARTITIONS: u16 = 1024;
+/// Longest outbox source name (it labels metrics).
+const MAX_SOURCE_NAME: usize = 64;
+/// Most rows one outbox delivery takes (they are admitted in one request).
+const MAX_OUTBOX_BATCH: u32 = 10_000;
 
 /// `smpp.max-command-length` bounds: below 64 not even a bind fits; above
 /// 1 MiB one session could pin a large allocation per PDU.
@@ -42,6 +46,7 @@ pub fn validate(cfg: &Config) -> Result<(), ConfigError> {
     v.admin(cfg);
     v.destinations(cfg);
     v.routes(cfg);
+    v.outbox(cfg);
     if let Err(e) = check_supported(&cfg.storage_profile()) {
         v.problems.push(e);
     }
@@ -290,6 +295,65 @@ impl Validator {
         }
     }
 
+    fn outbox(&mut self, cfg: &Config) {
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        for (i, src) in cfg.outbox.sources.iter().enumerate() {
+            let key = format!("outbox.sources[{i}]");
+            let name_key = format!("{key}.name");
+            self.unique(&mut seen, &name_key, &src.name, i, "the name of outbox sources");
+            if !src.name.is_empty()
+                && (src.name.len() > MAX_SOURCE_NAME
+                    || !src
+                        .name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+            {
+                self.value(
+                    name_key,
+                    format!("{:?}", src.name),
+                    format!("at most {MAX_SOURCE_NAME} letters, digits, '-' and '_'"),
+                );
+            }
+            let url = src.url.expose();
+            let sqlite = url.starts_with("sqlite://");
+            if url.is_empty() {
+                self.missing(format!("{key}.url"), None);
+            } else if !(sqlite || url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+                // Not echoed: a URL may carry a password.
+                self.invalid(
+                    format!("{key}.url"),
+                    "must be a postgres://, postgresql:// or sqlite:/// URL",
+                );
+            }
+            if let Err(e) = sendium_outbox::TableName::new(&src.table) {
+                self.invalid(format!("{key}.table"), e.to_string());
+            }
+            if sqlite && src.partitions != 1 {
+                self.value(
+                    format!("{key}.partitions"),
+                    src.partitions.to_string(),
+                    "1 for a SQLite source (one relay per database file)",
+                );
+            } else if !(1..=MAX_PARTITIONS).contains(&src.partitions) {
+                self.value(
+                    format!("{key}.partitions"),
+                    src.partitions.to_string(),
+                    format!("a number from 1 to {MAX_PARTITIONS}"),
+                );
+            }
+            if !(1..=MAX_OUTBOX_BATCH).contains(&src.batch_size) {
+                self.value(
+                    format!("{key}.batch-size"),
+                    src.batch_size.to_string(),
+                    format!("a number from 1 to {MAX_OUTBOX_BATCH}"),
+                );
+            }
+            self.at_least(&format!("{key}.max-attempts"), src.max_attempts, 1);
+            self.nonzero(&format!("{key}.poll-interval"), src.poll_interval);
+            self.nonzero(&format!("{key}.max-backoff"), src.max_backoff);
+        }
+    }
+
     fn http(&mut self, cfg: &Config) {
         let Some(h) = &cfg.http else { return };
         self.at_least_usize("http.max-body-bytes", h.max_body_bytes, 1);
@@ -528,6 +592,40 @@ system-id = "sendium"
             one("[dlr]\nclaim-lease = \"9s\"")
         );
         assert_eq!(problems("[dlr]\nclaim-lease = \"10s\""), Vec::<String>::new());
+    }
+
+    #[test]
+    fn outbox_sources_are_checked_key_by_key() {
+        let ok = "[[outbox.sources]]\nname = \"shop\"\nurl = \"postgres://app@127.0.0.1/shop\"\n";
+        assert_eq!(problems(ok), Vec::<String>::new());
+        let bad = problems(
+            "[[outbox.sources]]\nname = \"shop\"\nurl = \"mysql://secret@db/shop\"\ntable = \"App.Outbox\"\n\
+             partitions = 0\nbatch-size = 0\nmax-attempts = 0\npoll-interval = \"0s\"\n\
+             [[outbox.sources]]\nname = \"shop\"\nurl = \"sqlite:///var/lib/app.db\"\npartitions = 4\n",
+        );
+        let expect = [
+            "invalid outbox.sources[0].url: must be a postgres://, postgresql:// or sqlite:/// URL",
+            "invalid outbox.sources[0].table: table name \"App.Outbox\" must start with",
+            "invalid value 0 for outbox.sources[0].partitions: expected a number from 1 to 1024",
+            "invalid value 0 for outbox.sources[0].batch-size: expected a number from 1 to 10000",
+            "outbox.sources[0].max-attempts",
+            "outbox.sources[0].poll-interval",
+            "invalid outbox.sources[1].name: \"shop\" is already the name of outbox sources[0]",
+            "invalid value 4 for outbox.sources[1].partitions: expected 1 for a SQLite source",
+        ];
+        for e in expect {
+            assert!(bad.iter().any(|p| p.starts_with(e) || p.contains(e)), "{e}\n{bad:#?}");
+        }
+        assert_eq!(bad.len(), expect.len(), "{bad:#?}");
+        assert!(
+            !bad.iter().any(|p| p.contains("secret")),
+            "the URL is not echoed: {bad:#?}"
+        );
+        assert!(
+            one("[[outbox.sources]]\nname = \"a\"\nurl = \"sqlite:///x.db\"\nbatch = 5").contains(
+                "unknown key outbox.sources[0].batch: expected one of name, url, table, partitions, batch-size"
+            )
+        );
     }
 
     #[test]

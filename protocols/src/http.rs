@@ -204,10 +204,30 @@ pub fn parse_submission(account: &str, raw: &[u8]) -> Result<HttpSubmission, Fie
             reason: format!("has an unknown field {unknown:?}; expected {}", KNOWN.join(", ")),
         });
     }
-    let from = string_field(&body, "from", true)?
-        .unwrap_or_default()
-        .trim()
-        .to_string();
+    let callback_url = string_field(&body, "callback_url", false)?;
+    let idempotency_key = string_field(&body, "idempotency_key", false)?;
+    validate_submission(
+        account,
+        string_field(&body, "from", true)?.unwrap_or_default(),
+        string_field(&body, "to", true)?.unwrap_or_default(),
+        string_field(&body, "text", true)?.unwrap_or_default(),
+        callback_url,
+        idempotency_key,
+    )
+}
+
+/// Check a submission's fields, as `POST /v1/messages` and the outbox relay take them:
+/// `from` a number or an alphanumeric sender, `to` a phone number, `text` not empty and
+/// not too long, `callback_url` an http(s) URL. The error names the first bad field.
+pub fn validate_submission(
+    account: &str,
+    from: &str,
+    to: &str,
+    text: &str,
+    callback_url: Option<&str>,
+    idempotency_key: Option<&str>,
+) -> Result<HttpSubmission, FieldError> {
+    let from = from.trim().to_string();
     if from.is_empty() || from.len() > 20 {
         return Err(field_err("from", "must be 1 to 20 characters"));
     }
@@ -218,15 +238,15 @@ pub fn parse_submission(account: &str, raw: &[u8]) -> Result<HttpSubmission, Fie
             "must be a number, or an alphanumeric sender of at most 11 letters, digits and spaces",
         ));
     }
-    let to = string_field(&body, "to", true)?.unwrap_or_default().trim().to_string();
-    let digits = to.strip_prefix('+').unwrap_or(&to);
+    let to = to.trim();
+    let digits = to.strip_prefix('+').unwrap_or(to);
     if digits.is_empty() || digits.len() > 20 || !digits.chars().all(|c| c.is_ascii_digit()) {
         return Err(field_err(
             "to",
             "must be a phone number: digits with an optional leading +, at most 20",
         ));
     }
-    let text = string_field(&body, "text", true)?.unwrap_or_default().to_string();
+    let text = text.to_string();
     if text.is_empty() {
         return Err(field_err("text", "must not be empty"));
     }
@@ -236,7 +256,7 @@ pub fn parse_submission(account: &str, raw: &[u8]) -> Result<HttpSubmission, Fie
             format!("must be at most {MAX_TEXT_CHARS} characters"),
         ));
     }
-    let callback_url = match string_field(&body, "callback_url", false)? {
+    let callback_url = match callback_url {
         Some(u) => {
             let u = u.trim();
             if u.len() > MAX_URL
@@ -249,7 +269,7 @@ pub fn parse_submission(account: &str, raw: &[u8]) -> Result<HttpSubmission, Fie
         }
         None => None,
     };
-    let idempotency_key = match string_field(&body, "idempotency_key", false)? {
+    let idempotency_key = match idempotency_key {
         Some(k) if k.is_empty() || k.len() > MAX_IDEMPOTENCY_KEY => {
             return Err(field_err(
                 "idempotency_key",

@@ -331,7 +331,9 @@ impl IngressArgs {
     fn prepare(&self, req: AdmitRequest, to_store: &mut Vec<PendingRecord>) -> Prepared {
         let mut slots = Vec::with_capacity(req.records.len());
         for record in req.records {
-            if !self.accepting {
+            // In order, the first refusal refuses the rest (slots after it are all refused).
+            let cut_off = req.in_order && matches!(slots.last(), Some(Err(_)));
+            if !self.accepting || cut_off {
                 slots.push(Err(Refusal::Unavailable));
                 continue;
             }

@@ -73,6 +73,10 @@ impl Refusal {
 /// A batch of submissions waiting for admission (one SMPP read, or one HTTP request).
 pub struct AdmitRequest {
     pub records: Vec<PendingRecord>,
+    /// Admit a prefix only: once one record is refused, every later record of the
+    /// request is refused too (`Unavailable`), so a caller relaying ordered messages
+    /// never sees a later one admitted ahead of an earlier one.
+    pub in_order: bool,
     pub reply: oneshot::Sender<Vec<Admission>>,
 }
 
@@ -247,14 +251,24 @@ impl Actor for Ingress {
 /// is not running, or an Ingress that died before answering, refuses everything: a
 /// submission is never acknowledged unless it was stored.
 pub async fn admit(shared: &Shared, records: Vec<PendingRecord>) -> Vec<Admission> {
+    admit_request(shared, records, false).await
+}
+
+/// [`admit`] a prefix of `records`: the answers are some admissions (or duplicates)
+/// followed only by refusals. The outbox relay admits so, to keep a group's order.
+pub async fn admit_in_order(shared: &Shared, records: Vec<PendingRecord>) -> Vec<Admission> {
+    admit_request(shared, records, true).await
+}
+
+async fn admit_request(shared: &Shared, records: Vec<PendingRecord>, in_order: bool) -> Vec<Admission> {
     let n = records.len();
     let started = std::time::Instant::now();
     let (tx, rx) = oneshot::channel();
-    if !shared
-        .dir
-        .ingress
-        .send(IngressMsg::Admit(AdmitRequest { records, reply: tx }))
-    {
+    if !shared.dir.ingress.send(IngressMsg::Admit(AdmitRequest {
+        records,
+        in_order,
+        reply: tx,
+    })) {
         return vec![Admission::Refused(Refusal::Unavailable); n];
     }
     let answers = match tokio::time::timeout(ADMIT_TIMEOUT, rx).await {

@@ -1,85 +1,26 @@
-//! The relay's side of a PostgreSQL outbox table: take a partition's due rows inside a
-//! short transaction holding that partition's advisory lock, and settle them in the same
-//! transaction once the caller has admitted them.
+//! A PostgreSQL outbox table: a partition's due rows read inside a short transaction
+//! holding that partition's advisory lock, and settled in the same transaction once the
+//! caller has admitted them.
 //!
-//! A row is inserted once by the application and deleted once here (or marked
-//! `relayed`, when the source keeps processed rows for a while): no claim step, no
-//! lease. The lock is transaction-level, so a relay that dies — process, node or
-//! connection — releases it with its transaction, and rows it read but did not settle
-//! are simply read again by whoever takes the partition next. That re-read is why the
-//! caller admits with the row's `event_id` as the idempotency key: a row relayed twice
-//! is admitted once.
+//! The lock is transaction-level, so a relay that dies — process, node or connection —
+//! releases it with its transaction (no lease to expire), and it works behind a
+//! transaction-pooling PgBouncer. A busy partition holds one connection for the length
+//! of a delivery: the pool has one per partition and one for the listener and stats.
 
 use std::time::Duration;
 
-use sqlx::postgres::PgRow;
+use std::str::FromStr;
+
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
 use sqlx::{PgPool, Postgres, Row, Transaction};
 use uuid::Uuid;
 
+use super::{DeadRow, OutboxRow, Plan, RelayError, RelaySettings, RowOutcome, Settled, SourceStats, row};
 use crate::publish::OutboxMessage;
-use crate::schema::TableName;
 
-/// How a source is relayed.
-#[derive(Clone, Debug)]
-pub struct RelaySettings {
-    pub table: TableName,
-    /// Parallel delivery lanes: partition `p` takes the rows whose lane ≡ p (mod this).
-    pub partitions: u16,
-    /// Rows taken per delivery at most.
-    pub batch_size: u32,
-    /// How long admitted rows are kept (`relayed`); zero deletes them at once.
-    pub retention: Duration,
-    /// Permanent refusals before a row is dead.
-    pub max_attempts: u32,
-}
-
-/// A committed outbox row, as the relay reads it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OutboxRow {
-    pub id: i64,
-    pub event_id: Uuid,
-    /// The message columns (`event_id` among them).
-    pub message: OutboxMessage,
-    /// Attempts before this one.
-    pub attempts: u32,
-}
-
-/// What became of one row of a delivery.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RowOutcome {
-    /// Admitted (or found admitted before, by its event id): done.
-    Admitted,
-    /// Not admitted for a reason that passes (pipeline full, a store failing): read it
-    /// again after `after`, without counting an attempt.
-    Retry { error: String, after: Duration },
-    /// Refused for what the row says (unknown account, invalid number, empty body):
-    /// one attempt more, then dead at the source's `max_attempts`; until then read
-    /// again after `after`.
-    Refused { error: String, after: Duration },
-    /// Not tried in this delivery (an earlier row of its group was not admitted): left
-    /// as it was.
-    Skipped,
-}
-
-/// What a settled delivery changed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Settled {
-    pub admitted: u64,
-    pub retried: u64,
-    pub dead: u64,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum RelayError {
-    #[error("outbox table {table}: {source}")]
-    Database {
-        table: String,
-        #[source]
-        source: sqlx::Error,
-    },
-    #[error("outbox table {table}: outcome for row {id}, which this delivery did not read")]
-    UnknownRow { table: String, id: i64 },
-}
+/// Longest wait for a pooled connection: a source whose database is down fails a
+/// delivery after this, and is tried again.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One source table's relay queries.
 #[derive(Clone, Debug)]
@@ -92,24 +33,41 @@ pub struct PgRelay {
     retry: String,
     refuse: String,
     forget: String,
+    stats: String,
+    dead: String,
+    revive: String,
 }
 
 /// A partition's delivery: its rows, read in `id` order inside the transaction that
 /// holds the partition's lock until [`Delivery::settle`] (or drop, which rolls back).
-pub struct Delivery<'r> {
+pub struct PgDelivery<'r> {
     relay: &'r PgRelay,
     tx: Transaction<'static, Postgres>,
     rows: Vec<OutboxRow>,
 }
 
 impl PgRelay {
+    /// A relay for the source at `url`, connecting when first used.
+    pub fn open(url: &str, settings: RelaySettings) -> Result<Self, RelayError> {
+        let options = PgConnectOptions::from_str(url).map_err(|source| RelayError::Database {
+            table: settings.table.to_string(),
+            source,
+        })?;
+        let pool = PgPoolOptions::new()
+            .max_connections(u32::from(settings.partitions.max(1)) + 1)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_lazy_with(options);
+        Ok(Self::new(pool, settings))
+    }
+
     pub fn new(pool: PgPool, settings: RelaySettings) -> Self {
         let t = settings.table.as_str();
         Self {
             // Due rows of the partition's lanes in relay order, skipping a group's rows
             // while an earlier row of the group waits for its retry.
             take: format!(
-                "SELECT id, event_id, account, source_addr, destination_addr, body, callback_url, group_key, attempts \
+                "SELECT id, event_id, account, source_addr, destination_addr, body, callback_url, group_key, attempts, \
+                        extract(epoch FROM clock_timestamp() - created_at)::float8 AS age \
                    FROM {t} o \
                   WHERE status = 'pending' AND lane % $1 = $2 \
                     AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
@@ -143,6 +101,21 @@ impl PgRelay {
                    SELECT id FROM {t} WHERE status = 'relayed' AND relayed_at < now() - make_interval(secs => $1) \
                     LIMIT $2))"
             ),
+            stats: format!(
+                "SELECT (SELECT count(*) FROM {t} WHERE status = 'pending') AS backlog, \
+                        (SELECT extract(epoch FROM now() - created_at)::float8 FROM {t} \
+                          WHERE status = 'pending' ORDER BY id LIMIT 1) AS oldest, \
+                        (SELECT count(*) FROM {t} WHERE status = 'dead') AS dead"
+            ),
+            dead: format!(
+                "SELECT id, event_id::text AS event_id, account, group_key, attempts::int8 AS attempts, last_error, \
+                        to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') AS created_at \
+                   FROM {t} WHERE status = 'dead' ORDER BY id LIMIT $1"
+            ),
+            revive: format!(
+                "UPDATE {t} SET status = 'pending', attempts = 0, next_attempt_at = NULL \
+                  WHERE status = 'dead' AND ($1::text IS NULL OR event_id::text = $1)"
+            ),
             pool,
             settings,
         }
@@ -160,7 +133,7 @@ impl PgRelay {
     }
 
     /// Begin a delivery of `partition`: `None` when another relay holds it now.
-    pub async fn begin(&self, partition: u16) -> Result<Option<Delivery<'_>>, RelayError> {
+    pub async fn begin(&self, partition: u16) -> Result<Option<PgDelivery<'_>>, RelayError> {
         let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
         let locked: bool = sqlx::query("SELECT pg_try_advisory_xact_lock(hashtext($1), $2) AS locked")
             .bind(format!("sendium-outbox:{}", self.settings.table))
@@ -184,7 +157,7 @@ impl PgRelay {
             .map(row_of)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| self.err(e))?;
-        Ok(Some(Delivery { relay: self, tx, rows }))
+        Ok(Some(PgDelivery { relay: self, tx, rows }))
     }
 
     /// Delete rows kept past the source's retention, at most `limit`.
@@ -200,14 +173,58 @@ impl PgRelay {
             .map(|r| r.rows_affected())
             .map_err(|e| self.err(e))
     }
+
+    pub async fn stats(&self) -> Result<SourceStats, RelayError> {
+        let r = sqlx::query(sqlx::AssertSqlSafe(self.stats.clone()))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        super::stats_of(&r).map_err(|e| self.err(e))
+    }
+
+    pub async fn dead(&self, limit: i64) -> Result<Vec<DeadRow>, RelayError> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(self.dead.clone()))
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        rows.iter()
+            .map(super::dead_row_of)
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(|e| self.err(e))
+    }
+
+    pub async fn retry_dead(&self, event_id: Option<&str>) -> Result<u64, RelayError> {
+        sqlx::query(sqlx::AssertSqlSafe(self.revive.clone()))
+            .bind(event_id)
+            .execute(&self.pool)
+            .await
+            .map(|r| r.rows_affected())
+            .map_err(|e| self.err(e))
+    }
+
+    /// A connection listening on the table's channel, which the schema's trigger
+    /// notifies when a transaction that inserted rows commits.
+    pub async fn listen(&self) -> Result<PgListener, RelayError> {
+        let mut listener = PgListener::connect_with(&self.pool).await.map_err(|e| self.err(e))?;
+        listener
+            .listen(self.settings.table.as_str())
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(listener)
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
 }
 
 fn row_of(r: &PgRow) -> Result<OutboxRow, sqlx::Error> {
     let event_id: Uuid = r.try_get("event_id")?;
-    Ok(OutboxRow {
-        id: r.try_get("id")?,
+    Ok(row(
+        r.try_get("id")?,
         event_id,
-        message: OutboxMessage {
+        OutboxMessage {
             event_id: Some(event_id),
             account: r.try_get("account")?,
             source_addr: r.try_get("source_addr")?,
@@ -216,11 +233,12 @@ fn row_of(r: &PgRow) -> Result<OutboxRow, sqlx::Error> {
             callback_url: r.try_get("callback_url")?,
             group_key: r.try_get("group_key")?,
         },
-        attempts: u32::try_from(r.try_get::<i32, _>("attempts")?).unwrap_or(0),
-    })
+        i64::from(r.try_get::<i32, _>("attempts")?),
+        r.try_get("age")?,
+    ))
 }
 
-impl Delivery<'_> {
+impl PgDelivery<'_> {
     /// The partition's due rows, in relay order.
     pub fn rows(&self) -> &[OutboxRow] {
         &self.rows
@@ -230,60 +248,36 @@ impl Delivery<'_> {
     /// once the admissions are durable: a row settled `Admitted` is not read again.
     pub async fn settle(mut self, outcomes: &[(i64, RowOutcome)]) -> Result<Settled, RelayError> {
         let relay = self.relay;
-        let mut done = Vec::new();
-        let (mut retry_ids, mut retry_errors, mut retry_after) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut refused_ids, mut refused_errors, mut refused_after) = (Vec::new(), Vec::new(), Vec::new());
-        for (id, outcome) in outcomes {
-            if !self.rows.iter().any(|r| r.id == *id) {
-                return Err(RelayError::UnknownRow {
-                    table: relay.settings.table.to_string(),
-                    id: *id,
-                });
-            }
-            match outcome {
-                RowOutcome::Admitted => done.push(*id),
-                RowOutcome::Retry { error, after } => {
-                    retry_ids.push(*id);
-                    retry_errors.push(error.clone());
-                    retry_after.push(after.as_secs_f64());
-                }
-                RowOutcome::Refused { error, after } => {
-                    refused_ids.push(*id);
-                    refused_errors.push(error.clone());
-                    refused_after.push(after.as_secs_f64());
-                }
-                RowOutcome::Skipped => {}
-            }
-        }
+        let plan = Plan::of(&relay.settings.table, &self.rows, outcomes)?;
         let mut settled = Settled::default();
-        if !done.is_empty() {
+        if !plan.admitted.is_empty() {
             let sql = if relay.settings.retention.is_zero() {
                 &relay.delete
             } else {
                 &relay.keep
             };
             settled.admitted = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
-                .bind(&done)
+                .bind(&plan.admitted)
                 .execute(&mut *self.tx)
                 .await
                 .map_err(|e| relay.err(e))?
                 .rows_affected();
         }
-        if !retry_ids.is_empty() {
+        if !plan.retry.ids.is_empty() {
             settled.retried += sqlx::query(sqlx::AssertSqlSafe(relay.retry.clone()))
-                .bind(&retry_ids)
-                .bind(&retry_errors)
-                .bind(&retry_after)
+                .bind(&plan.retry.ids)
+                .bind(&plan.retry.errors)
+                .bind(&plan.retry.after)
                 .execute(&mut *self.tx)
                 .await
                 .map_err(|e| relay.err(e))?
                 .rows_affected();
         }
-        if !refused_ids.is_empty() {
+        if !plan.refused.ids.is_empty() {
             let rows = sqlx::query(sqlx::AssertSqlSafe(relay.refuse.clone()))
-                .bind(&refused_ids)
-                .bind(&refused_errors)
-                .bind(&refused_after)
+                .bind(&plan.refused.ids)
+                .bind(&plan.refused.errors)
+                .bind(&plan.refused.after)
                 .bind(i32::try_from(relay.settings.max_attempts.max(1)).unwrap_or(i32::MAX))
                 .fetch_all(&mut *self.tx)
                 .await
