@@ -452,6 +452,8 @@ async fn deliver(
             outcomes.push((row.id, outcome));
         }
     }
+    // Admitted, not settled: a crash here leaves the rows to be read again.
+    sendium_storage::failpoint::hit("outbox-admitted");
     let settled = delivery.settle(&outcomes).await?;
     relay.settled(settled);
     Ok(if pushback {
@@ -555,6 +557,7 @@ async fn count(relay: Arc<SourceRelay>, shutdown: CancellationToken) {
     loop {
         match relay.source.stats().await {
             Ok(stats) => {
+                relay.answered();
                 let now = Instant::now();
                 let relayed = relay.relayed.load(Ordering::Relaxed);
                 if let Some((at, before)) = last {
