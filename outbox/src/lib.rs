@@ -13,7 +13,7 @@
 //!   files ship under `outbox/sql/`; `sendium outbox schema` prints them);
 //! * [`publish`]: the insert, for Rust applications on PostgreSQL (every other language
 //!   inserts the message columns in plain SQL; see the README);
-//! * [`relay`]: the relay's reads and settlements of a PostgreSQL outbox table.
+//! * [`relay`]: the relay's reads and settlements of a PostgreSQL or SQLite outbox table.
 
 #![forbid(unsafe_code)]
 
