@@ -78,7 +78,8 @@ pub struct SourceRelay {
     source: OutboxSource,
     poll_interval: Duration,
     max_backoff: Duration,
-    wake: Notify,
+    /// One per partition: the listener wakes the worker of the lane a commit inserted into.
+    wake: Vec<Notify>,
     reachable: AtomicBool,
     last_error: Mutex<Option<String>>,
     held: Vec<AtomicBool>,
@@ -231,7 +232,7 @@ impl SourceRelay {
             source,
             poll_interval: c.poll_interval,
             max_backoff: c.max_backoff.max(FIRST_BACKOFF),
-            wake: Notify::new(),
+            wake: (0..c.partitions.max(1)).map(|_| Notify::new()).collect(),
             // Until the first delivery says otherwise.
             reachable: AtomicBool::new(true),
             last_error: Mutex::new(None),
@@ -321,17 +322,20 @@ async fn work_partition(
 ) {
     let mut backoff = Duration::ZERO;
     let held = &relay.held[usize::from(partition)];
+    let mut position = ReadPosition::new();
     loop {
         // Registered before the delivery, so a commit notified while it runs is not missed.
-        let notified = relay.wake.notified();
+        let notified = relay.wake[usize::from(partition)].notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
+        let after = position.start(relay.poll_interval);
         let cycle = tokio::select! {
-            c = deliver(&relay, partition, &admissions, backoff) => c,
+            c = deliver(&relay, partition, &admissions, backoff, after) => c,
             () = shutdown.cancelled() => break,
         };
         let pause = match cycle {
-            Ok(c) => {
+            Ok((c, next)) => {
+                position.after = next;
                 relay.answered();
                 held.store(!matches!(c, Cycle::Held), Ordering::Relaxed);
                 match c {
@@ -371,6 +375,32 @@ async fn work_partition(
     held.store(false, Ordering::Relaxed);
 }
 
+/// Where a partition's next read starts: after the rows its last delivery finished,
+/// and from the start at least every `poll-interval` (for rows that committed after
+/// rows with higher ids were read, and for retries that came due).
+struct ReadPosition {
+    after: i64,
+    full_read_at: Option<Instant>,
+}
+
+impl ReadPosition {
+    fn new() -> Self {
+        Self {
+            after: 0,
+            full_read_at: None,
+        }
+    }
+
+    /// The id the next read starts after.
+    fn start(&mut self, every: Duration) -> i64 {
+        if self.full_read_at.is_none_or(|at| at.elapsed() >= every) {
+            self.full_read_at = Some(Instant::now());
+            self.after = 0;
+        }
+        self.after
+    }
+}
+
 fn next_backoff(current: Duration, max: Duration) -> Duration {
     if current.is_zero() {
         FIRST_BACKOFF.min(max)
@@ -379,20 +409,24 @@ fn next_backoff(current: Duration, max: Duration) -> Duration {
     }
 }
 
-/// One delivery of `partition`: read, check, admit in order, settle.
+/// One delivery of `partition` reading after id `after`: read, check, admit in order,
+/// settle. Returns where the next read may start: before the first row to read again
+/// soon (skipped, or waiting for a transient retry), else after the last row read.
 async fn deliver(
     relay: &SourceRelay,
     partition: u16,
     admissions: &Admissions,
     backoff: Duration,
-) -> Result<Cycle, RelayError> {
-    let Some(delivery) = relay.source.begin(partition).await? else {
-        return Ok(Cycle::Held);
+    after: i64,
+) -> Result<(Cycle, i64), RelayError> {
+    let Some(delivery) = relay.source.begin_after(partition, after).await? else {
+        return Ok((Cycle::Held, after));
     };
+    let read_at = Instant::now();
     let rows = delivery.rows();
     let batch = usize::try_from(relay.source.settings().batch_size).unwrap_or(usize::MAX);
     if rows.is_empty() {
-        return Ok(Cycle::Drained);
+        return Ok((Cycle::Drained, after));
     }
     let full = rows.len() >= batch;
     let mut outcomes: Vec<(i64, RowOutcome)> = Vec::with_capacity(rows.len());
@@ -432,7 +466,8 @@ async fn deliver(
         for (row, answer) in admitting.iter().zip(answers) {
             let outcome = match answer {
                 Admission::Accepted(_) | Admission::Duplicate(_) => {
-                    let delay = row.age.as_secs_f64();
+                    // From the row's insert to its admission.
+                    let delay = (row.age + read_at.elapsed()).as_secs_f64();
                     metrics::histogram!("sendium_outbox_relay_delay_seconds", "source" => relay.name.clone())
                         .record(delay);
                     RowOutcome::Admitted
@@ -454,15 +489,22 @@ async fn deliver(
     }
     // Admitted, not settled: a crash here leaves the rows to be read again.
     sendium_storage::failpoint::hit("outbox-admitted");
+    let again = outcomes
+        .iter()
+        .filter(|(_, o)| matches!(o, RowOutcome::Skipped | RowOutcome::Retry { .. }))
+        .map(|(id, _)| id - 1)
+        .min();
+    let next = again.unwrap_or_else(|| outcomes.iter().map(|(id, _)| *id).max().unwrap_or(after));
     let settled = delivery.settle(&outcomes).await?;
     relay.settled(settled);
-    Ok(if pushback {
+    let cycle = if pushback {
         Cycle::Pushback
     } else if full {
         Cycle::Full
     } else {
         Cycle::Drained
-    })
+    };
+    Ok((cycle, next))
 }
 
 /// How long a row refused `attempts` times before waits for its next attempt.
@@ -521,21 +563,26 @@ fn column(field: &str) -> &str {
     }
 }
 
-/// Wake the workers of a PostgreSQL source when its trigger notifies.
+/// Wake the workers of a PostgreSQL source when its trigger notifies: the payload is
+/// the lane a commit inserted into, and only that lane's worker wakes.
 async fn listen(relay: Arc<SourceRelay>, shutdown: CancellationToken) {
     let OutboxSource::Postgresql(pg) = &relay.source else {
         return;
     };
+    let wake_all = || relay.wake.iter().for_each(Notify::notify_waiters);
     let mut backoff = Duration::ZERO;
     loop {
         if let Ok(mut listener) = pg.listen().await {
             backoff = Duration::ZERO;
             // Anything committed while not listening is due now.
-            relay.wake.notify_waiters();
+            wake_all();
             loop {
                 tokio::select! {
                     n = listener.recv() => match n {
-                        Ok(_) => relay.wake.notify_waiters(),
+                        Ok(n) => match n.payload().parse::<usize>() {
+                            Ok(lane) => relay.wake[lane % relay.wake.len()].notify_waiters(),
+                            Err(_) => wake_all(),
+                        },
                         Err(_) => break,
                     },
                     () = shutdown.cancelled() => return,

@@ -35,6 +35,7 @@ pub mod gateway;
 pub mod histogram;
 pub mod http;
 pub mod loadgen;
+pub mod outbox_load;
 pub mod pgstats;
 pub mod smsc;
 pub mod wire;

@@ -517,3 +517,32 @@ async fn pg_app_reconnect(url: &str) -> PgPool {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_committed_after_later_ids_were_relayed_is_still_relayed() {
+    let url = TestCluster::shared().fresh_database();
+    let app = pg_app(&url).await;
+    let smsc = smsc().await;
+    let _gw = gateway(&format!("{}\n{}", memory_config(), source(&url, "")), &smsc).await;
+    // The first row's transaction stays open while a later one commits and is relayed:
+    // the relay has read past the first row's id before it becomes visible.
+    let mut slow = app.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO sendium_outbox (account, source_addr, destination_addr, body) \
+         VALUES ('esme1', 'Shop', '447700900701', 'slow transaction')",
+    )
+    .execute(&mut *slow)
+    .await
+    .unwrap();
+    for n in 2..5 {
+        insert_pg(&app, "esme1", &format!("44770090070{n}"), "fast", None).await;
+    }
+    assert!(smsc.wait_messages(3, WAIT).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    slow.commit().await.unwrap();
+    assert!(
+        smsc.wait_messages(4, Duration::from_secs(5)).await,
+        "read again from the start within the poll interval"
+    );
+    assert_eq!(smsc.messages_to("447700900701").len(), 1);
+}

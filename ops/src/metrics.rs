@@ -24,7 +24,8 @@ pub const ADMISSION_BUCKETS: &[f64] = &[
 /// to its admission: a notified relay answers within milliseconds, a polled one within
 /// its `poll-interval`, a backlog in seconds or more.
 pub const RELAY_DELAY_BUCKETS: &[f64] = &[
-    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+    0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+    10.0, 30.0, 60.0, 300.0,
 ];
 
 /// Upper bounds (seconds) of `sendium_storage_fsync_seconds`, one fdatasync of a store

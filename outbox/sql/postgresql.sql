@@ -72,11 +72,14 @@ CREATE TRIGGER sendium_outbox_order BEFORE INSERT ON sendium_outbox
     FOR EACH ROW EXECUTE FUNCTION sendium_outbox_order();
 
 -- Wakes the relay (LISTEN on the table's name) when a transaction that inserted rows
--- commits; the relay also polls, so a missed notification only delays.
+-- commits, once per lane it inserted into, so only the worker of that lane wakes; the
+-- relay also polls, so a missed notification only delays.
 CREATE FUNCTION sendium_outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('sendium_outbox', '');
+    PERFORM pg_notify('sendium_outbox', l.lane::text)
+       FROM (SELECT DISTINCT lane FROM sendium_outbox_inserted) AS l;
     RETURN NULL;
 END $$;
 CREATE TRIGGER sendium_outbox_notify AFTER INSERT ON sendium_outbox
+    REFERENCING NEW TABLE AS sendium_outbox_inserted
     FOR EACH STATEMENT EXECUTE FUNCTION sendium_outbox_notify();

@@ -25,7 +25,12 @@
 //!               [--sessions 4] [--window 256] [--mix gsm=8,ucs2=1,multipart=1]
 //!               [--receipt-delay-ms 20] [--threads N] [--phase-timeout-s 300]
 //!               [--ready-timeout-s 30] [--rounds 1] [--show-config] [--markdown | --json]
+//!               [--outbox] [--outbox-rows 1000000] [--outbox-partitions 4] [--outbox-batch 1000]
+//!               [--trickle-rate 1000] [--trickle-seconds 20]
 //! ```
+//!
+//! The outbox phase (`bench/outbox.rs`) runs after the profiles of each round: by
+//! default, or alone with `--outbox` and no `--profile`.
 //!
 //! The gateway binary is `$SENDIUM_BIN`, else `sendium` next to this executable (so
 //! `./target/release/sendium-bench` uses `./target/release/sendium`). Build both with
@@ -50,11 +55,16 @@ use sendium_integration_tests::smsc::{SmscConfig, SmscStats, TestSmsc};
 use sendium_storage::postgresql::test_cluster::TestCluster;
 use serde_json::{Value, json};
 
+#[path = "../bench/outbox.rs"]
+mod outbox;
+
 const USAGE: &str = "usage: sendium-bench [--profile NAME]... [--include-unsupported] [--pg-url URL] [--list]
                      [--count N] [--latency-count N] [--latency-rate MSG_PER_S]
                      [--sessions N] [--window N] [--mix gsm=8,ucs2=1,multipart=1]
                      [--receipt-delay-ms MS] [--threads N] [--phase-timeout-s S]
                      [--ready-timeout-s S] [--rounds N] [--show-config] [--markdown | --json]
+                     [--outbox] [--outbox-rows 1000000] [--outbox-partitions 4] [--outbox-batch 1000]
+                     [--trickle-rate 1000] [--trickle-seconds 20]
 
 Runs the release sendium binary ($SENDIUM_BIN, else next to this executable) per storage
 profile against the test SMSC, driven by the load generator: phase 1 at full speed
@@ -64,7 +74,10 @@ profile the gateway refuses at startup is reported, not fatal). --list shows the
 PostgreSQL profiles use --pg-url as is (give them a fresh database); without it the
 bench starts a throwaway cluster of the machine's PostgreSQL (initdb, fsync on) and gives
 each profile a new database in it. --rounds N runs the list N times, alternating the
-profiles, and adds each profile's median and range over the rounds.";
+profiles, and adds each profile's median and range over the rounds.
+The outbox phase (run by default, or alone with --outbox and no --profile): a backlog of
+committed rows in a PostgreSQL outbox table relayed into the file-file-file profile
+(rows/s), then a trickle of one-row commits (insert-to-admission delay p50/p99).";
 
 /// The ESME account the load generator binds with; with several gateway processes, the
 /// load generator of process `i` binds as account `i` (system id and password), so each
@@ -259,6 +272,12 @@ struct Options {
     show_config: bool,
     markdown: bool,
     json: bool,
+    outbox: bool,
+    outbox_rows: u64,
+    outbox_partitions: u16,
+    outbox_batch: u32,
+    trickle_rate: u32,
+    trickle_seconds: u64,
 }
 
 fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
@@ -282,6 +301,12 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
         show_config: false,
         markdown: false,
         json: false,
+        outbox: false,
+        outbox_rows: 1_000_000,
+        outbox_partitions: 4,
+        outbox_batch: 1000,
+        trickle_rate: 1000,
+        trickle_seconds: 20,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -332,6 +357,12 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
             "--ready-timeout-s" => o.ready_timeout = Duration::from_secs(num(flag, value()?)?),
             "--rounds" => o.rounds = num(flag, value()?)?,
             "--show-config" => o.show_config = true,
+            "--outbox" => o.outbox = true,
+            "--outbox-rows" => o.outbox_rows = num(flag, value()?)?,
+            "--outbox-partitions" => o.outbox_partitions = num(flag, value()?)?,
+            "--outbox-batch" => o.outbox_batch = num(flag, value()?)?,
+            "--trickle-rate" => o.trickle_rate = num(flag, value()?)?,
+            "--trickle-seconds" => o.trickle_seconds = num(flag, value()?)?,
             "--markdown" => o.markdown = true,
             "--json" => o.json = true,
             "--list" => {
@@ -347,7 +378,7 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
         if inline.is_some()
             && matches!(
                 flag,
-                "--include-unsupported" | "--show-config" | "--markdown" | "--json"
+                "--include-unsupported" | "--show-config" | "--markdown" | "--json" | "--outbox"
             )
         {
             return Err(format!("{flag} takes no value"));
@@ -359,7 +390,15 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
     if o.markdown && o.json {
         return Err("choose one of --markdown and --json".into());
     }
+    if o.outbox_rows == 0 || o.outbox_partitions == 0 || o.outbox_batch == 0 || o.trickle_rate == 0 {
+        return Err("--outbox-rows, --outbox-partitions, --outbox-batch and --trickle-rate must be at least 1".into());
+    }
+    // No --profile: every profile and the outbox phase, or the outbox phase alone.
+    if o.profiles.is_empty() && o.outbox {
+        return Ok(Some(o));
+    }
     if o.profiles.is_empty() {
+        o.outbox = true;
         o.profiles = PROFILES
             .iter()
             .filter(|p| p.supported || o.include_unsupported)
@@ -608,9 +647,8 @@ fn background_syncs(series: &BTreeMap<String, f64>) -> f64 {
         .sum()
 }
 
-/// From two scrapes of a histogram's buckets: the bucket bound (ms) under which 99% of
-/// the phase's observations fell, and the share within 5 ms.
-fn bucket_p99(before: &[(f64, f64)], after: &[(f64, f64)]) -> Option<(f64, f64)> {
+/// The observations between two scrapes of a histogram's cumulative buckets.
+fn bucket_delta(before: &[(f64, f64)], after: &[(f64, f64)]) -> Option<(Vec<(f64, f64)>, f64)> {
     let delta: Vec<(f64, f64)> = after
         .iter()
         .map(|(le, n)| {
@@ -619,10 +657,21 @@ fn bucket_p99(before: &[(f64, f64)], after: &[(f64, f64)]) -> Option<(f64, f64)>
         })
         .collect();
     let total = delta.last()?.1;
-    if total <= 0.0 {
-        return None;
-    }
-    let p99 = delta.iter().find(|(_, n)| *n >= 0.99 * total)?.0 * 1000.0;
+    (total > 0.0).then_some((delta, total))
+}
+
+/// From two scrapes of a histogram's buckets: the bucket bound (ms) under which the
+/// share `q` of the observations between them fell.
+fn bucket_quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> Option<f64> {
+    let (delta, total) = bucket_delta(before, after)?;
+    Some(delta.iter().find(|(_, n)| *n >= q * total)?.0 * 1000.0)
+}
+
+/// From two scrapes of a histogram's buckets: the bucket bound (ms) under which 99% of
+/// the phase's observations fell, and the share within 5 ms.
+fn bucket_p99(before: &[(f64, f64)], after: &[(f64, f64)]) -> Option<(f64, f64)> {
+    let (delta, total) = bucket_delta(before, after)?;
+    let p99 = bucket_quantile(before, after, 0.99)?;
     let within_5ms = delta.iter().rfind(|(le, _)| *le <= 0.005).map_or(0.0, |(_, n)| *n) / total;
     Some((p99, within_5ms))
 }
@@ -1928,6 +1977,7 @@ fn main() {
         pg_cluster: std::sync::OnceLock::new(),
     };
     let mut rows = Vec::new();
+    let mut outbox_runs = Vec::new();
     let rounds = bench.opts.rounds;
     for round in 1..=rounds {
         for profile in &bench.opts.profiles {
@@ -1936,15 +1986,35 @@ fn main() {
                 row
             }));
         }
+        if bench.opts.outbox {
+            let mut run = bench.run_outbox();
+            run.round = (rounds > 1).then_some(round);
+            outbox_runs.push(run);
+        }
     }
-    let failed = rows.iter().any(|r| r.failed);
+    let failed = rows.iter().any(|r| r.failed) || outbox_runs.iter().any(|r| r.failed);
     if bench.opts.json {
-        println!("{}", json_output(&rows, &ctx));
+        let mut out = json_output(&rows, &ctx);
+        out["outbox"] = Value::Array(outbox_runs.iter().map(outbox::OutboxRun::json).collect());
+        println!("{out}");
     } else if bench.opts.markdown {
         print!("{}", markdown(&rows, &ctx));
+        if !outbox_runs.is_empty() {
+            println!("\nOutbox phase:\n");
+            print!(
+                "{}",
+                md_table(
+                    &outbox::HEADERS,
+                    outbox_runs.iter().map(outbox::OutboxRun::cells),
+                    |i| (1..9).contains(&i)
+                )
+            );
+        }
     } else {
-        println!();
-        print!("{}", text_table(&rows));
+        if !rows.is_empty() {
+            println!();
+            print!("{}", text_table(&rows));
+        }
         let summary = summarize(&rows);
         if !summary.is_empty() {
             println!("\n{SUMMARY_TITLE}");
@@ -1954,6 +2024,17 @@ fn main() {
                     &SUMMARY_HEADERS,
                     summary.iter().map(summary_cells).collect(),
                     summary_right
+                )
+            );
+        }
+        if !outbox_runs.is_empty() {
+            println!("\nOutbox phase:");
+            print!(
+                "{}",
+                text_grid(
+                    &outbox::HEADERS,
+                    outbox_runs.iter().map(outbox::OutboxRun::cells).collect(),
+                    |i| (1..9).contains(&i)
                 )
             );
         }

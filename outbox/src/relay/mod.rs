@@ -151,9 +151,18 @@ impl OutboxSource {
 
     /// Begin a delivery of `partition`: `None` when another relay holds it now.
     pub async fn begin(&self, partition: u16) -> Result<Option<Delivery<'_>>, RelayError> {
+        self.begin_after(partition, 0).await
+    }
+
+    /// Begin a delivery reading only rows with an id above `after`: where the previous
+    /// delivery stopped. Deleted rows leave dead index entries at the head of the table
+    /// until vacuum; a read that starts past them does not walk them again. A row that
+    /// commits after rows with higher ids were read is below the position: read from the
+    /// start (`after` 0) now and then to pick such rows up.
+    pub async fn begin_after(&self, partition: u16, after: i64) -> Result<Option<Delivery<'_>>, RelayError> {
         Ok(match self {
-            OutboxSource::Postgresql(r) => r.begin(partition).await?.map(Delivery::Postgresql),
-            OutboxSource::Sqlite(r) => r.begin(partition).await?.map(Delivery::Sqlite),
+            OutboxSource::Postgresql(r) => r.begin_after(partition, after).await?.map(Delivery::Postgresql),
+            OutboxSource::Sqlite(r) => r.begin_after(partition, after).await?.map(Delivery::Sqlite),
         })
     }
 

@@ -69,7 +69,7 @@ impl PgRelay {
                 "SELECT id, event_id, account, source_addr, destination_addr, body, callback_url, group_key, attempts, \
                         extract(epoch FROM clock_timestamp() - created_at)::float8 AS age \
                    FROM {t} o \
-                  WHERE status = 'pending' AND lane % $1 = $2 \
+                  WHERE status = 'pending' AND lane % $1 = $2 AND id > $4 \
                     AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
                     AND (group_key IS NULL OR NOT EXISTS ( \
                          SELECT 1 FROM {t} e \
@@ -134,14 +134,26 @@ impl PgRelay {
 
     /// Begin a delivery of `partition`: `None` when another relay holds it now.
     pub async fn begin(&self, partition: u16) -> Result<Option<PgDelivery<'_>>, RelayError> {
+        self.begin_after(partition, 0).await
+    }
+
+    /// [`PgRelay::begin`] reading only rows after id `after` (see
+    /// [`super::OutboxSource::begin_after`]).
+    pub async fn begin_after(&self, partition: u16, after: i64) -> Result<Option<PgDelivery<'_>>, RelayError> {
         let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
-        let locked: bool = sqlx::query("SELECT pg_try_advisory_xact_lock(hashtext($1), $2) AS locked")
-            .bind(format!("sendium-outbox:{}", self.settings.table))
-            .bind(i32::from(partition))
-            .fetch_one(&mut *tx)
-            .await
-            .and_then(|r| r.try_get("locked"))
-            .map_err(|e| self.err(e))?;
+        // The settlement commits without waiting for its WAL flush: one lost with the
+        // database's crash leaves its rows to be relayed again, and their event ids make
+        // that a duplicate. So a delivery's cycle does not wait for the disk.
+        let locked: bool = sqlx::query(
+            "SELECT set_config('synchronous_commit', 'off', true) IS NOT NULL \
+                    AND pg_try_advisory_xact_lock(hashtext($1), $2) AS locked",
+        )
+        .bind(format!("sendium-outbox:{}", self.settings.table))
+        .bind(i32::from(partition))
+        .fetch_one(&mut *tx)
+        .await
+        .and_then(|r| r.try_get("locked"))
+        .map_err(|e| self.err(e))?;
         if !locked {
             return Ok(None);
         }
@@ -149,6 +161,7 @@ impl PgRelay {
             .bind(i32::from(self.settings.partitions.max(1)))
             .bind(i32::from(partition))
             .bind(i64::from(self.settings.batch_size.max(1)))
+            .bind(after)
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| self.err(e))?;

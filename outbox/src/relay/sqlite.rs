@@ -74,7 +74,7 @@ impl SqliteRelay {
                 "SELECT id, event_id, account, source_addr, destination_addr, body, callback_url, group_key, attempts, \
                         (julianday('now') - julianday(created_at)) * 86400.0 AS age \
                    FROM {t} o \
-                  WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= {NOW}) \
+                  WHERE status = 'pending' AND id > ?2 AND (next_attempt_at IS NULL OR next_attempt_at <= {NOW}) \
                     AND (group_key IS NULL OR NOT EXISTS ( \
                          SELECT 1 FROM {t} e \
                           WHERE e.status = 'pending' AND e.group_key = o.group_key AND e.id < o.id \
@@ -167,11 +167,17 @@ impl SqliteRelay {
     /// Begin a delivery: `None` when another relay holds the file's lock. A SQLite
     /// source has one partition, 0.
     pub async fn begin(&self, partition: u16) -> Result<Option<SqliteDelivery<'_>>, RelayError> {
+        self.begin_after(partition, 0).await
+    }
+
+    /// [`SqliteRelay::begin`] reading only rows after id `after`.
+    pub async fn begin_after(&self, partition: u16, after: i64) -> Result<Option<SqliteDelivery<'_>>, RelayError> {
         if partition != 0 || !self.hold_lock()? {
             return Ok(None);
         }
         let rows = sqlx::query(sqlx::AssertSqlSafe(self.take.clone()))
             .bind(i64::from(self.settings.batch_size.max(1)))
+            .bind(after)
             .fetch_all(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
