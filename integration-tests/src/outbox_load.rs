@@ -50,15 +50,24 @@ pub async fn commit_backlog(pool: &PgPool, account: &str, prefix: &str, rows: u6
     Ok(started.elapsed())
 }
 
-/// Insert one row per transaction at `rate` rows per second for `duration`; rows
-/// committed and the rate achieved.
+/// What a trickle did: rows committed, the rate achieved, and how long each insert
+/// (its transaction, commit included) took at the 50th and 99th percentile.
+#[derive(Debug, Clone, Copy)]
+pub struct Trickle {
+    pub rows: u64,
+    pub rate: f64,
+    pub commit_p50: Duration,
+    pub commit_p99: Duration,
+}
+
+/// Insert one row per transaction at `rate` rows per second for `duration`.
 pub async fn trickle(
     pool: &PgPool,
     account: &str,
     prefix: &str,
     rate: u32,
     duration: Duration,
-) -> Result<(u64, f64), sqlx::Error> {
+) -> Result<Trickle, sqlx::Error> {
     let total = (f64::from(rate) * duration.as_secs_f64()) as u64;
     let interval = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
     let start = tokio::time::Instant::now();
@@ -66,9 +75,11 @@ pub async fn trickle(
     for w in 0..TRICKLE_WRITERS {
         let (pool, account, prefix) = (pool.clone(), account.to_owned(), prefix.to_owned());
         writers.push(tokio::spawn(async move {
+            let mut took = Vec::new();
             let mut n = w;
             while n < total {
                 tokio::time::sleep_until(start + interval * u32::try_from(n).unwrap_or(u32::MAX)).await;
+                let began = Instant::now();
                 sqlx::query(
                     "INSERT INTO sendium_outbox (account, source_addr, destination_addr, body) \
                      VALUES ($1, 'Bench', $2, 'Your order is paid.')",
@@ -77,16 +88,37 @@ pub async fn trickle(
                 .bind(format!("{prefix}{n:08}"))
                 .execute(&pool)
                 .await?;
+                took.push(began.elapsed());
                 n += TRICKLE_WRITERS;
             }
-            Ok::<(), sqlx::Error>(())
+            Ok::<Vec<Duration>, sqlx::Error>(took)
         }));
     }
+    let mut took = Vec::new();
     for w in writers {
-        w.await.map_err(|e| sqlx::Error::Protocol(e.to_string()))??;
+        took.extend(w.await.map_err(|e| sqlx::Error::Protocol(e.to_string()))??);
     }
-    let took = start.elapsed().as_secs_f64();
-    Ok((total, total as f64 / took.max(f64::EPSILON)))
+    let elapsed = start.elapsed().as_secs_f64();
+    took.sort();
+    let at = |q: f64| {
+        took.get(((took.len() as f64 * q) as usize).min(took.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    };
+    Ok(Trickle {
+        rows: total,
+        rate: total as f64 / elapsed.max(f64::EPSILON),
+        commit_p50: at(0.5),
+        commit_p99: at(0.99),
+    })
+}
+
+/// `VACUUM` the table, as autovacuum would after a drained backlog: the steady state a
+/// trickle is measured in.
+pub async fn vacuum(pool: &PgPool) -> Result<Duration, sqlx::Error> {
+    let started = Instant::now();
+    sqlx::query("VACUUM (ANALYZE) sendium_outbox").execute(pool).await?;
+    Ok(started.elapsed())
 }
 
 /// Rows not relayed yet.

@@ -67,6 +67,25 @@ fn check_config_prints_the_profile_and_its_restart_guarantee() {
 }
 
 #[test]
+fn check_config_lists_outbox_sources_and_warns_about_a_memory_pending_stage() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = "[[outbox.sources]]\nname = \"shop\"\nurl = \"postgres://app:pw@127.0.0.1/shop\"\npartitions = 4\n";
+    let path = write_config(&dir, &config_with_ports(source));
+    let out = sendium_command().arg("check-config").arg(&path).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        stdout.contains("shop (postgresql, table sendium_outbox, 4 partition(s), batch 500)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("NOTE: a relayed row leaves the outbox once admitted"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("pw@"), "the URL is not printed: {stdout}");
+}
+
+#[test]
 fn unsupported_profile_is_refused_naming_keys_and_supported_choices() {
     let dir = tempfile::tempdir().unwrap();
     let body = config_with_ports(

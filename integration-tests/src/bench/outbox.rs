@@ -46,6 +46,9 @@ pub struct OutboxRun {
     pub trickle_rate: Option<f64>,
     pub delay_p50_ms: Option<f64>,
     pub delay_p99_ms: Option<f64>,
+    /// The application's own inserts (commit included) during the trickle.
+    pub commit_p50_ms: Option<f64>,
+    pub commit_p99_ms: Option<f64>,
     pub note: String,
     pub failed: bool,
 }
@@ -73,6 +76,8 @@ impl OutboxRun {
             "trickle_rate": self.trickle_rate,
             "delay_p50_ms": self.delay_p50_ms,
             "delay_p99_ms": self.delay_p99_ms,
+            "commit_p50_ms": self.commit_p50_ms,
+            "commit_p99_ms": self.commit_p99_ms,
             "note": self.note,
             "failed": self.failed,
         })
@@ -90,12 +95,13 @@ impl OutboxRun {
             format!("{} at {}/s", self.trickle_rows, f(self.trickle_rate, 0)),
             f(self.delay_p50_ms, 1),
             f(self.delay_p99_ms, 1),
+            format!("{} / {}", f(self.commit_p50_ms, 1), f(self.commit_p99_ms, 1)),
             self.note.clone(),
         ]
     }
 }
 
-pub const HEADERS: [&str; 10] = [
+pub const HEADERS: [&str; 11] = [
     "round",
     "backlog rows",
     "rows/s (5-95%)",
@@ -105,6 +111,7 @@ pub const HEADERS: [&str; 10] = [
     "trickle",
     "delay p50 ms",
     "delay p99 ms",
+    "app insert p50/p99 ms",
     "note",
 ];
 
@@ -193,6 +200,10 @@ impl Bench {
             if !sent {
                 run.note = format!("the SMSC got {} of the backlog", smsc.stats().accepted);
             }
+            match self.ctl.block_on(outbox_load::vacuum(&pool)) {
+                Ok(d) => eprintln!("  table vacuumed after the backlog in {:.1} s", d.as_secs_f64()),
+                Err(e) => eprintln!("  cannot vacuum the table: {e}"),
+            }
             self.trickle(&mut run, &gw, &pool);
         }
         if let Some(note) = stop_gateway(&self.ctl, &mut gw) {
@@ -265,16 +276,19 @@ impl Bench {
             o.trickle_rate,
             Duration::from_secs(o.trickle_seconds),
         ));
-        let (rows, rate) = match result {
-            Ok(r) => r,
+        let t = match result {
+            Ok(t) => t,
             Err(e) => {
                 run.failed = true;
                 run.note = format!("trickle failed: {e}");
                 return;
             }
         };
+        let (rows, rate) = (t.rows, t.rate);
         run.trickle_rows = rows;
         run.trickle_rate = Some(rate);
+        run.commit_p50_ms = Some(t.commit_p50.as_secs_f64() * 1000.0);
+        run.commit_p99_ms = Some(t.commit_p99.as_secs_f64() * 1000.0);
         let want = run.rows as f64 + rows as f64;
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
@@ -292,8 +306,12 @@ impl Bench {
         run.delay_p50_ms = bucket_quantile(&before, &after, 0.5);
         run.delay_p99_ms = bucket_quantile(&before, &after, 0.99);
         eprintln!(
-            "  trickle: {rows} rows at {rate:.0}/s; insert to admission p50 ≤ {:?} ms, p99 ≤ {:?} ms",
-            run.delay_p50_ms, run.delay_p99_ms
+            "  trickle: {rows} rows at {rate:.0}/s; insert to admission p50 ≤ {:?} ms, p99 ≤ {:?} ms; \
+             the application's inserts p50 {:.1} ms, p99 {:.1} ms",
+            run.delay_p50_ms,
+            run.delay_p99_ms,
+            t.commit_p50.as_secs_f64() * 1000.0,
+            t.commit_p99.as_secs_f64() * 1000.0
         );
     }
 }

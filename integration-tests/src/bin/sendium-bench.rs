@@ -1676,7 +1676,8 @@ fn md_escape(s: &str) -> String {
     s.replace('|', "\\|")
 }
 
-fn markdown(rows: &[Row], ctx: &RunContext) -> String {
+/// The command, machine and load lines that head the markdown output.
+fn markdown_context(ctx: &RunContext) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "Command: `{}`\n", ctx.command);
     let _ = writeln!(
@@ -1688,6 +1689,11 @@ fn markdown(rows: &[Row], ctx: &RunContext) -> String {
         ctx.sendium_version
     );
     let _ = writeln!(out, "Load: {}\n", ctx.settings);
+    out
+}
+
+fn markdown(rows: &[Row], ctx: &RunContext) -> String {
+    let mut out = markdown_context(ctx);
     out.push_str(&md_table(&HEADERS, rows.iter().map(cells), main_right));
     let summary = summarize(rows);
     if !summary.is_empty() {
@@ -1998,7 +2004,11 @@ fn main() {
         out["outbox"] = Value::Array(outbox_runs.iter().map(outbox::OutboxRun::json).collect());
         println!("{out}");
     } else if bench.opts.markdown {
-        print!("{}", markdown(&rows, &ctx));
+        if rows.is_empty() {
+            print!("{}", markdown_context(&ctx));
+        } else {
+            print!("{}", markdown(&rows, &ctx));
+        }
         if !outbox_runs.is_empty() {
             println!("\nOutbox phase:\n");
             print!(
@@ -2006,7 +2016,7 @@ fn main() {
                 md_table(
                     &outbox::HEADERS,
                     outbox_runs.iter().map(outbox::OutboxRun::cells),
-                    |i| (1..9).contains(&i)
+                    |i| (1..10).contains(&i)
                 )
             );
         }
@@ -2034,7 +2044,7 @@ fn main() {
                 text_grid(
                     &outbox::HEADERS,
                     outbox_runs.iter().map(outbox::OutboxRun::cells).collect(),
-                    |i| (1..9).contains(&i)
+                    |i| (1..10).contains(&i)
                 )
             );
         }
