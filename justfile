@@ -27,6 +27,10 @@ bench *args:
     cargo build --release -p sendium-ops -p sendium-integration-tests
     ./target/release/sendium-bench {{args}}
 
+# The container image (needs a container engine: docker or podman).
+image:
+    docker build --build-arg SENDIUM_GIT_COMMIT=$(git rev-parse --short=12 HEAD) -t sendium .
+
 # SIGKILL at every failpoint for every supported profile.
 crash-matrix:
     cargo test -p sendium-integration-tests --test crash -- --nocapture

@@ -6,6 +6,7 @@
 //! sendium demo                    run the quickstart and send one SMS over SMPP and HTTP
 //! sendium inspect --config FILE   per-stage counts and oldest record of the data directory
 //! sendium drain --config FILE     finish the work a previous profile left, then stop
+//! sendium healthcheck             0 when /readyz answers 200 (the image's HEALTHCHECK)
 //! sendium outbox schema           print the SQL of the outbox table an application creates
 //! sendium outbox dead|retry        list a source's dead rows, or put them back to pending
 //! sendium version
@@ -29,6 +30,9 @@ usage:
                                   run the storage profile recorded in the data directory with new
                                   submissions refused until every stage is empty, then stop (needed
                                   before switching a stage that holds records to another backend)
+  sendium healthcheck [--addr 127.0.0.1:9090]
+                                  exit 0 when the admin endpoint's /readyz answers 200
+                                  (the container image's HEALTHCHECK)
   sendium outbox schema [--table NAME] [--dialect postgresql|sqlite]
                                   print the SQL that creates the outbox table (default
                                   sendium_outbox, postgresql) in an application's own database
@@ -169,6 +173,22 @@ fn run(args: &[String]) -> Result<(), Failure> {
                 .map_err(|e| Failure::Runtime(e.to_string()))
         }
         "outbox" => outbox(&args[1..]),
+        "healthcheck" => {
+            let mut addr = "127.0.0.1:9090".to_owned();
+            let mut it = args[1..].iter();
+            while let Some(a) = it.next() {
+                match a.as_str() {
+                    "--addr" => {
+                        addr = it
+                            .next()
+                            .cloned()
+                            .ok_or_else(|| Failure::Usage("--addr needs HOST:PORT".into()))?;
+                    }
+                    other => return Err(Failure::Usage(format!("unexpected argument {other:?}"))),
+                }
+            }
+            runtime()?.block_on(healthcheck(&addr))
+        }
         "demo" => {
             let cfg = load(None)?;
             crate::telemetry::init(&cfg.log);
@@ -177,7 +197,11 @@ fn run(args: &[String]) -> Result<(), Failure> {
                 .map_err(|e| Failure::Runtime(e.to_string()))
         }
         "version" | "--version" | "-V" => {
-            println!("sendium {}", env!("CARGO_PKG_VERSION"));
+            println!(
+                "sendium {} (commit {})",
+                env!("CARGO_PKG_VERSION"),
+                env!("SENDIUM_GIT_COMMIT")
+            );
             Ok(())
         }
         "help" | "--help" | "-h" => {
@@ -185,6 +209,29 @@ fn run(args: &[String]) -> Result<(), Failure> {
             Ok(())
         }
         other => Err(Failure::Usage(format!("unknown command {other:?}"))),
+    }
+}
+
+/// `sendium healthcheck`: 0 when the admin endpoint at `addr` answers `/readyz` with
+/// 200, 1 otherwise (for a container's HEALTHCHECK, where no HTTP client is installed).
+async fn healthcheck(addr: &str) -> Result<(), Failure> {
+    let url = format!("http://{addr}/readyz");
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(3))
+        .build()
+        .map_err(|e| Failure::Runtime(format!("healthcheck: {e}")))?;
+    let resp = client
+        .get(&url)
+        .send()
+        .await
+        .map_err(|e| Failure::Runtime(format!("{url}: {e}")))?;
+    let status = resp.status();
+    let body = resp.text().await.unwrap_or_default();
+    if status.is_success() {
+        println!("{body}");
+        Ok(())
+    } else {
+        Err(Failure::Runtime(format!("{url}: {status} {body}")))
     }
 }
 
