@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use sendium_protocols::smpp::server::SessionRegistry;
 use sendium_storage::postgresql::Ownership;
@@ -34,6 +34,33 @@ impl Restarts {
     }
 }
 
+/// What an orderly stop has switched off so far.
+#[derive(Default)]
+pub struct Stopping {
+    /// Admissions are refused (the gateway is stopping).
+    refuse_admissions: AtomicBool,
+    /// Destination workers start no new provider submission; those in flight finish.
+    hold_submissions: AtomicBool,
+}
+
+impl Stopping {
+    pub fn refuse_admissions(&self) {
+        self.refuse_admissions.store(true, Ordering::Release);
+    }
+
+    pub fn refusing_admissions(&self) -> bool {
+        self.refuse_admissions.load(Ordering::Acquire)
+    }
+
+    pub fn hold_submissions(&self) {
+        self.hold_submissions.store(true, Ordering::Release);
+    }
+
+    pub fn holding_submissions(&self) -> bool {
+        self.hold_submissions.load(Ordering::Acquire)
+    }
+}
+
 pub struct Shared {
     pub dir: Directory,
     pub health: Health,
@@ -44,6 +71,8 @@ pub struct Shared {
     /// This process's partitions, when several processes share the database
     /// (`storage.postgresql.shared`).
     pub partitions: Option<Arc<Ownership>>,
+    /// An orderly stop in progress.
+    pub stopping: Stopping,
 }
 
 impl Shared {

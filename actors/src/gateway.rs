@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::context::{Restarts, Shared};
+use crate::context::{Restarts, Shared, Stopping};
 use crate::destination_worker::{WorkerMsg, WorkerStatus};
 use crate::directory::Directory;
 use crate::dlr_correlator::{DlrMsg, DlrStatus};
@@ -111,6 +111,55 @@ impl Snapshot {
     }
 }
 
+/// What an orderly stop found when it ended.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StopReport {
+    /// Everything the stop waits for finished before the timeout.
+    pub drained: bool,
+    /// Acknowledged messages not completed (pending records), and how many of them
+    /// asked for a receipt.
+    pub messages_left: u64,
+    pub messages_owing_receipts: u64,
+    /// Receipts of the DLR store: owed (waiting for the provider's receipt) or not
+    /// delivered yet.
+    pub receipts_left: u64,
+    /// Provider submissions without their `submit_sm_resp`, and receipt deliveries
+    /// (callbacks, deliver_sm) in progress.
+    pub in_flight_left: u64,
+}
+
+impl StopReport {
+    fn of(s: &Snapshot, durable: bool) -> StopReport {
+        let pending = s.ingress.as_ref().and_then(|i| i.pending.as_ref());
+        let messages_left = pending.map_or(0, |p| p.records);
+        let messages_owing_receipts = pending.map_or(0, |p| p.receipt_requests);
+        let store = s.dlr.as_ref().and_then(|d| d.store.as_ref());
+        let undelivered = store.map_or(0, |d| d.pending_deliveries);
+        let receipts_left = store.map_or(0, |d| d.awaiting_receipts) + undelivered;
+        let in_flight_left = s
+            .workers
+            .iter()
+            .filter_map(|(_, w)| w.as_ref())
+            .map(|w| w.parts_in_flight)
+            .sum::<u64>()
+            + s.dlr.as_ref().map_or(0, |d| d.deliveries_in_flight);
+        // Durable: what is in flight finishes, the rest waits in the stores. Memory: the
+        // pipeline sends what it acknowledged and delivers the receipts it has.
+        let drained = if durable {
+            in_flight_left == 0
+        } else {
+            messages_left == 0 && undelivered == 0 && in_flight_left == 0
+        };
+        StopReport {
+            drained,
+            messages_left,
+            messages_owing_receipts,
+            receipts_left,
+            in_flight_left,
+        }
+    }
+}
+
 /// `/admin/cluster`: this process's share of the database its outbound stages are on.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ClusterView {
@@ -156,6 +205,8 @@ pub struct Gateway {
     supervisor: ActorRef<SupervisorMsg>,
     supervisor_task: parking_lot::Mutex<Option<JoinHandle<()>>>,
     shutdown: CancellationToken,
+    /// Cancelled first by [`Gateway::stop`]: the outbox relays admit nothing more.
+    outbox_stop: CancellationToken,
     listeners: parking_lot::Mutex<Vec<JoinHandle<()>>>,
     profile: StorageProfile,
     guarantee: Guarantee,
@@ -191,6 +242,7 @@ impl Gateway {
                 .as_ref()
                 .map(|db| db.ownership())
                 .filter(|o| o.access() == StageAccess::Shared),
+            stopping: Stopping::default(),
         });
         reserve_recovered_receipts(&spec).await;
         let (supervisor, supervisor_task) = Actor::spawn(
@@ -282,8 +334,9 @@ impl Gateway {
             }));
         }
         // A draining gateway admits nothing: its sources wait for the next serving one.
+        let outbox_stop = shutdown.child_token();
         let outbox = if mode == Mode::Serve {
-            let (relays, tasks) = OutboxRelays::start(cfg, shared.clone(), spec.receipt_policy, &shutdown)
+            let (relays, tasks) = OutboxRelays::start(cfg, shared.clone(), spec.receipt_policy, &outbox_stop)
                 .inspect_err(|_| {
                     shutdown.cancel();
                 })?;
@@ -294,6 +347,7 @@ impl Gateway {
         };
         Ok(Gateway {
             outbox,
+            outbox_stop,
             http_addr,
             shared,
             spec,
@@ -433,6 +487,58 @@ impl Gateway {
     /// Run a listener task that shutdown waits for.
     pub fn add_listener(&self, task: JoinHandle<()>) {
         self.listeners.lock().push(task);
+    }
+
+    /// An orderly stop within `timeout`: refuse new admissions (SMPP, HTTP, outbox),
+    /// then wait — on a durable profile for the provider submissions and receipt
+    /// deliveries in flight (new submissions are held: they stay in the stages for the
+    /// next start); on a memory pending stage for the pipeline to send everything it
+    /// acknowledged and deliver the receipts it holds — and then [`Gateway::shutdown`].
+    /// What could not finish in time is logged as counts.
+    pub async fn stop(&self, timeout: Duration) -> StopReport {
+        let deadline = tokio::time::Instant::now() + timeout;
+        self.shared.stopping.refuse_admissions();
+        self.outbox_stop.cancel();
+        let durable = self.guarantee.durable;
+        if durable {
+            self.shared.stopping.hold_submissions();
+        }
+        tracing::info!(
+            timeout_s = timeout.as_secs_f64(),
+            durable,
+            "stopping: admissions refused, waiting for work in flight"
+        );
+        let dlr_durable = matches!(self.profile.dlr, DlrBackend::File | DlrBackend::Postgresql);
+        let report = loop {
+            let report = StopReport::of(&self.snapshot().await, durable);
+            if report.drained || tokio::time::Instant::now() >= deadline {
+                break report;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        if !durable && report.messages_left > 0 {
+            tracing::warn!(
+                messages = report.messages_left,
+                owing_receipts = report.messages_owing_receipts,
+                "stopping with acknowledged messages the memory pending stage cannot keep: dropped"
+            );
+        }
+        if !dlr_durable && report.receipts_left > 0 {
+            tracing::warn!(
+                receipts = report.receipts_left,
+                "stopping with receipts the memory DLR store cannot keep (owed or undelivered): dropped"
+            );
+        }
+        if durable {
+            tracing::info!(
+                in_flight = report.in_flight_left,
+                messages = report.messages_left,
+                drained = report.drained,
+                "stopped: unfinished messages stay in the stores for the next start"
+            );
+        }
+        self.shutdown().await;
+        report
     }
 
     /// Stop accepting, unbind sessions, stop the actors.

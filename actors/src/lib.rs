@@ -32,4 +32,4 @@ pub mod spec;
 pub mod stores;
 pub mod supervisor;
 
-pub use gateway::{ClusterView, Gateway, GatewayError, Mode, PartitionHolder, Snapshot};
+pub use gateway::{ClusterView, Gateway, GatewayError, Mode, PartitionHolder, Snapshot, StopReport};

@@ -92,4 +92,8 @@ impl SubmitHandler for SmppIngress {
             self.shared.dir.dlr.send(DlrMsg::AccountBound(account.to_string()));
         }
     }
+
+    fn accepts_binds(&self) -> bool {
+        !self.shared.stopping.refusing_admissions()
+    }
 }

@@ -132,6 +132,6 @@ pub async fn run(cfg: Config) -> Result<(), ServeError> {
     let running = start(&cfg).await?;
     wait_for_signal().await;
     tracing::info!("shutting down");
-    running.gateway.shutdown().await;
+    running.gateway.stop(cfg.shutdown.timeout).await;
     Ok(())
 }

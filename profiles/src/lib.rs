@@ -27,7 +27,7 @@ pub use model::{
     AdminConfig, ApiKey, BindMode, Config, DestinationConfig, DestinationKind, DlrBackend, DlrConfig,
     FileStorageConfig, HttpConfig, IdFormat, LogConfig, LogFormat, LogLevel, OnReceiptRequest, OutboxConfig,
     OutboxSourceConfig, PendingConfig, PostgresqlStorageConfig, RouteConfig, RoutedWorkConfig, RouterQueueConfig,
-    Secret, SmppAccount, SmppConfig, SmsConfig, StageBackend, StorageConfig,
+    Secret, ShutdownConfig, SmppAccount, SmppConfig, SmsConfig, StageBackend, StorageConfig,
 };
 pub use profile::{
     DLR_GUARANTEES, Guarantee, IMPLEMENTED_DLR, IMPLEMENTED_OUTBOUND, OUTBOUND_GUARANTEES, StorageProfile,

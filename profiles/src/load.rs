@@ -454,7 +454,7 @@ copy-to = []
         assert_eq!(
             e,
             "unknown key smtp: expected one of sms, dlr, storage, smpp, http, admin, log, \
-             destinations, routes, outbox"
+             destinations, routes, outbox, shutdown"
         );
     }
 

@@ -372,6 +372,27 @@ pub struct Config {
     pub routes: Vec<RouteConfig>,
     /// Applications' outbox tables Sendium relays SMS from.
     pub outbox: OutboxConfig,
+    /// How a SIGTERM/SIGINT stop drains.
+    pub shutdown: ShutdownConfig,
+}
+
+/// `[shutdown]`
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ShutdownConfig {
+    /// Longest a stop waits for in-flight provider submissions and due receipts (and,
+    /// on a non-durable pending stage, for the pipeline to send what it holds) before
+    /// the process exits.
+    #[serde(deserialize_with = "crate::duration::deserialize")]
+    pub timeout: Duration,
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(30),
+        }
+    }
 }
 
 /// `[sms]`

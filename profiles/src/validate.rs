@@ -47,6 +47,7 @@ pub fn validate(cfg: &Config) -> Result<(), ConfigError> {
     v.destinations(cfg);
     v.routes(cfg);
     v.outbox(cfg);
+    v.nonzero("shutdown.timeout", cfg.shutdown.timeout);
     if let Err(e) = check_supported(&cfg.storage_profile()) {
         v.problems.push(e);
     }

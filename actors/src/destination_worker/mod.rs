@@ -225,7 +225,9 @@ impl WorkerState {
         let Provider::Smpp(client) = &self.provider else {
             return;
         };
-        if !self.up {
+        // Down, or stopping: park them (a stop lets what is in flight finish, and the
+        // parked parts are in the durable stages for the next start).
+        if !self.up || self.shared.stopping.holding_submissions() {
             let now = Instant::now();
             for p in parts {
                 self.retry_seq += 1;
@@ -441,7 +443,7 @@ impl WorkerState {
 
     /// Resubmit parts whose retry time has come (all parked ones when `all`).
     fn retry_due(&mut self, all: bool) {
-        if !self.up {
+        if !self.up || self.shared.stopping.holding_submissions() {
             return;
         }
         let now = Instant::now();

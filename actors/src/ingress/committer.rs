@@ -333,7 +333,7 @@ impl IngressArgs {
         for record in req.records {
             // In order, the first refusal refuses the rest (slots after it are all refused).
             let cut_off = req.in_order && matches!(slots.last(), Some(Err(_)));
-            if !self.accepting || cut_off {
+            if !self.accepting || cut_off || self.shared.stopping.refusing_admissions() {
                 slots.push(Err(Refusal::Unavailable));
                 continue;
             }

@@ -192,6 +192,12 @@ pub trait SubmitHandler: Send + Sync + 'static {
     /// receipts can be delivered now). Called after the session is in the registry, so a
     /// [`SessionRegistry::deliver`] started from here reaches it (after its bind_resp).
     fn bound(&self, account: &str, can_receive: bool);
+
+    /// False while the gateway is stopping: a bind is then refused with
+    /// `ESME_RBINDFAIL` (the ESME reconnects to another instance, or after the restart).
+    fn accepts_binds(&self) -> bool {
+        true
+    }
 }
 
 /// A deliver_sm to send to an ESME (a delivery receipt).

@@ -810,7 +810,12 @@ impl Session {
             refuse(self, CommandStatus::EsmeRalybnd);
             return;
         }
-        let slot = match self.shared.accounts.bind(system_id, password) {
+        let admitted = if self.shared.handler.accepts_binds() {
+            self.shared.accounts.bind(system_id, password)
+        } else {
+            Err(CommandStatus::EsmeRbindfail)
+        };
+        let slot = match admitted {
             Ok(slot) => slot,
             Err(status) => {
                 tracing::warn!(
