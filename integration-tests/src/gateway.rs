@@ -406,6 +406,11 @@ impl GatewayProcess {
         self.child.is_some() && self.try_wait().is_none()
     }
 
+    /// SIGTERM: an orderly stop (see [`sigterm`]); then [`GatewayProcess::wait_exit`].
+    pub fn terminate(&self) -> bool {
+        self.pid().is_some_and(sigterm)
+    }
+
     /// SIGKILL (`Child::kill` is SIGKILL on Unix) and reap.
     pub fn kill(&mut self) {
         if let Some(child) = self.child.as_mut() {
@@ -536,6 +541,14 @@ impl Drop for GatewayProcess {
             }
         }
     }
+}
+
+/// Send SIGTERM to `pid` (through `kill(1)`: the kit has no unsafe code); true when sent.
+pub fn sigterm(pid: u32) -> bool {
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 #[cfg(test)]

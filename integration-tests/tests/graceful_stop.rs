@@ -8,24 +8,12 @@
 mod support;
 
 use std::collections::{HashMap, HashSet};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use sendium_integration_tests::{BindKind, GatewayProcess, SmscConfig, SubmitSpec, TestEsme, TestSmsc};
+use sendium_integration_tests::{BindKind, SmscConfig, SubmitSpec, TestEsme, TestSmsc};
 use support::*;
-
-fn sigterm(gw: &GatewayProcess) {
-    let pid = gw.pid().unwrap();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
-}
 
 /// Submit with receipts (20 pipelined every 10 ms, fresh destinations) until `stop` or
 /// the session is gone; the acknowledged destinations and their message ids.
@@ -70,7 +58,7 @@ async fn sigterm_under_load_on_file_stages_exits_0_and_the_restart_loses_nothing
     smsc.faults().delay_responses(Duration::from_millis(300));
     tokio::time::sleep(Duration::from_millis(100)).await;
 
-    sigterm(&gw);
+    assert!(gw.terminate());
     let stopped_at = Instant::now();
     let status = gw
         .wait_exit(Duration::from_secs(20))
@@ -149,7 +137,7 @@ async fn sigterm_on_the_memory_profile_logs_what_it_drops() {
         .count();
     assert_eq!(acked, 50);
 
-    sigterm(&gw);
+    assert!(gw.terminate());
     // While it drains: no new bind, no new HTTP submission.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let bind = TestEsme::bind(gw.smpp_addr(), "esme2", "secret2", BindKind::Transceiver).await;

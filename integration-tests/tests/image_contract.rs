@@ -162,13 +162,7 @@ fn the_image_configuration_runs_as_pid_1_and_stops_on_sigterm() {
     assert_eq!(nspid.split_whitespace().last(), Some("1"), "PID 1 inside: {nspid}");
 
     // PID 1 gets only the signals it handles: SIGTERM must be one of them.
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
+    assert!(sendium_integration_tests::gateway::sigterm(pid));
     let exit = wait_exit(&mut unshare, Duration::from_secs(20)).expect("stopped within 20 s of SIGTERM");
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(exit.success(), "exit status {exit}\n{text}");
