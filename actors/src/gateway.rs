@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorRef};
 use sendium_profiles::{Config, DlrBackend, Guarantee, StorageProfile};
-use sendium_protocols::http::{ApiKey, HttpIngressConfig};
-use sendium_protocols::smpp::server::{self, Account, ServerConfig, SessionRegistry};
+use sendium_protocols::http::{HttpAccess, HttpIngressConfig};
+use sendium_protocols::smpp::server::{self, AccountBook, ServerConfig, SessionRegistry};
 use sendium_storage::postgresql::StageAccess;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -24,6 +24,7 @@ use crate::health::Health;
 use crate::http_ingress::HttpIngress;
 use crate::ingress::{IngressMsg, IngressStatus};
 use crate::outbox_relay::{OutboxConfigError, OutboxRelays, SourceView};
+use crate::reload::{self, ConfigView, LiveConfig, ReloadError, ReloadSummary};
 use crate::router::{RouterMsg, RouterStatus};
 use crate::selector::{SelectorMsg, SelectorStatus};
 use crate::smpp_ingress::SmppIngress;
@@ -213,6 +214,7 @@ pub struct Gateway {
     smpp_addr: Option<SocketAddr>,
     http_addr: Option<SocketAddr>,
     outbox: OutboxRelays,
+    live: LiveConfig,
 }
 
 impl Gateway {
@@ -258,6 +260,8 @@ impl Gateway {
         let shutdown = CancellationToken::new();
         let mut listeners = Vec::new();
         let mut smpp_addr = None;
+        let mut account_book = None;
+        let mut http_access = None;
         if let Some(smpp) = &cfg.smpp {
             let listener = TcpListener::bind(smpp.listen)
                 .await
@@ -267,6 +271,8 @@ impl Gateway {
                     source,
                 })?;
             smpp_addr = listener.local_addr().ok();
+            let book = AccountBook::new(&reload::smpp_accounts(smpp));
+            account_book = Some(book.clone());
             let config = Arc::new(ServerConfig {
                 system_id: "sendium".into(),
                 max_connections: usize::try_from(smpp.max_connections).unwrap_or(1024),
@@ -275,16 +281,7 @@ impl Gateway {
                 bind_timeout: smpp.bind_timeout,
                 idle_timeout: smpp.idle_timeout,
                 deliver_timeout: smpp.deliver_timeout,
-                accounts: smpp
-                    .accounts
-                    .iter()
-                    .map(|a| Account {
-                        system_id: a.system_id.clone(),
-                        password: a.password.expose().to_string(),
-                        max_binds: a.max_binds,
-                        max_tps: a.max_tps,
-                    })
-                    .collect(),
+                accounts: book,
             });
             let handler = Arc::new(SmppIngress::new(shared.clone(), spec.multipart_expiry));
             let registry = shared.sessions.clone();
@@ -305,23 +302,13 @@ impl Gateway {
                     source,
                 })?;
             http_addr = listener.local_addr().ok();
-            let max_tps = cfg
-                .smpp
-                .as_ref()
-                .map(|s| s.accounts.iter().map(|a| (a.system_id.clone(), a.max_tps)).collect())
-                .unwrap_or_default();
+            let (keys, max_tps) = reload::http_access(cfg, http);
+            let access = HttpAccess::new(keys, max_tps);
+            http_access = Some(access.clone());
             let app = sendium_protocols::http::router(
                 HttpIngressConfig {
-                    api_keys: http
-                        .api_keys
-                        .iter()
-                        .map(|k| ApiKey {
-                            key: k.key.expose().to_string(),
-                            account: k.account.clone(),
-                        })
-                        .collect(),
+                    access,
                     max_body_bytes: http.max_body_bytes,
-                    max_tps,
                 },
                 Arc::new(HttpIngress::new(shared.clone())),
             );
@@ -345,7 +332,15 @@ impl Gateway {
         } else {
             OutboxRelays::none()
         };
+        let live = LiveConfig::new(
+            cfg.clone(),
+            account_book,
+            http_access,
+            spec.routes.clone(),
+            shared.sessions.clone(),
+        );
         Ok(Gateway {
+            live,
             outbox,
             outbox_stop,
             http_addr,
@@ -428,6 +423,24 @@ impl Gateway {
     pub fn readiness(&self) -> Result<(), Vec<String>> {
         let reasons = self.shared.health.not_ready_reasons();
         if reasons.is_empty() { Ok(()) } else { Err(reasons) }
+    }
+
+    /// Swap in a reloaded configuration's accounts, API keys and routes, or refuse it
+    /// whole (see [`crate::reload`]). The outbox relays take the new account list too.
+    pub fn reload(&self, new: Config) -> Result<ReloadSummary, ReloadError> {
+        let accounts = new
+            .smpp
+            .iter()
+            .flat_map(|s| s.accounts.iter().map(|a| a.system_id.clone()))
+            .collect();
+        let summary = self.live.reload(new)?;
+        self.outbox.set_accounts(accounts);
+        Ok(summary)
+    }
+
+    /// `/admin/config`.
+    pub fn config_view(&self) -> ConfigView {
+        self.live.view()
     }
 
     /// Outbox sources whose database does not answer. The gateway stays ready: SMPP

@@ -25,6 +25,7 @@ pub mod health;
 pub mod http_ingress;
 pub mod ingress;
 pub mod outbox_relay;
+pub mod reload;
 pub mod router;
 pub mod selector;
 pub mod smpp_ingress;

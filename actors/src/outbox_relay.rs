@@ -60,8 +60,9 @@ pub struct OutboxConfigError {
 /// What the relay needs to know of the gateway to check a row before admitting it.
 struct Admissions {
     shared: Arc<Shared>,
-    /// `[[smpp.accounts]]` system ids: a row's account must be one of them.
-    accounts: HashSet<String>,
+    /// `[[smpp.accounts]]` system ids: a row's account must be one of them (replaced by
+    /// a reload).
+    accounts: parking_lot::RwLock<HashSet<String>>,
     /// Receipt requests are refused (`dlr.backend = "disabled"`, refuse policy).
     refuse_receipts: bool,
 }
@@ -69,6 +70,7 @@ struct Admissions {
 /// The relays of every configured source.
 pub struct OutboxRelays {
     sources: Vec<Arc<SourceRelay>>,
+    admissions: Option<Arc<Admissions>>,
 }
 
 /// One source: its connections, its workers' shared state, and what dashboards read.
@@ -130,11 +132,12 @@ impl OutboxRelays {
     ) -> Result<(OutboxRelays, Vec<JoinHandle<()>>), OutboxConfigError> {
         let admissions = Arc::new(Admissions {
             shared,
-            accounts: cfg
-                .smpp
-                .iter()
-                .flat_map(|s| s.accounts.iter().map(|a| a.system_id.clone()))
-                .collect(),
+            accounts: parking_lot::RwLock::new(
+                cfg.smpp
+                    .iter()
+                    .flat_map(|s| s.accounts.iter().map(|a| a.system_id.clone()))
+                    .collect(),
+            ),
             refuse_receipts: receipts == ReceiptPolicy::Refuse,
         });
         let mut sources = Vec::new();
@@ -162,12 +165,28 @@ impl OutboxRelays {
             );
             sources.push(relay);
         }
-        Ok((OutboxRelays { sources }, tasks))
+        Ok((
+            OutboxRelays {
+                sources,
+                admissions: Some(admissions),
+            },
+            tasks,
+        ))
     }
 
     /// No sources.
     pub fn none() -> OutboxRelays {
-        OutboxRelays { sources: Vec::new() }
+        OutboxRelays {
+            sources: Vec::new(),
+            admissions: None,
+        }
+    }
+
+    /// A reload's account list: rows of other accounts are refused from now on.
+    pub fn set_accounts(&self, accounts: HashSet<String>) {
+        if let Some(a) = &self.admissions {
+            *a.accounts.write() = accounts;
+        }
     }
 
     pub fn views(&self) -> Vec<SourceView> {
@@ -426,6 +445,7 @@ async fn deliver(
     let rows = delivery.rows();
     let batch = usize::try_from(relay.source.settings().batch_size).unwrap_or(usize::MAX);
     if rows.is_empty() {
+        delivery.abandon().await?;
         return Ok((Cycle::Drained, after));
     }
     let full = rows.len() >= batch;
@@ -529,7 +549,7 @@ impl Admissions {
     /// The pending record of a row, or why Sendium refuses it for what it says.
     fn record(&self, row: &OutboxRow) -> Result<PendingRecord, String> {
         let m = &row.message;
-        if !self.accounts.contains(&m.account) {
+        if !self.accounts.read().contains(&m.account) {
             return Err(format!(
                 "account {:?} is not configured in [[smpp.accounts]]",
                 m.account

@@ -43,7 +43,7 @@ pub struct GatewaySpec {
     pub stores: Stores,
     pub reservations: Option<Arc<ReceiptReservations>>,
     pub receipt_policy: ReceiptPolicy,
-    pub routes: Arc<RouteTable>,
+    pub routes: LiveRoutes,
     pub selection_batch: usize,
     pub max_in_flight: usize,
     pub callback_timeout: Duration,
@@ -123,7 +123,7 @@ impl GatewaySpec {
             stores,
             reservations,
             receipt_policy,
-            routes: Arc::new(RouteTable::from_config(cfg)),
+            routes: LiveRoutes::new(RouteTable::from_config(cfg)),
             selection_batch: cfg.sms.router_queue.batch_size,
             max_in_flight: cfg.sms.routed_work.max_in_flight,
             callback_timeout: cfg.dlr.callback_timeout,
@@ -142,5 +142,24 @@ impl GatewaySpec {
             .iter()
             .map(|d| (d.name.clone(), (d.window * 4).max(256)))
             .collect()
+    }
+}
+
+/// The routing table the Router plans with, replaced by a reload: units planned after
+/// the swap follow the new table; routes already recorded stay as they were.
+#[derive(Clone)]
+pub struct LiveRoutes(Arc<parking_lot::RwLock<Arc<RouteTable>>>);
+
+impl LiveRoutes {
+    pub fn new(table: RouteTable) -> Self {
+        LiveRoutes(Arc::new(parking_lot::RwLock::new(Arc::new(table))))
+    }
+
+    pub fn current(&self) -> Arc<RouteTable> {
+        self.0.read().clone()
+    }
+
+    pub fn replace(&self, table: RouteTable) {
+        *self.0.write() = Arc::new(table);
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! `/healthz` (process alive), `/readyz` (stores open and healthy, reconciliation done),
 //! `/metrics` (Prometheus text), `/admin/actors`, `/admin/destinations`, `/admin/profile`,
-//! `/admin/cluster`, `/admin/outbox`.
+//! `/admin/cluster`, `/admin/outbox`, `/admin/config`, `POST /admin/reload`.
 //! Served on loopback by default; when a token is configured (required for a
 //! non-loopback listen address), `/metrics` and `/admin/*` need
 //! `Authorization: Bearer <token>`, compared in constant time.
@@ -23,6 +23,8 @@ pub struct AdminState {
     pub gateway: Arc<Gateway>,
     pub prometheus: Option<PrometheusHandle>,
     pub token: Secret,
+    /// Where a reload reads the configuration.
+    pub source: crate::serve::ConfigSource,
 }
 
 pub fn router(state: Arc<AdminState>) -> Router {
@@ -35,6 +37,8 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/admin/profile", get(profile))
         .route("/admin/cluster", get(cluster))
         .route("/admin/outbox", get(outbox))
+        .route("/admin/config", get(config))
+        .route("/admin/reload", axum::routing::post(reload))
         .with_state(state)
 }
 
@@ -159,6 +163,43 @@ async fn outbox(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Res
         return unauthorized();
     }
     axum::Json(state.gateway.outbox()).into_response()
+}
+
+/// Which configuration runs: its source, when it was loaded, how many accounts, keys,
+/// routes and destinations — never its content (it holds secrets).
+async fn config(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Response {
+    if !authorized(&state, &headers) {
+        return unauthorized();
+    }
+    let view = state.gateway.config_view();
+    axum::Json(json!({
+        "source": state.source.describe(),
+        "digest": state.source.digest(),
+        "loaded_at": view.loaded_at,
+        "accounts": view.accounts,
+        "api_keys": view.api_keys,
+        "routes": view.routes,
+        "destinations": view.destinations,
+    }))
+    .into_response()
+}
+
+/// Read the configuration again and swap its live parts in: 200 with what changed, 400
+/// when the file does not load, 409 when a key that cannot change live differs.
+async fn reload(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Response {
+    if !authorized(&state, &headers) {
+        return unauthorized();
+    }
+    match crate::serve::reload(&state.gateway, &state.source) {
+        Ok(summary) => axum::Json(json!({"reloaded": true, "changes": summary})).into_response(),
+        Err(e) => {
+            let status = match e {
+                crate::serve::ReloadFailure::Invalid(_) => StatusCode::BAD_REQUEST,
+                crate::serve::ReloadFailure::Refused(_) => StatusCode::CONFLICT,
+            };
+            (status, axum::Json(json!({"reloaded": false, "error": e.to_string()}))).into_response()
+        }
+    }
 }
 
 impl AdminState {

@@ -124,7 +124,7 @@ fn run(args: &[String]) -> Result<(), Failure> {
             let cfg = load(path.as_deref())?;
             crate::telemetry::init(&cfg.log);
             runtime()?
-                .block_on(crate::serve::run(cfg))
+                .block_on(crate::serve::run(cfg, crate::serve::ConfigSource::new(path)))
                 .map_err(|e| Failure::Runtime(e.to_string()))
         }
         "check-config" => {

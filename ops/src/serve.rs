@@ -1,8 +1,10 @@
 //! `sendium serve`: run the gateway until SIGINT/SIGTERM.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use sendium_actors::Gateway;
+use sendium_actors::reload::{ReloadError, ReloadSummary};
 use sendium_profiles::{Config, DlrBackend};
 use tokio::net::TcpListener;
 
@@ -71,8 +73,115 @@ pub struct Running {
     pub admin_addr: std::net::SocketAddr,
 }
 
+/// Where the running configuration came from: a file, or (`None`) the embedded
+/// quickstart. A reload reads it again, with the environment's overrides.
+#[derive(Clone, Debug, Default)]
+pub struct ConfigSource {
+    pub path: Option<PathBuf>,
+    /// SHA-256 of the running configuration's text (environment overrides aside).
+    digest: Arc<parking_lot::Mutex<String>>,
+}
+
+impl ConfigSource {
+    pub fn new(path: Option<PathBuf>) -> Self {
+        let source = ConfigSource {
+            path,
+            digest: Arc::default(),
+        };
+        if let Ok(text) = source.text() {
+            *source.digest.lock() = digest(&text);
+        }
+        source
+    }
+
+    fn text(&self) -> std::io::Result<Vec<u8>> {
+        match &self.path {
+            Some(path) => std::fs::read(path),
+            None => Ok(sendium_profiles::QUICKSTART.as_bytes().to_vec()),
+        }
+    }
+
+    fn load(&self) -> Result<(Config, String), sendium_profiles::ConfigError> {
+        let cfg = match &self.path {
+            Some(path) => sendium_profiles::load(path),
+            None => sendium_profiles::load_str_with_env(sendium_profiles::QUICKSTART, std::env::vars()),
+        }?;
+        Ok((cfg, self.text().map(|t| digest(&t)).unwrap_or_default()))
+    }
+
+    pub fn describe(&self) -> String {
+        self.path
+            .as_ref()
+            .map_or_else(|| "embedded quickstart".to_owned(), |p| p.display().to_string())
+    }
+
+    /// The running configuration's digest (`sha256:<hex>`).
+    pub fn digest(&self) -> String {
+        self.digest.lock().clone()
+    }
+}
+
+fn digest(text: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let hash = Sha256::digest(text);
+    let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+/// Why a reload changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadFailure {
+    /// The file does not load or validate.
+    #[error("{0}; the running configuration is unchanged")]
+    Invalid(String),
+    #[error(transparent)]
+    Refused(#[from] ReloadError),
+}
+
+/// Read the configuration again and swap its live parts in (SIGHUP, `POST
+/// /admin/reload`); counted in `sendium_config_reloads_total{outcome}`.
+pub fn reload(gateway: &Gateway, source: &ConfigSource) -> Result<ReloadSummary, ReloadFailure> {
+    let result = source
+        .load()
+        .map_err(|e| ReloadFailure::Invalid(e.to_string()))
+        .and_then(|(cfg, digest)| {
+            let summary = gateway.reload(cfg)?;
+            *source.digest.lock() = digest;
+            Ok(summary)
+        });
+    let outcome = match &result {
+        Ok(summary) => {
+            tracing::info!(
+                source = %source.describe(),
+                accounts_added = summary.accounts_added.len(),
+                accounts_removed = summary.accounts_removed.len(),
+                accounts_changed = summary.accounts_changed.len(),
+                sessions_unbound = summary.sessions_unbound,
+                api_keys = summary.api_keys,
+                routes = summary.routes,
+                "configuration reloaded"
+            );
+            "ok"
+        }
+        Err(e) => {
+            tracing::warn!(source = %source.describe(), error = %e, "configuration reload refused");
+            match e {
+                ReloadFailure::Invalid(_) => "invalid",
+                ReloadFailure::Refused(_) => "refused",
+            }
+        }
+    };
+    metrics::counter!("sendium_config_reloads_total", "outcome" => outcome).increment(1);
+    result
+}
+
 /// Start everything the configuration asks for.
 pub async fn start(cfg: &Config) -> Result<Running, ServeError> {
+    start_from(cfg, ConfigSource::new(None)).await
+}
+
+/// [`start`], remembering where the configuration came from for reloads.
+pub async fn start_from(cfg: &Config, source: ConfigSource) -> Result<Running, ServeError> {
     announce_profile(cfg);
     let prometheus = crate::metrics::install();
     let gateway = Arc::new(Gateway::start(cfg).await?);
@@ -87,6 +196,7 @@ pub async fn start(cfg: &Config) -> Result<Running, ServeError> {
         gateway: gateway.clone(),
         prometheus,
         token: cfg.admin.token.clone(),
+        source,
     });
     let token = gateway.shutdown_token();
     gateway.add_listener(tokio::spawn(async move {
@@ -101,6 +211,29 @@ pub async fn start(cfg: &Config) -> Result<Running, ServeError> {
     }
     tracing::info!(addr = %admin_addr, "admin listening");
     Ok(Running { gateway, admin_addr })
+}
+
+/// Reload the configuration on every SIGHUP until the gateway stops.
+fn reload_on_sighup(gateway: Arc<Gateway>, source: ConfigSource) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        tracing::warn!("SIGHUP cannot be handled: reload with POST /admin/reload");
+        return;
+    };
+    let stop = gateway.shutdown_token();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                got = hup.recv() => {
+                    if got.is_none() {
+                        return;
+                    }
+                    let _ = reload(&gateway, &source);
+                }
+                () = stop.cancelled() => return,
+            }
+        }
+    });
 }
 
 /// Wait for SIGINT or SIGTERM.
@@ -128,8 +261,9 @@ pub async fn wait_for_signal() {
     }
 }
 
-pub async fn run(cfg: Config) -> Result<(), ServeError> {
-    let running = start(&cfg).await?;
+pub async fn run(cfg: Config, source: ConfigSource) -> Result<(), ServeError> {
+    let running = start_from(&cfg, source.clone()).await?;
+    reload_on_sighup(running.gateway.clone(), source);
     wait_for_signal().await;
     tracing::info!("shutting down");
     running.gateway.stop(cfg.shutdown.timeout).await;

@@ -79,7 +79,7 @@ async fn partitions_split_the_rows_and_exclude_each_other() {
     // Partition 0 settles; partition 1's relay dies without settling (rolled back).
     let outcomes: Vec<_> = r0.iter().map(|id| (*id, RowOutcome::Admitted)).collect();
     assert_eq!(d0.settle(&outcomes).await.unwrap().admitted, r0.len() as u64);
-    drop(d1);
+    d1.abandon().await.unwrap();
     let again = a.begin(1).await.unwrap().expect("released with its transaction");
     assert_eq!(ids(again.rows()), r1, "unsettled rows are read again");
     assert!(
@@ -240,7 +240,7 @@ async fn a_group_commits_in_id_order_even_from_concurrent_transactions() {
     let relay = PgRelay::new(pool.clone(), settings(1));
     let d = relay.begin(0).await.unwrap().unwrap();
     assert_eq!(ids(d.rows()), vec![other], "only committed rows are read");
-    drop(d);
+    d.abandon().await.unwrap();
     t1.commit().await.unwrap();
     let second = t2.await.unwrap();
     assert!(second > first, "{second} after {first}");
@@ -291,4 +291,36 @@ async fn backlog_dead_rows_and_their_revival() {
         "back with its attempts reset"
     );
     assert_eq!(relay.stats().await.unwrap().dead, 0);
+}
+
+#[tokio::test]
+async fn a_read_after_a_position_holds_a_group_behind_its_unread_earlier_row() {
+    let pool = source().await;
+    // A (group g) takes its id and commits late; B (group h) commits meanwhile and is
+    // read, moving the position past A.
+    let mut ta = pool.begin().await.unwrap();
+    let a: i64 = sqlx::query(
+        "INSERT INTO sendium_outbox (account, source_addr, destination_addr, body, group_key) \
+         VALUES ('shop', 'Shop', '447700900001', 'A', 'g') RETURNING id",
+    )
+    .fetch_one(&mut *ta)
+    .await
+    .unwrap()
+    .get("id");
+    let b = insert(&pool, "447700900002", Some("h")).await;
+    let relay = PgRelay::new(pool.clone(), settings(1));
+    let d = relay.begin(0).await.unwrap().unwrap();
+    assert_eq!(ids(d.rows()), vec![b]);
+    d.settle(&[(b, RowOutcome::Admitted)]).await.unwrap();
+    ta.commit().await.unwrap();
+    let c = insert(&pool, "447700900001", Some("g")).await;
+    assert!(a < b && b < c);
+
+    // From the position: C is held behind A, which lies before the position.
+    let d = relay.begin_after(0, b).await.unwrap().unwrap();
+    assert!(d.rows().is_empty(), "C waits for A: {:?}", ids(d.rows()));
+    d.abandon().await.unwrap();
+    // From the start: A, then C.
+    let d = relay.begin_after(0, 0).await.unwrap().unwrap();
+    assert_eq!(ids(d.rows()), vec![a, c]);
 }

@@ -24,7 +24,7 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use parking_lot::Mutex;
+use parking_lot::RwLock;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
@@ -45,10 +45,51 @@ impl std::fmt::Debug for ApiKey {
 
 #[derive(Clone, Debug)]
 pub struct HttpIngressConfig {
-    pub api_keys: Vec<ApiKey>,
+    /// The API keys and per-account limits, replaceable while serving.
+    pub access: HttpAccess,
     pub max_body_bytes: usize,
-    /// Per-account submissions per second (0 or absent = unlimited).
-    pub max_tps: HashMap<String, u32>,
+}
+
+/// Who may submit: the API keys, and each account's submissions per second (0 or
+/// absent = unlimited). Shared with whoever reloads them ([`HttpAccess::replace`]).
+#[derive(Clone, Default)]
+pub struct HttpAccess(Arc<RwLock<Access>>);
+
+#[derive(Default)]
+struct Access {
+    keys: Vec<ApiKey>,
+    max_tps: HashMap<String, u32>,
+    buckets: HashMap<String, Bucket>,
+}
+
+/// Names the accounts with keys only: keys stay out of debug output.
+impl std::fmt::Debug for HttpAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let access = self.0.read();
+        f.debug_struct("HttpAccess")
+            .field("keys", &access.keys.len())
+            .field("max_tps", &access.max_tps)
+            .finish()
+    }
+}
+
+impl HttpAccess {
+    pub fn new(api_keys: Vec<ApiKey>, max_tps: HashMap<String, u32>) -> Self {
+        let access = HttpAccess::default();
+        access.replace(api_keys, max_tps);
+        access
+    }
+
+    /// Take reloaded keys and limits: a removed key is refused from the next request on;
+    /// an account whose limit changed starts a fresh bucket.
+    pub fn replace(&self, api_keys: Vec<ApiKey>, max_tps: HashMap<String, u32>) {
+        let mut access = self.0.write();
+        access
+            .buckets
+            .retain(|account, bucket| max_tps.get(account).map(|t| f64::from(*t)) == Some(bucket.rate));
+        access.keys = api_keys;
+        access.max_tps = max_tps;
+    }
 }
 
 /// A validated submission.
@@ -104,10 +145,8 @@ impl Bucket {
 }
 
 struct Ingress {
-    keys: Vec<ApiKey>,
+    access: HttpAccess,
     handler: Arc<dyn HttpSubmitHandler>,
-    buckets: Mutex<HashMap<String, Bucket>>,
-    max_tps: HashMap<String, u32>,
 }
 
 pub const MAX_TEXT_CHARS: usize = 1_600;
@@ -117,10 +156,8 @@ pub const MAX_URL: usize = 2_048;
 /// The router for the ingress listener.
 pub fn router(config: HttpIngressConfig, handler: Arc<dyn HttpSubmitHandler>) -> Router {
     let state = Arc::new(Ingress {
-        keys: config.api_keys,
+        access: config.access,
         handler,
-        buckets: Mutex::new(HashMap::new()),
-        max_tps: config.max_tps,
     });
     Router::new()
         .route("/v1/messages", post(submit))
@@ -143,7 +180,7 @@ impl Ingress {
         let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
         let presented = value.strip_prefix("Bearer ")?.trim().as_bytes();
         let mut found = None;
-        for k in &self.keys {
+        for k in &self.access.0.read().keys {
             if bool::from(k.key.as_bytes().ct_eq(presented)) && found.is_none() {
                 found = Some(k.account.clone());
             }
@@ -152,14 +189,14 @@ impl Ingress {
     }
 
     fn admit_rate(&self, account: &str) -> bool {
-        let Some(&tps) = self.max_tps.get(account) else {
+        let mut access = self.access.0.write();
+        let Some(&tps) = access.max_tps.get(account) else {
             return true;
         };
         if tps == 0 {
             return true;
         }
-        let mut buckets = self.buckets.lock();
-        let b = buckets.entry(account.to_string()).or_insert_with(|| Bucket {
+        let b = access.buckets.entry(account.to_string()).or_insert_with(|| Bucket {
             rate: f64::from(tps),
             tokens: f64::from(tps),
             last: Instant::now(),

@@ -29,7 +29,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use sendium_profiles::RouteTable;
 use sendium_storage::failpoint;
 use sendium_storage::{
     Branch, BranchDone, BranchFailure, BranchMove, BranchOutcome, Handoff, ReadyUnit, ReceiptTarget, RoutedUnit,
@@ -41,6 +40,7 @@ use self::placement::Waiting;
 use crate::context::Shared;
 use crate::destination_worker::{BranchJob, WorkerMsg};
 use crate::selector::SelectorMsg;
+use crate::spec::LiveRoutes;
 
 /// One branch of one unit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -132,7 +132,7 @@ pub struct DestinationView {
 pub struct RouterArgs {
     pub shared: Arc<Shared>,
     pub store: Arc<dyn RoutedWorkStore>,
-    pub routes: Arc<RouteTable>,
+    pub routes: LiveRoutes,
     pub max_in_flight: usize,
     /// Branches a destination worker holds at once.
     pub worker_capacity: HashMap<String, usize>,
@@ -218,7 +218,7 @@ pub struct RouterState {
     /// The store keeps its records across a restart: the Selector releases a staged
     /// unit once it is recorded here, and writes are paced.
     durable: bool,
-    routes: Arc<RouteTable>,
+    routes: LiveRoutes,
     max_in_flight: usize,
     max_age: Duration,
     dlr_enabled: bool,

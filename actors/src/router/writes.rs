@@ -32,6 +32,7 @@ impl RouterState {
         let mut known = Vec::new();
         let mut dropped = 0;
         let mut fresh = Vec::with_capacity(units.len());
+        let routes = self.routes.current();
         for ru in units {
             let id = ru.unit.id;
             if self.units.contains_key(&id)
@@ -47,7 +48,7 @@ impl RouterState {
                 dropped += 1;
                 continue;
             }
-            let routed = plan(&self.routes, &ru.unit);
+            let routed = plan(&routes, &ru.unit);
             fresh.push((Arc::new(ru.unit), routed));
         }
         if dropped > 0 {

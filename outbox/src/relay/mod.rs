@@ -216,6 +216,14 @@ impl Delivery<'_> {
         }
     }
 
+    /// Give the delivery up without settling anything, freeing the partition at once.
+    pub async fn abandon(self) -> Result<(), RelayError> {
+        match self {
+            Delivery::Postgresql(d) => d.abandon().await,
+            Delivery::Sqlite(_) => Ok(()),
+        }
+    }
+
     /// Record each row's outcome. Call it only once the admissions are durable: a row
     /// settled `Admitted` is not read again.
     pub async fn settle(self, outcomes: &[(i64, RowOutcome)]) -> Result<Settled, RelayError> {

@@ -63,8 +63,10 @@ impl PgRelay {
     pub fn new(pool: PgPool, settings: RelaySettings) -> Self {
         let t = settings.table.as_str();
         Self {
-            // Due rows of the partition's lanes in relay order, skipping a group's rows
-            // while an earlier row of the group waits for its retry.
+            // Due rows of the partition's lanes in relay order after id $4, skipping a
+            // group's rows while an earlier row of the group waits for its retry, or lies
+            // before $4 unread (it committed after later rows of other groups were
+            // read: the next read from the start relays it, and the group after it).
             take: format!(
                 "SELECT id, event_id, account, source_addr, destination_addr, body, callback_url, group_key, attempts, \
                         extract(epoch FROM clock_timestamp() - created_at)::float8 AS age \
@@ -74,7 +76,7 @@ impl PgRelay {
                     AND (group_key IS NULL OR NOT EXISTS ( \
                          SELECT 1 FROM {t} e \
                           WHERE e.status = 'pending' AND e.group_key = o.group_key AND e.id < o.id \
-                            AND e.next_attempt_at > now() OFFSET 0)) \
+                            AND (e.next_attempt_at > now() OR e.id <= $4) OFFSET 0)) \
                   ORDER BY id LIMIT $3"
             ),
             delete: format!("DELETE FROM {t} WHERE id = ANY($1) AND status = 'pending'"),
@@ -252,6 +254,14 @@ fn row_of(r: &PgRow) -> Result<OutboxRow, sqlx::Error> {
 }
 
 impl PgDelivery<'_> {
+    /// Give the delivery up without settling anything: its rows stay as they were, and
+    /// the partition is free at once (a dropped delivery rolls back too, but only when
+    /// its connection is next used or returned).
+    pub async fn abandon(self) -> Result<(), RelayError> {
+        let relay = self.relay;
+        self.tx.rollback().await.map_err(|e| relay.err(e))
+    }
+
     /// The partition's due rows, in relay order.
     pub fn rows(&self) -> &[OutboxRow] {
         &self.rows

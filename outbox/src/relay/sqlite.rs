@@ -78,7 +78,7 @@ impl SqliteRelay {
                     AND (group_key IS NULL OR NOT EXISTS ( \
                          SELECT 1 FROM {t} e \
                           WHERE e.status = 'pending' AND e.group_key = o.group_key AND e.id < o.id \
-                            AND e.next_attempt_at > {NOW})) \
+                            AND (e.next_attempt_at > {NOW} OR e.id <= ?2))) \
                   ORDER BY id LIMIT ?1"
             ),
             delete: format!("DELETE FROM {t} WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'pending'"),

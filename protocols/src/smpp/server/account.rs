@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use rusmpp::CommandStatus;
 use subtle::{Choice, ConstantTimeEq};
 use tokio::time::Instant;
@@ -88,32 +88,45 @@ impl Bucket {
     }
 }
 
-/// An account with its live state.
+/// An account with its live state. A reload changes its password, bind limit and
+/// throughput limit in place, so its bound sessions keep their slots and follow the new
+/// limits.
 pub(super) struct AccountState {
     /// The system_id, shared with every batch handed to the handler.
     pub(super) name: Arc<str>,
-    max_binds: u32,
-    secret: Secret,
+    max_binds: AtomicU32,
+    secret: RwLock<Secret>,
     binds: AtomicU32,
-    bucket: Option<Mutex<Bucket>>,
+    bucket: Mutex<Option<Bucket>>,
 }
 
 impl AccountState {
     fn new(account: &Account, now: Instant) -> Self {
         AccountState {
             name: Arc::from(account.system_id.as_str()),
-            max_binds: account.max_binds,
-            secret: Secret::new(account.password.as_bytes()),
+            max_binds: AtomicU32::new(account.max_binds),
+            secret: RwLock::new(Secret::new(account.password.as_bytes())),
             binds: AtomicU32::new(0),
-            bucket: (account.max_tps > 0).then(|| Mutex::new(Bucket::new(account.max_tps, now))),
+            bucket: Mutex::new((account.max_tps > 0).then(|| Bucket::new(account.max_tps, now))),
+        }
+    }
+
+    /// Take a reloaded account's password and limits.
+    fn update(&self, account: &Account, now: Instant) {
+        self.max_binds.store(account.max_binds, Ordering::Release);
+        *self.secret.write() = Secret::new(account.password.as_bytes());
+        let mut bucket = self.bucket.lock();
+        let rate = f64::from(account.max_tps);
+        if bucket.as_ref().map_or(0.0, |b| b.rate) != rate {
+            *bucket = (account.max_tps > 0).then(|| Bucket::new(account.max_tps, now));
         }
     }
 
     /// Of `wanted` submits, how many the account's throughput limit lets through now.
     pub(super) fn admit(&self, wanted: usize, now: Instant) -> usize {
-        match &self.bucket {
+        match self.bucket.lock().as_mut() {
             None => wanted,
-            Some(bucket) => bucket.lock().take(wanted, now),
+            Some(bucket) => bucket.take(wanted, now),
         }
     }
 
@@ -141,12 +154,68 @@ impl Drop for BindSlot {
     }
 }
 
-/// All configured accounts, by system_id.
+/// All configured accounts, by system_id; replaced as a whole by a reload.
 pub(super) struct Accounts {
-    by_id: HashMap<String, Arc<AccountState>>,
+    by_id: RwLock<HashMap<String, Arc<AccountState>>>,
     /// Compared against when the system_id is unknown, so that an unknown id costs the
     /// same as a wrong password.
     dummy: Secret,
+}
+
+/// The server's accounts, shared with whoever reloads them ([`AccountBook::replace`]).
+#[derive(Clone)]
+pub struct AccountBook(Arc<Accounts>);
+
+/// Names the accounts only: passwords stay out of debug output.
+impl std::fmt::Debug for AccountBook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut ids: Vec<String> = self.0.by_id.read().keys().cloned().collect();
+        ids.sort();
+        f.debug_tuple("AccountBook").field(&ids).finish()
+    }
+}
+
+impl AccountBook {
+    pub fn new(accounts: &[Account]) -> Self {
+        AccountBook(Arc::new(Accounts::new(accounts)))
+    }
+
+    /// Take a reloaded account list: new accounts can bind at once, changed ones keep
+    /// their sessions under the new password and limits, and the system ids of removed
+    /// ones are returned (their sessions are for the caller to unbind).
+    pub fn replace(&self, accounts: &[Account]) -> Vec<String> {
+        let now = Instant::now();
+        let mut by_id = self.0.by_id.write();
+        let removed: Vec<String> = by_id
+            .keys()
+            .filter(|id| !accounts.iter().any(|a| &a.system_id == *id))
+            .cloned()
+            .collect();
+        for id in &removed {
+            by_id.remove(id);
+        }
+        for account in accounts {
+            match by_id.get(&account.system_id) {
+                Some(state) => state.update(account, now),
+                None => {
+                    by_id.insert(account.system_id.clone(), Arc::new(AccountState::new(account, now)));
+                }
+            }
+        }
+        removed
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.by_id.read().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub(super) fn accounts(&self) -> &Accounts {
+        &self.0
+    }
 }
 
 impl Accounts {
@@ -157,7 +226,7 @@ impl Accounts {
             .map(|account| (account.system_id.clone(), Arc::new(AccountState::new(account, now))))
             .collect();
         Accounts {
-            by_id,
+            by_id: RwLock::new(by_id),
             dummy: Secret::new(b"\x7f-dummy-\x7f"),
         }
     }
@@ -168,16 +237,19 @@ impl Accounts {
     /// compared in constant time, against a dummy for an unknown id), no free slot →
     /// ESME_RBINDFAIL.
     pub(super) fn bind(&self, system_id: &str, password: &[u8]) -> Result<BindSlot, CommandStatus> {
-        let account = self.by_id.get(system_id);
-        let secret = account.map_or(&self.dummy, |account| &account.secret);
-        let password_ok = bool::from(secret.matches(password));
+        let by_id = self.by_id.read();
+        let account = by_id.get(system_id);
+        let password_ok = bool::from(match account {
+            Some(account) => account.secret.read().matches(password),
+            None => self.dummy.matches(password),
+        });
         let Some(account) = account else {
             return Err(CommandStatus::EsmeRinvsysid);
         };
         if !password_ok {
             return Err(CommandStatus::EsmeRinvpaswd);
         }
-        let max = account.max_binds;
+        let max = account.max_binds.load(Ordering::Acquire);
         account
             .binds
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |bound| {
@@ -190,8 +262,8 @@ impl Accounts {
     }
 
     #[cfg(test)]
-    pub(super) fn get(&self, system_id: &str) -> Option<&Arc<AccountState>> {
-        self.by_id.get(system_id)
+    pub(super) fn get(&self, system_id: &str) -> Option<Arc<AccountState>> {
+        self.by_id.read().get(system_id).cloned()
     }
 }
 
@@ -269,5 +341,31 @@ mod tests {
         assert_eq!(accounts.get("a").unwrap().admit(1_000_000, now), 1_000_000);
         assert_eq!(accounts.get("b").unwrap().admit(5, now), 3);
         assert_eq!(accounts.get("b").unwrap().admit(5, now), 0);
+    }
+
+    #[test]
+    fn a_reload_adds_changes_and_removes_accounts_keeping_bound_slots() {
+        let book = AccountBook::new(&[account("esme1", "pw", 2, 0), account("old", "pw", 1, 0)]);
+        let slot = book.accounts().bind("esme1", b"pw").unwrap();
+        let removed = book.replace(&[account("esme1", "new", 1, 0), account("fresh", "f", 1, 0)]);
+        assert_eq!(removed, vec!["old".to_owned()]);
+        assert_eq!(
+            book.accounts().bind("old", b"pw").err(),
+            Some(CommandStatus::EsmeRinvsysid)
+        );
+        assert_eq!(
+            book.accounts().bind("esme1", b"pw").err(),
+            Some(CommandStatus::EsmeRinvpaswd)
+        );
+        // The bound session keeps its slot, and counts against the new limit of 1.
+        assert_eq!(
+            book.accounts().bind("esme1", b"new").err(),
+            Some(CommandStatus::EsmeRbindfail)
+        );
+        drop(slot);
+        assert!(book.accounts().bind("esme1", b"new").is_ok());
+        assert!(book.accounts().bind("fresh", b"f").is_ok());
+        assert_eq!(book.len(), 2);
+        assert_eq!(format!("{book:?}"), "AccountBook([\"esme1\", \"fresh\"])");
     }
 }

@@ -105,6 +105,7 @@ use tokio_util::sync::CancellationToken;
 use super::SmppAddress;
 use crate::multipart::Concat;
 
+pub use account::AccountBook;
 pub use registry::SessionRegistry;
 
 /// How long a closing session waits for in-flight handler calls, outstanding
@@ -116,7 +117,7 @@ pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
 pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// One SMPP account (system_id) that may bind.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Account {
     pub system_id: String,
     pub password: String,
@@ -143,7 +144,8 @@ pub struct ServerConfig {
     pub idle_timeout: Duration,
     /// How long to wait for a deliver_sm_resp.
     pub deliver_timeout: Duration,
-    pub accounts: Vec<Account>,
+    /// The accounts, replaceable while serving ([`AccountBook::replace`]).
+    pub accounts: AccountBook,
 }
 
 /// A submit_sm as the pipeline sees it: validated, UDH/SAR read, user data without UDH.

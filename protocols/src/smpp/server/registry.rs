@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use parking_lot::RwLock;
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 
 use super::metrics::DELIVERS;
 use super::{DeliverOutcome, OutboundDeliver, SessionInfo};
@@ -75,14 +76,16 @@ impl Drop for ChunkReply {
     }
 }
 
-struct Entry {
-    id: u64,
-    kind: BindKind,
-    peer: SocketAddr,
+pub(super) struct Entry {
+    pub(super) id: u64,
+    pub(super) kind: BindKind,
+    pub(super) peer: SocketAddr,
     /// Receiver/transceiver sessions only.
-    tx: Option<mpsc::Sender<DeliverChunk>>,
+    pub(super) tx: Option<mpsc::Sender<DeliverChunk>>,
     /// How long `deliver` waits for room in the session's queue.
-    send_timeout: Duration,
+    pub(super) send_timeout: Duration,
+    /// Unbinds and closes the session.
+    pub(super) close: CancellationToken,
 }
 
 #[derive(Default)]
@@ -137,23 +140,9 @@ impl SessionRegistry {
         Self::default()
     }
 
-    /// Adds a bound session. `tx` is the session's deliver queue (receiver/transceiver).
-    pub(super) fn register(
-        &self,
-        account: &Arc<str>,
-        id: u64,
-        kind: BindKind,
-        peer: SocketAddr,
-        tx: Option<mpsc::Sender<DeliverChunk>>,
-        send_timeout: Duration,
-    ) -> Registration {
-        let entry = Entry {
-            id,
-            kind,
-            peer,
-            tx,
-            send_timeout,
-        };
+    /// Adds a bound session (`entry.tx`: its deliver queue, receiver/transceiver only).
+    pub(super) fn register(&self, account: &Arc<str>, entry: Entry) -> Registration {
+        let id = entry.id;
         self.inner
             .accounts
             .write()
@@ -166,6 +155,18 @@ impl SessionRegistry {
             account: account.clone(),
             id,
         }
+    }
+
+    /// Unbind and close every session of `account` (a reload removed it); how many.
+    pub fn close_account(&self, account: &str) -> usize {
+        let accounts = self.inner.accounts.read();
+        let Some(sessions) = accounts.get(account) else {
+            return 0;
+        };
+        for entry in &sessions.sessions {
+            entry.close.cancel();
+        }
+        sessions.sessions.len()
     }
 
     /// Send these deliver_sm over bound receiver/transceiver sessions of `account`
@@ -361,20 +362,28 @@ mod tests {
         let account: Arc<str> = Arc::from("esme1");
         let peer: SocketAddr = "127.0.0.1:1".parse().unwrap();
         let (tx, _rx) = mpsc::channel(1);
-        let a = registry.register(
-            &account,
-            1,
-            BindKind::Transceiver,
+        let (close_a, close_b) = (CancellationToken::new(), CancellationToken::new());
+        let entry = |id, kind, tx, close: &CancellationToken| Entry {
+            id,
+            kind,
             peer,
-            Some(tx),
-            Duration::from_secs(1),
-        );
-        let b = registry.register(&account, 2, BindKind::Transmitter, peer, None, Duration::from_secs(1));
+            tx,
+            send_timeout: Duration::from_secs(1),
+            close: close.clone(),
+        };
+        let a = registry.register(&account, entry(1, BindKind::Transceiver, Some(tx), &close_a));
+        let b = registry.register(&account, entry(2, BindKind::Transmitter, None, &close_b));
         assert_eq!(registry.receivers("esme1"), 1);
         assert_eq!(registry.receivers("other"), 0);
         let binds: Vec<_> = registry.sessions().into_iter().map(|s| s.bind).collect();
         assert_eq!(binds.len(), 2);
         assert!(binds.contains(&"transceiver") && binds.contains(&"transmitter"));
+        assert_eq!(registry.close_account("other"), 0);
+        assert_eq!(registry.close_account("esme1"), 2);
+        assert!(
+            close_a.is_cancelled() && close_b.is_cancelled(),
+            "both sessions told to close"
+        );
         drop(a);
         assert_eq!(registry.receivers("esme1"), 0);
         assert_eq!(registry.sessions().len(), 1);

@@ -27,7 +27,7 @@ use tokio_util::codec::{Decoder, LengthDelimitedCodec};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::account::{AccountState, Accounts, BindSlot};
+use super::account::{AccountBook, AccountState, BindSlot};
 use super::convert;
 use super::metrics::{self, PduTally};
 use super::registry::{self, ChunkReply, DELIVER_QUEUE, DeliverChunk, Registration};
@@ -52,7 +52,7 @@ pub(super) struct Shared {
     pub(super) config: Arc<ServerConfig>,
     handler: Arc<dyn SubmitHandler>,
     registry: super::SessionRegistry,
-    accounts: Accounts,
+    accounts: AccountBook,
     window: usize,
     system_id: String,
 }
@@ -74,7 +74,7 @@ impl Shared {
             FALLBACK_SYSTEM_ID.to_owned()
         };
         Shared {
-            accounts: Accounts::new(&config.accounts),
+            accounts: config.accounts.clone(),
             window: config.window.max(1),
             system_id,
             config,
@@ -93,7 +93,7 @@ pub(super) async fn run(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>
             tracing::debug!(error = %err, "TCP_NODELAY not set");
         }
         tracing::debug!("SMPP connection accepted");
-        let mut session = Session::new(id, peer, shared);
+        let mut session = Session::new(id, peer, shared, shutdown.clone());
         session.run(stream, shutdown).await;
         tracing::info!(
             account = session.account.as_ref().map(|a| &*a.name),
@@ -329,6 +329,9 @@ struct Session {
     shared: Arc<Shared>,
     id: u64,
     peer: SocketAddr,
+    /// Cancelled to unbind and close this session: by the server's shutdown, or by the
+    /// registry when a reload removes the session's account.
+    close: CancellationToken,
     /// The account, from a successful bind on (kept while closing, for the last batch and
     /// the logs).
     account: Option<Arc<AccountState>>,
@@ -369,12 +372,13 @@ struct Session {
 }
 
 impl Session {
-    fn new(id: u64, peer: SocketAddr, shared: Arc<Shared>) -> Self {
+    fn new(id: u64, peer: SocketAddr, shared: Arc<Shared>, close: CancellationToken) -> Self {
         let now = Instant::now();
         let config = &shared.config;
         Session {
             id,
             peer,
+            close,
             account: None,
             bound: None,
             closing: None,
@@ -811,7 +815,7 @@ impl Session {
             return;
         }
         let admitted = if self.shared.handler.accepts_binds() {
-            self.shared.accounts.bind(system_id, password)
+            self.shared.accounts.accounts().bind(system_id, password)
         } else {
             Err(CommandStatus::EsmeRbindfail)
         };
@@ -840,11 +844,14 @@ impl Session {
         };
         let registration = self.shared.registry.register(
             &account.name,
-            self.id,
-            kind,
-            self.peer,
-            tx,
-            self.shared.config.deliver_timeout,
+            registry::Entry {
+                id: self.id,
+                kind,
+                peer: self.peer,
+                tx,
+                send_timeout: self.shared.config.deliver_timeout,
+                close: self.close.clone(),
+            },
         );
         self.deliver_rx = rx;
         self.bound = Some(Bound::new(kind, slot, registration));

@@ -39,6 +39,24 @@ use crate::smpp::frame::{self, DEFAULT_MAX_COMMAND_LENGTH};
 /// Upper bound of every wait in these tests.
 pub(super) const WAIT: Duration = Duration::from_secs(2);
 
+/// `esme1`/`secret` (4 binds) and `esme2`/`pw2` (1 bind), unthrottled.
+pub(super) fn accounts() -> Vec<Account> {
+    vec![
+        Account {
+            system_id: "esme1".into(),
+            password: "secret".into(),
+            max_binds: 4,
+            max_tps: 0,
+        },
+        Account {
+            system_id: "esme2".into(),
+            password: "pw2".into(),
+            max_binds: 1,
+            max_tps: 0,
+        },
+    ]
+}
+
 pub(super) fn config() -> ServerConfig {
     ServerConfig {
         system_id: "sendium".into(),
@@ -48,20 +66,7 @@ pub(super) fn config() -> ServerConfig {
         bind_timeout: Duration::from_secs(5),
         idle_timeout: Duration::from_secs(30),
         deliver_timeout: Duration::from_secs(5),
-        accounts: vec![
-            Account {
-                system_id: "esme1".into(),
-                password: "secret".into(),
-                max_binds: 4,
-                max_tps: 0,
-            },
-            Account {
-                system_id: "esme2".into(),
-                password: "pw2".into(),
-                max_binds: 1,
-                max_tps: 0,
-            },
-        ],
+        accounts: AccountBook::new(&accounts()),
     }
 }
 

@@ -402,7 +402,9 @@ async fn window_applies_within_one_read() {
 #[tokio::test]
 async fn max_tps_is_a_token_bucket_shared_by_the_accounts_sessions() {
     let mut config = config();
-    config.accounts[0].max_tps = 3;
+    let mut throttled = accounts();
+    throttled[0].max_tps = 3;
+    config.accounts = AccountBook::new(&throttled);
     let server = start(config, FakeHandler::new()).await;
     let mut a = server.bound(BindKind::Transmitter).await;
     let mut b = server.bound(BindKind::Transceiver).await;

@@ -1,0 +1,244 @@
+//! Live reconfiguration: accounts, API keys and routes are re-read from the same file
+//! without a restart (SIGHUP, `POST /admin/reload`).
+//!
+//! A reload is all or nothing. The new configuration is validated like a startup one;
+//! then every key that cannot change while running (storage, listeners, destinations,
+//! outbox sources, limits read at startup) is compared with the running configuration,
+//! and the first one that differs fails the reload naming it — the running
+//! configuration stays as it was. Otherwise the live parts are swapped:
+//!
+//! * `[[smpp.accounts]]`: new accounts can bind at once; a changed account keeps its
+//!   bound sessions under its new password and limits; a removed account's sessions are
+//!   sent `unbind`;
+//! * `[[http.api-keys]]` (and each account's `max-tps` for HTTP): from the next request;
+//! * `[[routes]]`: messages routed after the swap follow the new table; routes already
+//!   recorded stay as they were.
+
+use std::collections::HashMap;
+use std::time::SystemTime;
+
+use parking_lot::Mutex;
+use sendium_profiles::{Config, HttpConfig, RouteTable, SmppConfig};
+use sendium_protocols::http::{ApiKey, HttpAccess};
+use sendium_protocols::smpp::server::{Account, AccountBook, SessionRegistry};
+
+use crate::spec::LiveRoutes;
+
+/// Why a reload changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("{key} cannot change while Sendium runs (restart to change it); the running configuration is unchanged")]
+    NotLive { key: &'static str },
+    #[error("{0}; the running configuration is unchanged")]
+    Invalid(String),
+}
+
+/// What a reload changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReloadSummary {
+    pub accounts_added: Vec<String>,
+    pub accounts_removed: Vec<String>,
+    pub accounts_changed: Vec<String>,
+    /// Sessions unbound because their account was removed.
+    pub sessions_unbound: usize,
+    pub api_keys: usize,
+    pub routes: usize,
+}
+
+/// The running configuration and the handles its live parts are swapped through.
+pub struct LiveConfig {
+    running: Mutex<Running>,
+    accounts: Option<AccountBook>,
+    http: Option<HttpAccess>,
+    routes: LiveRoutes,
+    sessions: SessionRegistry,
+}
+
+struct Running {
+    config: Config,
+    loaded_at: SystemTime,
+}
+
+/// `/admin/config`: which configuration runs (never its content: it holds secrets).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ConfigView {
+    /// RFC 3339.
+    pub loaded_at: String,
+    pub accounts: usize,
+    pub api_keys: usize,
+    pub routes: usize,
+    pub destinations: usize,
+}
+
+/// The server's accounts of a configuration.
+pub fn smpp_accounts(smpp: &SmppConfig) -> Vec<Account> {
+    smpp.accounts
+        .iter()
+        .map(|a| Account {
+            system_id: a.system_id.clone(),
+            password: a.password.expose().to_string(),
+            max_binds: a.max_binds,
+            max_tps: a.max_tps,
+        })
+        .collect()
+}
+
+/// The HTTP ingress's keys and per-account limits of a configuration.
+pub fn http_access(cfg: &Config, http: &HttpConfig) -> (Vec<ApiKey>, HashMap<String, u32>) {
+    let keys = http
+        .api_keys
+        .iter()
+        .map(|k| ApiKey {
+            key: k.key.expose().to_string(),
+            account: k.account.clone(),
+        })
+        .collect();
+    let max_tps = cfg
+        .smpp
+        .as_ref()
+        .map(|s| s.accounts.iter().map(|a| (a.system_id.clone(), a.max_tps)).collect())
+        .unwrap_or_default();
+    (keys, max_tps)
+}
+
+/// The first key that differs between `old` and `new` outside the live parts.
+fn not_live_change(old: &Config, new: &Config) -> Option<&'static str> {
+    let smpp_fixed = |c: &Config| {
+        c.smpp.clone().map(|mut s| {
+            s.accounts.clear();
+            s
+        })
+    };
+    let http_fixed = |c: &Config| {
+        c.http.clone().map(|mut h| {
+            h.api_keys.clear();
+            h
+        })
+    };
+    let checks: [(&'static str, bool); 13] = [
+        ("sms.pending", old.sms.pending == new.sms.pending),
+        ("sms.router-queue", old.sms.router_queue == new.sms.router_queue),
+        ("sms.routed-work", old.sms.routed_work == new.sms.routed_work),
+        ("sms", old.sms == new.sms),
+        ("dlr", old.dlr == new.dlr),
+        ("storage", old.storage == new.storage),
+        (
+            "smpp.listen",
+            old.smpp.as_ref().map(|s| s.listen) == new.smpp.as_ref().map(|s| s.listen),
+        ),
+        ("smpp", smpp_fixed(old) == smpp_fixed(new)),
+        (
+            "http.listen",
+            old.http.as_ref().map(|h| h.listen) == new.http.as_ref().map(|h| h.listen),
+        ),
+        ("http", http_fixed(old) == http_fixed(new)),
+        ("admin", old.admin == new.admin),
+        ("destinations", old.destinations == new.destinations),
+        ("outbox", old.outbox == new.outbox),
+    ];
+    checks
+        .into_iter()
+        .find(|(_, same)| !same)
+        .map(|(key, _)| key)
+        .or_else(|| (old.log != new.log).then_some("log"))
+        .or_else(|| (old.shutdown != new.shutdown).then_some("shutdown"))
+}
+
+impl LiveConfig {
+    pub fn new(
+        config: Config,
+        accounts: Option<AccountBook>,
+        http: Option<HttpAccess>,
+        routes: LiveRoutes,
+        sessions: SessionRegistry,
+    ) -> Self {
+        LiveConfig {
+            running: Mutex::new(Running {
+                config,
+                loaded_at: SystemTime::now(),
+            }),
+            accounts,
+            http,
+            routes,
+            sessions,
+        }
+    }
+
+    pub fn view(&self) -> ConfigView {
+        let running = self.running.lock();
+        let c = &running.config;
+        ConfigView {
+            loaded_at: humantime::format_rfc3339_seconds(running.loaded_at).to_string(),
+            accounts: c.smpp.as_ref().map_or(0, |s| s.accounts.len()),
+            api_keys: c.http.as_ref().map_or(0, |h| h.api_keys.len()),
+            routes: c.routes.len(),
+            destinations: c.destinations.len(),
+        }
+    }
+
+    /// Swap in `new` (already validated), or refuse it whole.
+    pub fn reload(&self, new: Config) -> Result<ReloadSummary, ReloadError> {
+        let mut running = self.running.lock();
+        if let Some(key) = not_live_change(&running.config, &new) {
+            return Err(ReloadError::NotLive { key });
+        }
+        let routes = RouteTable::from_config(&new);
+        let old_accounts = running.config.smpp.as_ref().map(smpp_accounts).unwrap_or_default();
+        let new_accounts = new.smpp.as_ref().map(smpp_accounts).unwrap_or_default();
+        let mut summary = ReloadSummary {
+            api_keys: new.http.as_ref().map_or(0, |h| h.api_keys.len()),
+            routes: new.routes.len(),
+            ..ReloadSummary::default()
+        };
+        for a in &new_accounts {
+            match old_accounts.iter().find(|o| o.system_id == a.system_id) {
+                None => summary.accounts_added.push(a.system_id.clone()),
+                Some(o) if o != a => summary.accounts_changed.push(a.system_id.clone()),
+                Some(_) => {}
+            }
+        }
+        if let Some(book) = &self.accounts {
+            summary.accounts_removed = book.replace(&new_accounts);
+            for id in &summary.accounts_removed {
+                summary.sessions_unbound += self.sessions.close_account(id);
+            }
+        }
+        if let (Some(access), Some(http)) = (&self.http, &new.http) {
+            let (keys, max_tps) = http_access(&new, http);
+            access.replace(keys, max_tps);
+        }
+        self.routes.replace(routes);
+        running.config = new;
+        running.loaded_at = SystemTime::now();
+        Ok(summary)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: &str) -> Config {
+        sendium_profiles::load_str(&format!(
+            "[smpp]\n[[smpp.accounts]]\nsystem-id = \"a\"\npassword = \"pw\"\n\
+             [[destinations]]\nname = \"sim\"\nkind = \"simulator\"\n[[routes]]\nname = \"default\"\nto = [\"sim\"]\n{extra}"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_live_keys_may_change() {
+        let old = config("");
+        assert_eq!(not_live_change(&old, &old), None);
+        let more = config("[[smpp.accounts]]\nsystem-id = \"b\"\npassword = \"pw\"\n");
+        assert_eq!(not_live_change(&old, &more), None, "accounts are live");
+        let routed = config("[[routes]]\nname = \"uk\"\ndestination-prefix = \"44\"\nto = [\"sim\"]\n");
+        assert_eq!(not_live_change(&old, &routed), None, "routes are live");
+        let file = config("[sms.pending]\nbackend = \"file\"\n[storage.file]\ndir = \"/tmp/x\"\n");
+        assert_eq!(not_live_change(&old, &file), Some("sms.pending"));
+        let moved = config("[admin]\nlisten = \"127.0.0.1:9999\"\n");
+        assert_eq!(not_live_change(&old, &moved), Some("admin"));
+        let provider = config("[[destinations]]\nname = \"sim2\"\nkind = \"simulator\"\n");
+        assert_eq!(not_live_change(&old, &provider), Some("destinations"));
+    }
+}
