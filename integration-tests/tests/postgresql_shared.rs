@@ -154,8 +154,11 @@ async fn two_processes_share_the_work_and_one_killed_loses_nothing() {
             "{dest} submitted twice, not across the kill"
         );
     }
-    // At most what the killed process could have at the provider (its window).
-    assert!(twice.len() <= 200, "{} submitted twice", twice.len());
+    // At most what the killed process could have at the provider: its window (200) of
+    // unanswered submissions, plus answered ones whose routed-work write had not
+    // committed yet — under a loaded database that second share reaches a window too
+    // (260 in all measured once), so the bound is two windows.
+    assert!(twice.len() <= 400, "{} submitted twice", twice.len());
 
     // Every receipt reaches its ESME: esme1's on A all along (the SMSC hands receipts
     // to either process's session), esme2's once it binds again, to the survivor.
