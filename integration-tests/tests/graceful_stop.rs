@@ -15,26 +15,6 @@ use std::time::{Duration, Instant};
 use sendium_integration_tests::{BindKind, SmscConfig, SubmitSpec, TestEsme, TestSmsc};
 use support::*;
 
-/// Submit with receipts (20 pipelined every 10 ms, fresh destinations) until `stop` or
-/// the session is gone; the acknowledged destinations and their message ids.
-async fn stream(esme: TestEsme, stop: Arc<AtomicBool>) -> (TestEsme, HashMap<String, String>) {
-    let mut acked = HashMap::new();
-    let mut n = 0usize;
-    while !stop.load(Ordering::Relaxed) && !esme.is_closed() {
-        let specs: Vec<SubmitSpec> = (0..20)
-            .map(|i| SubmitSpec::gsm("Shop", &format!("4475{:07}", n + i), "graceful stop").dlr())
-            .collect();
-        n += specs.len();
-        for (spec, o) in specs.iter().zip(esme.submit_pipelined(&specs, 20).await) {
-            if o.is_ok() {
-                acked.insert(spec.destination.clone(), o.message_id.clone());
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    (esme, acked)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_on_file_stages_exits_0_and_the_restart_loses_nothing() {
     let smsc = TestSmsc::start(SmscConfig {
@@ -51,7 +31,12 @@ async fn sigterm_under_load_on_file_stages_exits_0_and_the_restart_loses_nothing
         .await
         .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let streaming = tokio::spawn(stream(esme, stop.clone()));
+    let streaming = tokio::spawn(stream_with_receipts(
+        esme,
+        "4475",
+        Duration::from_millis(10),
+        stop.clone(),
+    ));
     assert!(smsc.wait_messages(400, WAIT).await, "traffic flows");
     // Answers take 300 ms from now on: the stop finds submissions in flight, and must
     // wait for their answers (cut off, they would be sent again after the restart).

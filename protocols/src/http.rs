@@ -189,13 +189,16 @@ impl Ingress {
     }
 
     fn admit_rate(&self, account: &str) -> bool {
-        let mut access = self.access.0.write();
-        let Some(&tps) = access.max_tps.get(account) else {
-            return true;
-        };
-        if tps == 0 {
+        let limited = |a: &Access| a.max_tps.get(account).copied().filter(|tps| *tps > 0);
+        // Most accounts have no limit: that is decided under the shared lock.
+        if limited(&self.access.0.read()).is_none() {
             return true;
         }
+        let mut access = self.access.0.write();
+        // Read again: a reload may have changed the limit in between.
+        let Some(tps) = limited(&access) else {
+            return true;
+        };
         let b = access.buckets.entry(account.to_string()).or_insert_with(|| Bucket {
             rate: f64::from(tps),
             tokens: f64::from(tps),

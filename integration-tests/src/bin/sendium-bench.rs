@@ -1138,9 +1138,8 @@ impl Bench {
             && rate.is_some()
             && wall > Duration::ZERO
         {
-            // The other stores' syncs share the disk with the journal's (what they cost
-            // the acknowledgements: docs/benchmarks.md, ninth session). Per second of
-            // the phase between the two scrapes.
+            // The other stores' syncs share the disk with the journal's, so they lengthen
+            // the acknowledgements' waits. Per second of the phase between the two scrapes.
             let per_s = n / wall.as_secs_f64();
             notes.push(format!("other stores {per_s:.0} fdatasyncs/s"));
             detail["background_syncs_per_s"] = json!(per_s);

@@ -2,6 +2,8 @@
 #![allow(dead_code)]
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sendium_integration_tests::{BindKind, GatewayProcess, Receipt, SmscConfig, SubmitSpec, TestEsme, TestSmsc};
@@ -224,4 +226,30 @@ pub async fn drain_delivering_receipts(gw: &GatewayProcess, config: &std::path::
     assert!(out.status.success(), "{stdout}");
     assert!(stdout.contains("drain: done"), "{stdout}");
     stdout
+}
+
+/// Submit with receipts — 20 pipelined, then `pause`, fresh destinations
+/// `<prefix><6 digits>` — until `stop` or the session is gone; the acknowledged
+/// destinations and their message ids.
+pub async fn stream_with_receipts(
+    esme: TestEsme,
+    prefix: &'static str,
+    pause: Duration,
+    stop: Arc<AtomicBool>,
+) -> (TestEsme, HashMap<String, String>) {
+    let mut acked = HashMap::new();
+    let mut n = 0usize;
+    while !stop.load(Ordering::Relaxed) && !esme.is_closed() {
+        let specs: Vec<SubmitSpec> = (0..20)
+            .map(|i| SubmitSpec::gsm("Shop", &format!("{prefix}{:06}", n + i), "streamed").dlr())
+            .collect();
+        n += specs.len();
+        for (spec, o) in specs.iter().zip(esme.submit_pipelined(&specs, 20).await) {
+            if o.is_ok() {
+                acked.insert(spec.destination.clone(), o.message_id.clone());
+            }
+        }
+        tokio::time::sleep(pause).await;
+    }
+    (esme, acked)
 }

@@ -5,7 +5,8 @@
 //! The lock is transaction-level, so a relay that dies — process, node or connection —
 //! releases it with its transaction (no lease to expire), and it works behind a
 //! transaction-pooling PgBouncer. A busy partition holds one connection for the length
-//! of a delivery: the pool has one per partition and one for the listener and stats.
+//! of a delivery: the pool has one per partition, one the listener keeps, and one for
+//! the backlog count and retention sweep.
 
 use std::time::Duration;
 
@@ -54,7 +55,7 @@ impl PgRelay {
             source,
         })?;
         let pool = PgPoolOptions::new()
-            .max_connections(u32::from(settings.partitions.max(1)) + 1)
+            .max_connections(u32::from(settings.partitions.max(1)) + 2)
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_lazy_with(options);
         Ok(Self::new(pool, settings))
