@@ -6,6 +6,7 @@
 //! mailbox depth, and `/admin/actors` must show it.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
@@ -112,8 +113,9 @@ pub struct Directory {
     pub selector: Mailbox<SelectorMsg>,
     pub router: Mailbox<RouterMsg>,
     pub dlr: Mailbox<DlrMsg>,
-    /// One per configured destination; the set is fixed at startup.
-    pub workers: HashMap<String, Mailbox<WorkerMsg>>,
+    /// One per configured destination. A reload adds and removes destinations; a
+    /// changed destination keeps its mailbox while its worker is replaced.
+    workers: RwLock<HashMap<String, Arc<Mailbox<WorkerMsg>>>>,
 }
 
 impl Directory {
@@ -123,11 +125,45 @@ impl Directory {
             selector: Mailbox::default(),
             router: Mailbox::default(),
             dlr: Mailbox::default(),
-            workers: destinations.into_iter().map(|d| (d, Mailbox::default())).collect(),
+            workers: RwLock::new(
+                destinations
+                    .into_iter()
+                    .map(|d| (d, Arc::new(Mailbox::default())))
+                    .collect(),
+            ),
         }
     }
 
-    pub fn worker(&self, name: &str) -> Option<&Mailbox<WorkerMsg>> {
-        self.workers.get(name)
+    pub fn worker(&self, name: &str) -> Option<Arc<Mailbox<WorkerMsg>>> {
+        self.workers.read().get(name).cloned()
+    }
+
+    /// Every destination worker's mailbox, by name, sorted.
+    pub fn workers(&self) -> Vec<(String, Arc<Mailbox<WorkerMsg>>)> {
+        let mut all: Vec<_> = self
+            .workers
+            .read()
+            .iter()
+            .map(|(n, m)| (n.clone(), m.clone()))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    /// Send to every destination worker.
+    pub fn send_workers(&self, msg: impl Fn() -> WorkerMsg) {
+        for mb in self.workers.read().values() {
+            mb.send(msg());
+        }
+    }
+
+    /// A destination added by a reload (its mailbox, before its worker starts).
+    pub fn add_worker(&self, name: &str) -> Arc<Mailbox<WorkerMsg>> {
+        self.workers.write().entry(name.to_string()).or_default().clone()
+    }
+
+    /// A destination removed by a reload, once its worker stopped.
+    pub fn remove_worker(&self, name: &str) {
+        self.workers.write().remove(name);
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorRef};
-use sendium_profiles::{Config, DlrBackend, Guarantee, StorageProfile};
+use sendium_profiles::{Config, DlrBackend, Guarantee, RouteTable, StorageProfile};
 use sendium_protocols::http::{HttpAccess, HttpIngressConfig};
 use sendium_protocols::smpp::server::{self, AccountBook, ServerConfig, SessionRegistry};
 use sendium_storage::postgresql::StageAccess;
@@ -28,9 +28,9 @@ use crate::reload::{self, ConfigView, LiveConfig, ReloadError, ReloadSummary};
 use crate::router::{RouterMsg, RouterStatus};
 use crate::selector::{SelectorMsg, SelectorStatus};
 use crate::smpp_ingress::SmppIngress;
-use crate::spec::GatewaySpec;
+use crate::spec::{DestinationSpec, GatewaySpec};
 use crate::stores::{OpenError, Stores};
-use crate::supervisor::{ActorEntry, Supervisor, SupervisorArgs, SupervisorMsg};
+use crate::supervisor::{ActorEntry, DestinationChanges, Supervisor, SupervisorArgs, SupervisorMsg};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -66,7 +66,8 @@ pub struct Snapshot {
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct DestinationEntry {
     pub name: String,
-    /// `bound`, `reconnecting`, or `unknown` while its worker does not answer.
+    /// `bound`, `reconnecting`, `retiring` (a reload removed or changed it: its worker
+    /// finishes what it has in flight), or `unknown` while its worker does not answer.
     pub state: &'static str,
     /// When it entered that state (RFC 3339), and how many seconds ago.
     pub since: Option<String>,
@@ -96,6 +97,7 @@ impl Snapshot {
                 DestinationEntry {
                     name: name.clone(),
                     state: match w {
+                        Some(w) if w.retiring => "retiring",
                         Some(w) if w.up => "bound",
                         Some(_) => "reconnecting",
                         None => "unknown",
@@ -215,6 +217,7 @@ pub struct Gateway {
     http_addr: Option<SocketAddr>,
     outbox: OutboxRelays,
     live: LiveConfig,
+    reloading: tokio::sync::Mutex<()>,
 }
 
 impl Gateway {
@@ -341,6 +344,7 @@ impl Gateway {
         );
         Ok(Gateway {
             live,
+            reloading: tokio::sync::Mutex::new(()),
             outbox,
             outbox_stop,
             http_addr,
@@ -425,15 +429,42 @@ impl Gateway {
         if reasons.is_empty() { Ok(()) } else { Err(reasons) }
     }
 
-    /// Swap in a reloaded configuration's accounts, API keys and routes, or refuse it
-    /// whole (see [`crate::reload`]). The outbox relays take the new account list too.
-    pub fn reload(&self, new: Config) -> Result<ReloadSummary, ReloadError> {
+    /// Swap in a reloaded configuration's destinations, routes, accounts and API keys,
+    /// or refuse it whole (see [`crate::reload`]). The outbox relays take the new
+    /// account list too. One reload at a time.
+    pub async fn reload(&self, new: Config) -> Result<ReloadSummary, ReloadError> {
+        let _one_at_a_time = self.reloading.lock().await;
+        let destinations_differ = self.live.check(&new)?;
+        let routes = RouteTable::from_config(&new);
+        let changes = if destinations_differ {
+            let destinations = new.destinations.iter().map(|d| DestinationSpec::new(&new, d)).collect();
+            match self
+                .supervisor
+                .call(
+                    |reply| SupervisorMsg::Reconfigure {
+                        destinations,
+                        routes,
+                        reply,
+                    },
+                    Some(Duration::from_secs(30)),
+                )
+                .await
+            {
+                Ok(ractor::rpc::CallResult::Success(changes)) => changes,
+                Ok(_) => return Err(ReloadError::Destinations("the supervisor did not answer".into())),
+                Err(e) => return Err(ReloadError::Destinations(e.to_string())),
+            }
+        } else {
+            self.live.replace_routes(routes);
+            DestinationChanges::default()
+        };
         let accounts = new
             .smpp
             .iter()
             .flat_map(|s| s.accounts.iter().map(|a| a.system_id.clone()))
             .collect();
-        let summary = self.live.reload(new)?;
+        let mut summary = self.live.commit(new);
+        summary.destinations = changes;
         self.outbox.set_accounts(accounts);
         Ok(summary)
     }
@@ -470,12 +501,8 @@ impl Gateway {
         let t = Duration::from_millis(500);
         let dir = &self.shared.dir;
         let mut workers = Vec::new();
-        for d in &self.spec.destinations {
-            let status = match dir.worker(&d.name) {
-                Some(mb) => mb.call(WorkerMsg::Status, t).await.ok(),
-                None => None,
-            };
-            workers.push((d.name.clone(), status));
+        for (name, mb) in dir.workers() {
+            workers.push((name, mb.call(WorkerMsg::Status, t).await.ok()));
         }
         Snapshot {
             ingress: dir.ingress.call(IngressMsg::Status, t).await.ok(),

@@ -1,12 +1,19 @@
-//! Live reconfiguration: accounts, API keys and routes are re-read from the same file
-//! without a restart (SIGHUP, `POST /admin/reload`).
+//! Live reconfiguration: accounts, API keys, routes and destinations are re-read from
+//! the same file without a restart (SIGHUP, `POST /admin/reload`).
 //!
 //! A reload is all or nothing. The new configuration is validated like a startup one;
-//! then every key that cannot change while running (storage, listeners, destinations,
-//! outbox sources, limits read at startup) is compared with the running configuration,
-//! and the first one that differs fails the reload naming it — the running
-//! configuration stays as it was. Otherwise the live parts are swapped:
+//! then every key that cannot change while running (storage, listeners, outbox
+//! sources, limits read at startup) is compared with the running configuration, and
+//! the first one that differs fails the reload naming it — the running configuration
+//! stays as it was. Otherwise the live parts are swapped, destinations and routes
+//! first (so a new account's traffic finds its routes):
 //!
+//! * `[[destinations]]`: a new one gets its worker and binds; a removed or changed one's
+//!   worker gives back what it has not started, lets its submissions in flight finish,
+//!   and stops — then a changed one binds again with its new settings. Work whose
+//!   destinations are all gone is routed again by the current table, or fails with a
+//!   NO-ROUTE receipt when nothing matches (see [`crate::destination_worker`] and the
+//!   Router's placement);
 //! * `[[smpp.accounts]]`: new accounts can bind at once; a changed account keeps its
 //!   bound sessions under its new password and limits; a removed account's sessions are
 //!   sent `unbind`;
@@ -23,6 +30,7 @@ use sendium_protocols::http::{ApiKey, HttpAccess};
 use sendium_protocols::smpp::server::{Account, AccountBook, SessionRegistry};
 
 use crate::spec::LiveRoutes;
+use crate::supervisor::DestinationChanges;
 
 /// Why a reload changed nothing.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +39,8 @@ pub enum ReloadError {
     NotLive { key: &'static str },
     #[error("{0}; the running configuration is unchanged")]
     Invalid(String),
+    #[error("the destinations could not be changed ({0}); the running configuration is unchanged")]
+    Destinations(String),
 }
 
 /// What a reload changed.
@@ -43,6 +53,7 @@ pub struct ReloadSummary {
     pub sessions_unbound: usize,
     pub api_keys: usize,
     pub routes: usize,
+    pub destinations: DestinationChanges,
 }
 
 /// The running configuration and the handles its live parts are swapped through.
@@ -115,7 +126,7 @@ fn not_live_change(old: &Config, new: &Config) -> Option<&'static str> {
             h
         })
     };
-    let checks: [(&'static str, bool); 13] = [
+    let checks: [(&'static str, bool); 12] = [
         ("sms.pending", old.sms.pending == new.sms.pending),
         ("sms.router-queue", old.sms.router_queue == new.sms.router_queue),
         ("sms.routed-work", old.sms.routed_work == new.sms.routed_work),
@@ -133,7 +144,6 @@ fn not_live_change(old: &Config, new: &Config) -> Option<&'static str> {
         ),
         ("http", http_fixed(old) == http_fixed(new)),
         ("admin", old.admin == new.admin),
-        ("destinations", old.destinations == new.destinations),
         ("outbox", old.outbox == new.outbox),
     ];
     checks
@@ -176,13 +186,25 @@ impl LiveConfig {
         }
     }
 
-    /// Swap in `new` (already validated), or refuse it whole.
-    pub fn reload(&self, new: Config) -> Result<ReloadSummary, ReloadError> {
-        let mut running = self.running.lock();
-        if let Some(key) = not_live_change(&running.config, &new) {
+    /// Whether `new` (already validated) may be swapped in, and whether its
+    /// destinations differ from the running ones.
+    pub fn check(&self, new: &Config) -> Result<bool, ReloadError> {
+        let running = self.running.lock();
+        if let Some(key) = not_live_change(&running.config, new) {
             return Err(ReloadError::NotLive { key });
         }
-        let routes = RouteTable::from_config(&new);
+        Ok(running.config.destinations != new.destinations)
+    }
+
+    /// Swap in the route table (when the destinations did not change; otherwise the
+    /// Router swaps it with them).
+    pub fn replace_routes(&self, routes: RouteTable) {
+        self.routes.replace(routes);
+    }
+
+    /// Swap in accounts and API keys, and make `new` the running configuration.
+    pub fn commit(&self, new: Config) -> ReloadSummary {
+        let mut running = self.running.lock();
         let old_accounts = running.config.smpp.as_ref().map(smpp_accounts).unwrap_or_default();
         let new_accounts = new.smpp.as_ref().map(smpp_accounts).unwrap_or_default();
         let mut summary = ReloadSummary {
@@ -207,10 +229,9 @@ impl LiveConfig {
             let (keys, max_tps) = http_access(&new, http);
             access.replace(keys, max_tps);
         }
-        self.routes.replace(routes);
         running.config = new;
         running.loaded_at = SystemTime::now();
-        Ok(summary)
+        summary
     }
 }
 
@@ -239,6 +260,8 @@ mod tests {
         let moved = config("[admin]\nlisten = \"127.0.0.1:9999\"\n");
         assert_eq!(not_live_change(&old, &moved), Some("admin"));
         let provider = config("[[destinations]]\nname = \"sim2\"\nkind = \"simulator\"\n");
-        assert_eq!(not_live_change(&old, &provider), Some("destinations"));
+        assert_eq!(not_live_change(&old, &provider), None, "destinations are live");
+        let outbox = config("[[outbox.sources]]\nname = \"shop\"\nurl = \"sqlite:///tmp/x.db\"\n");
+        assert_eq!(not_live_change(&old, &outbox), Some("outbox"));
     }
 }

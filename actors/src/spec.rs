@@ -1,11 +1,12 @@
 //! Everything the supervisor needs to (re)build each actor, derived once from the
 //! validated configuration and the opened stores.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sendium_profiles::{BindMode, Config, DestinationKind, DlrBackend, IdFormat, OnReceiptRequest, RouteTable};
+use sendium_profiles::{
+    BindMode, Config, DestinationConfig, DestinationKind, DlrBackend, IdFormat, OnReceiptRequest, RouteTable,
+};
 use sendium_protocols::receipt::IdFormat as WireIdFormat;
 use sendium_protocols::smpp::client::{BindMode as WireBind, ClientConfig};
 use sendium_storage::ReceiptReservations;
@@ -14,8 +15,17 @@ use crate::destination_worker::{ProviderSpec, SimulatorConfig};
 use crate::ingress::ReceiptPolicy;
 use crate::stores::Stores;
 
+/// A destination as the Router plans with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DestinationSlot {
+    pub name: String,
+    /// Branches its worker holds at once.
+    pub capacity: usize,
+    pub failover_after: Duration,
+}
+
 /// One destination worker's configuration.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DestinationSpec {
     pub name: String,
     pub id_format: WireIdFormat,
@@ -28,6 +38,65 @@ pub struct DestinationSpec {
 }
 
 impl DestinationSpec {
+    /// One `[[destinations]]` entry of a configuration.
+    pub fn new(cfg: &Config, d: &DestinationConfig) -> Self {
+        let max_command_length = cfg.smpp.as_ref().map(|s| s.max_command_length).unwrap_or(16_384);
+        let window = usize::try_from(d.window).unwrap_or(1).max(1);
+        let (smpp, simulator) = match d.kind {
+            DestinationKind::Smpp => (
+                Some(ClientConfig {
+                    name: d.name.clone(),
+                    host: d.host.clone().unwrap_or_default(),
+                    port: d.port.unwrap_or(0),
+                    system_id: d.system_id.clone().unwrap_or_default(),
+                    password: d.password.expose().to_string(),
+                    system_type: d.system_type.clone(),
+                    bind: match d.bind {
+                        BindMode::Transceiver => WireBind::Transceiver,
+                        BindMode::TransmitterReceiver => WireBind::TransmitterReceiver,
+                    },
+                    window,
+                    max_tps: d.max_tps,
+                    enquire_link_interval: d.enquire_link_interval,
+                    response_timeout: d.response_timeout,
+                    reconnect_min: d.reconnect_min,
+                    reconnect_max: d.reconnect_max,
+                    max_command_length,
+                }),
+                None,
+            ),
+            DestinationKind::Simulator => (
+                None,
+                Some(SimulatorConfig {
+                    dlr_delay: Duration::from_millis(d.dlr_delay_ms),
+                }),
+            ),
+        };
+        DestinationSpec {
+            name: d.name.clone(),
+            id_format: wire_id_format(d.id_format),
+            window,
+            failover_after: d.failover_after,
+            smpp,
+            simulator,
+        }
+    }
+
+    /// Branches its worker holds at once: enough to keep its window full while outcomes
+    /// travel back, bounded so a slow destination cannot take every slot.
+    pub fn capacity(&self) -> usize {
+        (self.window * 4).max(256)
+    }
+
+    /// What the Router needs to know of it.
+    pub fn slot(&self) -> DestinationSlot {
+        DestinationSlot {
+            name: self.name.clone(),
+            capacity: self.capacity(),
+            failover_after: self.failover_after,
+        }
+    }
+
     pub fn provider(&self) -> ProviderSpec {
         match (&self.smpp, self.simulator) {
             (Some(c), _) => ProviderSpec::Smpp(c.clone()),
@@ -51,6 +120,8 @@ pub struct GatewaySpec {
     pub multipart_expiry: Duration,
     /// `[sms] max-age`: the longest a message is kept trying.
     pub max_age: Duration,
+    /// The destinations at startup; a reload changes them through the supervisor, which
+    /// keeps the current set.
     pub destinations: Vec<DestinationSpec>,
     /// False while draining: Ingress refuses every admission.
     pub accepting: bool,
@@ -72,52 +143,7 @@ impl GatewaySpec {
             (DlrBackend::Disabled, OnReceiptRequest::Accept) => ReceiptPolicy::AcceptWithoutReceipt,
             _ => ReceiptPolicy::Track,
         };
-        let max_command_length = cfg.smpp.as_ref().map(|s| s.max_command_length).unwrap_or(16_384);
-        let destinations = cfg
-            .destinations
-            .iter()
-            .map(|d| {
-                let window = usize::try_from(d.window).unwrap_or(1).max(1);
-                let (smpp, simulator) = match d.kind {
-                    DestinationKind::Smpp => (
-                        Some(ClientConfig {
-                            name: d.name.clone(),
-                            host: d.host.clone().unwrap_or_default(),
-                            port: d.port.unwrap_or(0),
-                            system_id: d.system_id.clone().unwrap_or_default(),
-                            password: d.password.expose().to_string(),
-                            system_type: d.system_type.clone(),
-                            bind: match d.bind {
-                                BindMode::Transceiver => WireBind::Transceiver,
-                                BindMode::TransmitterReceiver => WireBind::TransmitterReceiver,
-                            },
-                            window,
-                            max_tps: d.max_tps,
-                            enquire_link_interval: d.enquire_link_interval,
-                            response_timeout: d.response_timeout,
-                            reconnect_min: d.reconnect_min,
-                            reconnect_max: d.reconnect_max,
-                            max_command_length,
-                        }),
-                        None,
-                    ),
-                    DestinationKind::Simulator => (
-                        None,
-                        Some(SimulatorConfig {
-                            dlr_delay: Duration::from_millis(d.dlr_delay_ms),
-                        }),
-                    ),
-                };
-                DestinationSpec {
-                    name: d.name.clone(),
-                    id_format: wire_id_format(d.id_format),
-                    window,
-                    failover_after: d.failover_after,
-                    smpp,
-                    simulator,
-                }
-            })
-            .collect();
+        let destinations = cfg.destinations.iter().map(|d| DestinationSpec::new(cfg, d)).collect();
         let reservations = stores.dlr.as_ref().and_then(|d| d.capabilities().reservations);
         Self {
             stores,
@@ -133,15 +159,6 @@ impl GatewaySpec {
             destinations,
             accepting: true,
         }
-    }
-
-    /// Branches each destination worker holds at once: enough to keep its window full
-    /// while outcomes travel back, bounded so a slow destination cannot take every slot.
-    pub fn worker_capacity(&self) -> HashMap<String, usize> {
-        self.destinations
-            .iter()
-            .map(|d| (d.name.clone(), (d.window * 4).max(256)))
-            .collect()
     }
 }
 

@@ -9,12 +9,18 @@
 //!
 //! It also owns the tickers that drive timers (retries, expiry, selection safety
 //! wake-ups), so a restarted actor never ends up with two.
+//!
+//! And it keeps the current set of destinations: a reload that adds one starts its
+//! worker; one that removes or changes one retires the old worker (see
+//! [`crate::destination_worker`]) and, once it stopped, forgets the destination or
+//! starts the worker with the new settings.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, ActorStatus, RpcReplyPort, SupervisionEvent};
+use sendium_profiles::RouteTable;
 use tokio::task::JoinHandle;
 
 use crate::context::Shared;
@@ -24,7 +30,7 @@ use crate::dlr_correlator::{DlrArgs, DlrCorrelator, DlrMsg};
 use crate::ingress::{Ingress, IngressArgs, IngressMsg};
 use crate::router::{Peer, Router, RouterArgs, RouterMsg};
 use crate::selector::{Selector, SelectorArgs, SelectorMsg};
-use crate::spec::GatewaySpec;
+use crate::spec::{DestinationSpec, GatewaySpec};
 
 /// Which child an actor is.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -72,6 +78,12 @@ pub struct ActorEntry {
 pub enum SupervisorMsg {
     /// Try (again) to start a child that is not running.
     Respawn(ChildKind),
+    /// A reload: these are the destinations from now on, routed by this table.
+    Reconfigure {
+        destinations: Vec<DestinationSpec>,
+        routes: RouteTable,
+        reply: RpcReplyPort<DestinationChanges>,
+    },
     Actors(RpcReplyPort<Vec<ActorEntry>>),
     /// Orderly stop: children stop, no restarts.
     Shutdown(RpcReplyPort<()>),
@@ -82,9 +94,29 @@ pub struct SupervisorArgs {
     pub spec: Arc<GatewaySpec>,
 }
 
+/// What a reload did to the destinations.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DestinationChanges {
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    /// Their provider sessions are re-established with the new settings once the
+    /// submissions in flight finished.
+    pub changed: Vec<String>,
+}
+
+impl DestinationChanges {
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()
+    }
+}
+
 pub struct SupervisorState {
     shared: Arc<Shared>,
     spec: Arc<GatewaySpec>,
+    /// The destinations now (the startup ones until a reload changes them).
+    destinations: Vec<DestinationSpec>,
+    /// Destinations whose worker is retiring: removed, or to be replaced.
+    retiring: HashSet<String>,
     children: HashMap<ActorId, (ChildKind, ActorCell)>,
     stopping: bool,
     tickers: Vec<JoinHandle<()>>,
@@ -141,12 +173,7 @@ impl SupervisorState {
                     store: spec.stores.routed_work.clone(),
                     routes: spec.routes.clone(),
                     max_in_flight: spec.max_in_flight,
-                    worker_capacity: spec.worker_capacity(),
-                    failover_after: spec
-                        .destinations
-                        .iter()
-                        .map(|d| (d.name.clone(), d.failover_after))
-                        .collect(),
+                    destinations: self.destinations.iter().map(DestinationSpec::slot).collect(),
                     max_age: spec.max_age,
                     dlr_enabled: shared.dlr_enabled,
                     ownership: shared.partitions.clone(),
@@ -168,12 +195,17 @@ impl SupervisorState {
                 r.get_cell()
             }
             ChildKind::Worker(dest) => {
-                let Some(d) = spec.destinations.iter().find(|d| &d.name == dest) else {
+                // A retiring worker's successor starts once it stopped.
+                if self.retiring.contains(dest) {
+                    return Ok(());
+                }
+                let Some(d) = self.destinations.iter().find(|d| &d.name == dest) else {
                     return Ok(());
                 };
                 let args = WorkerArgs {
                     shared: shared.clone(),
                     name: d.name.clone(),
+                    mailbox: self.shared.dir.add_worker(&d.name),
                     id_format: d.id_format,
                     provider: d.provider(),
                     failover_after: d.failover_after,
@@ -222,6 +254,106 @@ impl SupervisorState {
         }
     }
 
+    /// A reload's new destinations (see the module docs).
+    async fn reconfigure(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg>,
+        new: Vec<DestinationSpec>,
+        routes: RouteTable,
+    ) -> DestinationChanges {
+        let old = std::mem::replace(&mut self.destinations, new);
+        let mut changes = DestinationChanges::default();
+        for d in &self.destinations {
+            match old.iter().find(|o| o.name == d.name) {
+                None => changes.added.push(d.name.clone()),
+                Some(o) if o != d => changes.changed.push(d.name.clone()),
+                Some(_) => {}
+            }
+        }
+        changes.removed = old
+            .iter()
+            .filter(|o| !self.destinations.iter().any(|d| d.name == o.name))
+            .map(|o| o.name.clone())
+            .collect();
+        for name in &changes.added {
+            if let Err(e) = self.spawn(myself, ChildKind::Worker(name.clone())).await {
+                tracing::error!(destination = %name, error = %e, "destination worker did not start; retrying");
+                let kind = ChildKind::Worker(name.clone());
+                myself.send_after(RESPAWN_DELAY, move || SupervisorMsg::Respawn(kind));
+            }
+        }
+        // A destination removed earlier and added back before its worker stopped is
+        // replaced like a changed one.
+        let mut replaced = changes.changed.clone();
+        replaced.extend(changes.added.iter().filter(|n| self.retiring.contains(*n)).cloned());
+        let slots = self.destinations.iter().map(DestinationSpec::slot).collect();
+        let applied = self
+            .shared
+            .dir
+            .router
+            .call(
+                |reply| RouterMsg::Reconfigure {
+                    destinations: slots,
+                    replaced: replaced.clone(),
+                    routes: routes.clone(),
+                    reply,
+                },
+                Duration::from_secs(10),
+            )
+            .await;
+        if applied.is_err() {
+            // The Router is restarting: it starts with the new destinations; the table
+            // is swapped here.
+            self.spec.routes.replace(routes);
+        }
+        for name in changes.removed.iter().chain(&changes.changed) {
+            self.retire(myself, name).await;
+        }
+        changes
+    }
+
+    /// Retire a destination's worker; when it is not running, it counts as retired.
+    async fn retire(&mut self, myself: &ActorRef<SupervisorMsg>, name: &str) {
+        if !self.retiring.insert(name.to_string()) {
+            return;
+        }
+        let running = self
+            .children
+            .values()
+            .any(|(k, _)| matches!(k, ChildKind::Worker(d) if d == name));
+        let told = running
+            && self
+                .shared
+                .dir
+                .worker(name)
+                .is_some_and(|mb| mb.send(WorkerMsg::Retire));
+        if !told {
+            self.retired(myself, name).await;
+        }
+    }
+
+    /// A retiring worker stopped: forget its destination, or start its successor.
+    async fn retired(&mut self, myself: &ActorRef<SupervisorMsg>, name: &str) {
+        self.retiring.remove(name);
+        if self.destinations.iter().any(|d| d.name == name) {
+            let kind = ChildKind::Worker(name.to_string());
+            if let Err(e) = self.spawn(myself, kind.clone()).await {
+                tracing::error!(destination = %name, error = %e, "destination worker did not start; retrying");
+                myself.send_after(RESPAWN_DELAY, move || SupervisorMsg::Respawn(kind));
+                return;
+            }
+            tracing::info!(destination = %name, "destination worker started with the new settings");
+        } else {
+            self.shared.dir.remove_worker(name);
+            tracing::info!(destination = %name, "destination removed");
+        }
+        // Whatever the old worker still held is placed again.
+        self.shared
+            .dir
+            .router
+            .send(RouterMsg::Reconcile(Peer::Worker(name.to_string())));
+    }
+
     fn start_tickers(&mut self) {
         let every = |period: Duration, f: Box<dyn Fn(&Shared) + Send + Sync>| {
             let shared = self.shared.clone();
@@ -260,11 +392,7 @@ impl SupervisorState {
         ));
         self.tickers.push(every(
             Duration::from_millis(100),
-            Box::new(|s| {
-                for mb in s.dir.workers.values() {
-                    mb.send(WorkerMsg::Tick);
-                }
-            }),
+            Box::new(|s| s.dir.send_workers(|| WorkerMsg::Tick)),
         ));
     }
 
@@ -281,7 +409,13 @@ impl SupervisorState {
         if self.spec.stores.dlr.is_some() {
             kinds.push(ChildKind::DlrCorrelator);
         }
-        kinds.extend(self.spec.destinations.iter().map(|d| ChildKind::Worker(d.name.clone())));
+        kinds.extend(
+            self.shared
+                .dir
+                .workers()
+                .into_iter()
+                .map(|(name, _)| ChildKind::Worker(name)),
+        );
         let dir = &self.shared.dir;
         for kind in kinds {
             let status = self
@@ -301,7 +435,7 @@ impl SupervisorState {
                     .await
                 }
                 ChildKind::Worker(d) => match dir.worker(d) {
-                    Some(mb) => load(mb, WorkerMsg::Status, |s| s.branches).await,
+                    Some(mb) => load(&mb, WorkerMsg::Status, |s| s.branches).await,
                     None => (0, 0),
                 },
             };
@@ -330,6 +464,8 @@ impl Actor for Supervisor {
     ) -> Result<SupervisorState, ActorProcessingErr> {
         let mut state = SupervisorState {
             shared: args.shared,
+            destinations: args.spec.destinations.clone(),
+            retiring: HashSet::new(),
             spec: args.spec,
             children: HashMap::new(),
             stopping: false,
@@ -341,7 +477,6 @@ impl Actor for Supervisor {
         state.spawn(&myself, ChildKind::Ingress).await?;
         state.spawn(&myself, ChildKind::DlrCorrelator).await?;
         let workers: Vec<ChildKind> = state
-            .spec
             .destinations
             .iter()
             .map(|d| ChildKind::Worker(d.name.clone()))
@@ -377,6 +512,12 @@ impl Actor for Supervisor {
                 if state.stopping || state.children.values().any(|(k, _)| *k == kind) {
                     return Ok(());
                 }
+                if let ChildKind::Worker(name) = &kind
+                    && !state.destinations.iter().any(|d| &d.name == name)
+                {
+                    // Removed by a reload meanwhile.
+                    return Ok(());
+                }
                 match state.spawn(&myself, kind.clone()).await {
                     Ok(()) => {
                         tracing::info!(actor = %kind.name(), "actor restarted");
@@ -387,6 +528,14 @@ impl Actor for Supervisor {
                         myself.send_after(RESPAWN_DELAY, move || SupervisorMsg::Respawn(kind));
                     }
                 }
+            }
+            SupervisorMsg::Reconfigure {
+                destinations,
+                routes,
+                reply,
+            } => {
+                let changes = state.reconfigure(&myself, destinations, routes).await;
+                let _ = reply.send(changes);
             }
             SupervisorMsg::Actors(reply) => {
                 let _ = reply.send(state.actors(&myself).await);
@@ -433,6 +582,15 @@ impl Actor for Supervisor {
         let Some((kind, _)) = state.children.remove(&cell.get_id()) else {
             return Ok(());
         };
+        if let ChildKind::Worker(name) = &kind
+            && state.retiring.contains(name)
+            && !state.stopping
+        {
+            // Retired (or failed while retiring): its work is placed again either way.
+            state.clear(&kind);
+            state.retired(&myself, name).await;
+            return Ok(());
+        }
         state.clear(&kind);
         if state.stopping {
             return Ok(());

@@ -8,8 +8,7 @@
 mod support;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use sendium_integration_tests::{BindKind, SmscConfig, SubmitSpec, TestEsme, TestSmsc};
@@ -27,16 +26,7 @@ async fn sigterm_under_load_on_file_stages_exits_0_and_the_restart_loses_nothing
         durable_config("[dlr]\nbackend = \"file\"")
     );
     let mut gw = gateway(&config, &smsc).await;
-    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
-        .await
-        .unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let streaming = tokio::spawn(stream_with_receipts(
-        esme,
-        "4475",
-        Duration::from_millis(10),
-        stop.clone(),
-    ));
+    let (stop, streaming) = bind_and_stream(&gw, "4475").await;
     assert!(smsc.wait_messages(400, WAIT).await, "traffic flows");
     // Answers take 300 ms from now on: the stop finds submissions in flight, and must
     // wait for their answers (cut off, they would be sent again after the restart).

@@ -219,3 +219,207 @@ async fn admin_reload_removes_an_account_and_refuses_what_cannot_change_live() {
     assert!(wait_metric(&gw, "sendium_config_reloads_total", "outcome=\"refused\"", |n| n == 1.0).await);
     assert!(wait_metric(&gw, "sendium_config_reloads_total", "outcome=\"invalid\"", |n| n == 1.0).await);
 }
+
+/// A destination at a second SMSC (`{smsc2_port}`), under its own system id.
+const AT_SMSC2: &str = r#"
+[[destinations]]
+name = "other"
+kind = "smpp"
+host = "127.0.0.1"
+port = {smsc2_port}
+system-id = "other"
+password = "pw"
+window = 200
+reconnect-min = "50ms"
+reconnect-max = "500ms"
+response-timeout = "2s"
+"#;
+
+async fn any_credentials_smsc() -> TestSmsc {
+    TestSmsc::start(SmscConfig {
+        accounts: Vec::new(),
+        ..SmscConfig::default()
+    })
+    .await
+}
+
+async fn reload_ok(gw: &GatewayProcess) -> serde_json::Value {
+    let (status, body) = post_reload(gw).await;
+    assert_eq!(status, 200, "{body}\n{}", gw.log());
+    body["changes"]["destinations"].clone()
+}
+
+fn destination_names(body: &str) -> Vec<String> {
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destinations_are_added_changed_and_removed_live_while_an_esme_submits_and_nothing_is_lost() {
+    let smsc = any_credentials_smsc().await;
+    let smsc2 = any_credentials_smsc().await;
+    let gw = GatewayProcess::builder(&memory_config())
+        .smsc_port(smsc.port())
+        .start()
+        .await;
+    assert!(smsc.wait_bound(1, WAIT).await);
+    let (stop, streaming) = bind_and_stream(&gw, "4477").await;
+    assert!(smsc.wait_messages(100, WAIT).await);
+
+    // Add a destination and send the default route there.
+    let other = AT_SMSC2.replace("{smsc2_port}", &smsc2.port().to_string());
+    rewrite(&gw, |t| t.replace("to = [\"upstream\"]", "to = [\"other\"]") + &other);
+    let changes = reload_ok(&gw).await;
+    assert_eq!(changes["added"], serde_json::json!(["other"]), "{changes}");
+    assert!(smsc2.wait_bound(1, WAIT).await, "the new destination binds");
+    assert!(smsc2.wait_messages(100, WAIT).await, "new traffic goes there");
+    assert!(
+        smsc.wait_for(WAIT, |s| s.stats().receipts_acked >= s.messages().len() as u64)
+            .await,
+        "the old destination sent every receipt it owed"
+    );
+
+    // Change it: its session is re-established with the new settings.
+    let binds = smsc2.stats().binds;
+    rewrite(&gw, |t| {
+        let at = t.rfind("window = 200").unwrap();
+        format!("{}window = 50{}", &t[..at], &t[at + "window = 200".len()..])
+    });
+    let changes = reload_ok(&gw).await;
+    assert_eq!(changes["changed"], serde_json::json!(["other"]), "{changes}");
+    assert!(
+        smsc2.wait_for(WAIT, |s| s.stats().binds > binds).await,
+        "the changed destination bound again"
+    );
+    let seen = smsc2.messages().len();
+    assert!(
+        smsc2.wait_for(WAIT, |s| s.messages().len() > seen + 100).await,
+        "traffic goes on over the new session"
+    );
+
+    // Remove the destination nothing routes to any more: its session ends.
+    rewrite(&gw, |t| {
+        let start = t.find("[[destinations]]\nname = \"upstream\"").unwrap();
+        let end = start + t[start..].find("\n\n").unwrap_or(t.len() - start);
+        format!("{}{}", &t[..start], &t[end..])
+    });
+    let changes = reload_ok(&gw).await;
+    assert_eq!(changes["removed"], serde_json::json!(["upstream"]), "{changes}");
+    assert!(
+        smsc.wait_for(WAIT, |s| s.bound_sessions().is_empty()).await,
+        "the removed destination unbound"
+    );
+    let (status, body) = gw.admin_get("/admin/destinations").await;
+    assert_eq!(status, 200);
+    assert_eq!(destination_names(&body), vec!["other".to_string()]);
+
+    let seen = smsc2.messages().len();
+    assert!(smsc2.wait_for(WAIT, |s| s.messages().len() > seen + 50).await);
+    stop.store(true, Ordering::Relaxed);
+    let (esme, acked) = streaming.await.unwrap();
+    assert!(!esme.is_closed(), "the ESME stayed bound through three reloads");
+
+    // Every acknowledged message reached exactly one SMSC exactly once, and its
+    // receipt came back.
+    let delivered = || -> Vec<String> {
+        smsc.messages()
+            .into_iter()
+            .chain(smsc2.messages())
+            .map(|m| m.destination)
+            .collect()
+    };
+    assert!(
+        eventually(WAIT, || {
+            let all: std::collections::HashSet<String> = delivered().into_iter().collect();
+            acked.keys().all(|d| all.contains(d))
+        })
+        .await,
+        "every acknowledged message was delivered"
+    );
+    let mut per_destination = std::collections::HashMap::new();
+    for d in delivered() {
+        *per_destination.entry(d).or_insert(0usize) += 1;
+    }
+    let twice: Vec<_> = per_destination.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "sent twice: {twice:?}");
+    let ids: std::collections::HashSet<String> = acked.values().cloned().collect();
+    let receipts = esme.wait_receipts(ids.len(), WAIT).await;
+    one_receipt_per_id(&receipts, &ids);
+    assert!(gw.log().contains("destination worker retired"), "{}", gw.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_waiting_for_a_removed_destination_is_routed_again_or_fails_with_a_receipt() {
+    // `upstream` never binds: its work waits for it.
+    let smsc = any_credentials_smsc().await;
+    smsc.faults().reject_binds(Some(rusmpp::CommandStatus::EsmeRbindfail));
+    let smsc2 = any_credentials_smsc().await;
+    let other = AT_SMSC2.replace("{smsc2_port}", &smsc2.port().to_string());
+    let config = format!(
+        "{SMPP}{HTTP}{ADMIN}{UPSTREAM}{other}\n\
+         [[routes]]\nname = \"uk\"\ndestination-prefix = \"44\"\nto = [\"upstream\"]\n\n\
+         [[routes]]\nname = \"fr\"\ndestination-prefix = \"33\"\nto = [\"upstream\"]\n"
+    );
+    let gw = GatewayProcess::builder(&config).smsc_port(smsc.port()).start().await;
+    assert!(smsc2.wait_bound(1, WAIT).await);
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
+        .await
+        .unwrap();
+    let specs: Vec<SubmitSpec> = (0..10)
+        .map(|i| {
+            let to = if i % 2 == 0 {
+                format!("4470000000{i}")
+            } else {
+                format!("3360000000{i}")
+            };
+            SubmitSpec::gsm("Shop", &to, "waiting").dlr()
+        })
+        .collect();
+    let ids = submit_all_ok(&esme, &specs).await;
+    let (_, body) = gw.admin_get("/admin/destinations").await;
+    assert!(
+        body.contains("\"waiting\":10"),
+        "the messages wait for upstream: {body}"
+    );
+
+    // Remove `upstream`: the UK messages now route to `other`, the French ones match
+    // no route any more.
+    rewrite(&gw, |t| {
+        let start = t.find("[[destinations]]\nname = \"upstream\"").unwrap();
+        let end = start + t[start..].find("\n\n").unwrap();
+        let routes = t.find("[[routes]]").unwrap();
+        format!(
+            "{}{}[[routes]]\nname = \"uk\"\ndestination-prefix = \"44\"\nto = [\"other\"]\n",
+            &t[..start],
+            &t[end..routes]
+        )
+    });
+    let changes = reload_ok(&gw).await;
+    assert_eq!(changes["removed"], serde_json::json!(["upstream"]), "{changes}");
+
+    assert!(
+        smsc2.wait_messages(5, WAIT).await,
+        "the UK messages went to the current route"
+    );
+    assert!(smsc2.messages().iter().all(|m| m.destination.starts_with("44")));
+    let receipts = esme.wait_receipts(ids.len(), WAIT).await;
+    let by_id = one_receipt_per_id(&receipts, &ids);
+    let failed: Vec<_> = by_id.values().filter(|r| r.err.as_deref() == Some("001")).collect();
+    assert_eq!(
+        failed.len(),
+        5,
+        "the French messages failed as unroutable: {receipts:?}"
+    );
+    assert!(failed.iter().all(|r| r.source.starts_with("33")), "{failed:?}");
+    assert!(
+        by_id
+            .values()
+            .filter(|r| r.source.starts_with("44"))
+            .all(|r| r.state() == Some(sendium_integration_tests::ReceiptState::Delivered)),
+        "{receipts:?}"
+    );
+}

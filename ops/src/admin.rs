@@ -190,7 +190,7 @@ async fn reload(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Res
     if !authorized(&state, &headers) {
         return unauthorized();
     }
-    match crate::serve::reload(&state.gateway, &state.source) {
+    match crate::serve::reload(&state.gateway, &state.source).await {
         Ok(summary) => axum::Json(json!({"reloaded": true, "changes": summary})).into_response(),
         Err(e) => {
             let status = match e {

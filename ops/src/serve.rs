@@ -140,15 +140,17 @@ pub enum ReloadFailure {
 
 /// Read the configuration again and swap its live parts in (SIGHUP, `POST
 /// /admin/reload`); counted in `sendium_config_reloads_total{outcome}`.
-pub fn reload(gateway: &Gateway, source: &ConfigSource) -> Result<ReloadSummary, ReloadFailure> {
-    let result = source
-        .load()
-        .map_err(|e| ReloadFailure::Invalid(e.to_string()))
-        .and_then(|(cfg, digest)| {
-            let summary = gateway.reload(cfg)?;
-            *source.digest.lock() = digest;
-            Ok(summary)
-        });
+pub async fn reload(gateway: &Gateway, source: &ConfigSource) -> Result<ReloadSummary, ReloadFailure> {
+    let result = match source.load() {
+        Err(e) => Err(ReloadFailure::Invalid(e.to_string())),
+        Ok((cfg, digest)) => match gateway.reload(cfg).await {
+            Ok(summary) => {
+                *source.digest.lock() = digest;
+                Ok(summary)
+            }
+            Err(e) => Err(ReloadFailure::Refused(e)),
+        },
+    };
     let outcome = match &result {
         Ok(summary) => {
             tracing::info!(
@@ -159,6 +161,9 @@ pub fn reload(gateway: &Gateway, source: &ConfigSource) -> Result<ReloadSummary,
                 sessions_unbound = summary.sessions_unbound,
                 api_keys = summary.api_keys,
                 routes = summary.routes,
+                destinations_added = summary.destinations.added.len(),
+                destinations_removed = summary.destinations.removed.len(),
+                destinations_changed = summary.destinations.changed.len(),
                 "configuration reloaded"
             );
             "ok"
@@ -228,7 +233,7 @@ fn reload_on_sighup(gateway: Arc<Gateway>, source: ConfigSource) {
                     if got.is_none() {
                         return;
                     }
-                    let _ = reload(&gateway, &source);
+                    let _ = reload(&gateway, &source).await;
                 }
                 () = stop.cancelled() => return,
             }

@@ -21,6 +21,13 @@
 //! A worker stores nothing: a crash loses its window, and the Router re-dispatches the
 //! open branches (at least once: a part the provider accepted just before the crash is
 //! sent again).
+//!
+//! A reload that removes or changes its destination *retires* the worker: it reports
+//! itself down, gives back untried every branch none of whose parts the provider has
+//! or may have (so the Router places it elsewhere, or on the replacement), lets the
+//! submissions in flight finish, and stops once it holds nothing — at the latest after
+//! [`RETIRE_LIMIT`]. A changed destination's new worker then binds with the new
+//! settings.
 
 pub mod outbound;
 pub mod receipts;
@@ -38,6 +45,7 @@ use sendium_storage::failpoint;
 use sendium_storage::{BranchFailure, Unit};
 
 use crate::context::Shared;
+use crate::directory::Mailbox;
 use crate::dlr_correlator::{ReceiptAcks, ReceiptBatch};
 use crate::router::{BranchKey, RouterMsg, WorkerOutcome, WorkerResult};
 
@@ -60,12 +68,17 @@ pub enum WorkerMsg {
     Tick,
     /// Tell the Router whether this destination is up.
     ReportState,
+    /// A reload removed or changed this destination: finish and stop (see the module
+    /// docs).
+    Retire,
     Status(RpcReplyPort<WorkerStatus>),
 }
 
 #[derive(Clone, Debug, Default)]
 pub struct WorkerStatus {
     pub up: bool,
+    /// A reload removed or changed the destination: this worker is finishing.
+    pub retiring: bool,
     /// When `up` last changed (or the worker started).
     pub since: Option<Instant>,
     pub branches: u64,
@@ -83,6 +96,8 @@ pub enum Provider {
 pub struct WorkerArgs {
     pub shared: Arc<Shared>,
     pub name: String,
+    /// Its mailbox in the directory.
+    pub mailbox: Arc<Mailbox<WorkerMsg>>,
     pub id_format: IdFormat,
     pub provider: ProviderSpec,
     /// See [`crate::spec::DestinationSpec::failover_after`].
@@ -97,15 +112,12 @@ pub enum ProviderSpec {
 
 /// Forwards session events into the worker's mailbox, one batch per wake-up.
 struct EventSink {
-    shared: Arc<Shared>,
-    name: String,
+    mailbox: Arc<Mailbox<WorkerMsg>>,
 }
 
 impl ClientEvents for EventSink {
     fn on_events(&self, events: Vec<ClientEvent>) {
-        if let Some(mb) = self.shared.dir.worker(&self.name) {
-            mb.send(WorkerMsg::Client(events));
-        }
+        self.mailbox.send(WorkerMsg::Client(events));
     }
 }
 
@@ -127,6 +139,7 @@ struct Job {
 pub struct WorkerState {
     shared: Arc<Shared>,
     name: String,
+    mailbox: Arc<Mailbox<WorkerMsg>>,
     id_format: IdFormat,
     provider: Provider,
     up: bool,
@@ -142,9 +155,15 @@ pub struct WorkerState {
     outcomes: Vec<WorkerOutcome>,
     submitted_total: u64,
     sim: simulator::SimState,
+    /// Since when the worker is retiring.
+    retiring: Option<Instant>,
 }
 
 pub struct DestinationWorker;
+
+/// The longest a retiring worker waits for its submissions in flight: what it still
+/// holds then is handed back (and may reach the provider twice).
+pub const RETIRE_LIMIT: Duration = Duration::from_secs(60);
 
 /// Submit tokens are unique across worker incarnations, so a late event from a dead
 /// incarnation's session can never be mistaken for one of the new incarnation's parts.
@@ -163,6 +182,16 @@ fn backoff(attempts: u32) -> Duration {
 
 impl WorkerState {
     fn dispatch(&mut self, jobs: Vec<BranchJob>) {
+        if self.retiring.is_some() {
+            for job in jobs {
+                self.outcomes.push(WorkerOutcome {
+                    key: job.key,
+                    destination: self.name.clone(),
+                    result: WorkerResult::Returned,
+                });
+            }
+            return;
+        }
         let mut send = Vec::new();
         for job in jobs {
             if self.jobs.contains_key(&job.key) {
@@ -269,10 +298,7 @@ impl WorkerState {
                         self.since = Instant::now();
                     }
                     self.up = true;
-                    self.shared.dir.router.send(RouterMsg::DestinationState {
-                        name: self.name.clone(),
-                        up: true,
-                    });
+                    self.report_state();
                     self.retry_due(true);
                 }
                 ClientEvent::Down { reason } => {
@@ -281,10 +307,7 @@ impl WorkerState {
                         self.since = Instant::now();
                     }
                     self.up = false;
-                    self.shared.dir.router.send(RouterMsg::DestinationState {
-                        name: self.name.clone(),
-                        up: false,
-                    });
+                    self.report_state();
                 }
                 ClientEvent::SubmitResult { token, result } => self.submit_result(token, result),
                 ClientEvent::Deliver { pdu, ack } => match receipts::classify(&self.name, self.id_format, &pdu) {
@@ -459,6 +482,48 @@ impl WorkerState {
         self.submit(due);
     }
 
+    /// Tell the Router whether this destination can take work (never while retiring).
+    fn report_state(&self) {
+        self.shared.dir.router.send(RouterMsg::DestinationState {
+            name: self.name.clone(),
+            up: self.up && self.retiring.is_none(),
+        });
+    }
+
+    /// Start retiring (see the module docs).
+    fn retire(&mut self) {
+        if self.retiring.is_none() {
+            tracing::info!(destination = %self.name, "destination worker retiring");
+            self.retiring = Some(Instant::now());
+        }
+        self.report_state();
+        self.give_back_untried();
+    }
+
+    /// While retiring, give back every branch the provider has no part of and is not
+    /// being asked about — every branch once the session is down or the limit passed.
+    fn give_back_untried(&mut self) {
+        let Some(since) = self.retiring else {
+            return;
+        };
+        let all = !self.up || since.elapsed() >= RETIRE_LIMIT;
+        let keys: Vec<BranchKey> = self
+            .jobs
+            .values()
+            .filter(|j| all || j.parts.iter().all(|p| p.token.is_none() && p.provider_id.is_none()))
+            .map(|j| j.key)
+            .collect();
+        for key in keys {
+            self.retry.retain(|_, (k, _)| *k != key);
+            self.finish(key, WorkerResult::Returned);
+        }
+    }
+
+    /// Retiring and holding nothing more: time to stop.
+    fn retired(&self) -> bool {
+        self.retiring.is_some() && self.jobs.is_empty()
+    }
+
     fn flush(&mut self) {
         if !self.outcomes.is_empty() {
             let outcomes = std::mem::take(&mut self.outcomes);
@@ -481,14 +546,11 @@ impl Actor for DestinationWorker {
         args: WorkerArgs,
     ) -> Result<WorkerState, ActorProcessingErr> {
         // Reachable before the session starts: its first events must not be lost.
-        if let Some(mb) = args.shared.dir.worker(&args.name) {
-            mb.install(myself);
-        }
+        args.mailbox.install(myself);
         let (provider, up) = match args.provider {
             ProviderSpec::Smpp(cfg) => {
                 let sink = Arc::new(EventSink {
-                    shared: args.shared.clone(),
-                    name: args.name.clone(),
+                    mailbox: args.mailbox.clone(),
                 });
                 (Provider::Smpp(SmppClient::start(cfg, sink)), false)
             }
@@ -497,6 +559,7 @@ impl Actor for DestinationWorker {
         Ok(WorkerState {
             shared: args.shared,
             name: args.name,
+            mailbox: args.mailbox,
             id_format: args.id_format,
             provider,
             up,
@@ -510,6 +573,7 @@ impl Actor for DestinationWorker {
             outcomes: Vec::new(),
             submitted_total: 0,
             sim: simulator::SimState::default(),
+            retiring: None,
         })
     }
 
@@ -518,10 +582,7 @@ impl Actor for DestinationWorker {
         _myself: ActorRef<Self::Msg>,
         state: &mut WorkerState,
     ) -> Result<(), ActorProcessingErr> {
-        state.shared.dir.router.send(RouterMsg::DestinationState {
-            name: state.name.clone(),
-            up: state.up,
-        });
+        state.report_state();
         Ok(())
     }
 
@@ -534,13 +595,11 @@ impl Actor for DestinationWorker {
 
     async fn handle(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         msg: WorkerMsg,
         state: &mut WorkerState,
     ) -> Result<(), ActorProcessingErr> {
-        if let Some(mb) = state.shared.dir.worker(&state.name) {
-            mb.took_one();
-        }
+        state.mailbox.took_one();
         match msg {
             WorkerMsg::Dispatch(jobs) => {
                 failpoint::hit("actor-worker");
@@ -551,16 +610,14 @@ impl Actor for DestinationWorker {
                 state.sync_up();
                 state.retry_due(false);
                 state.bounce_if_unreachable();
+                state.give_back_untried();
             }
-            WorkerMsg::ReportState => {
-                state.shared.dir.router.send(RouterMsg::DestinationState {
-                    name: state.name.clone(),
-                    up: state.up,
-                });
-            }
+            WorkerMsg::ReportState => state.report_state(),
+            WorkerMsg::Retire => state.retire(),
             WorkerMsg::Status(reply) => {
                 let _ = reply.send(WorkerStatus {
                     up: state.up,
+                    retiring: state.retiring.is_some(),
                     since: Some(state.since),
                     branches: state.jobs.len() as u64,
                     parts_in_flight: state.tokens.len() as u64,
@@ -570,6 +627,10 @@ impl Actor for DestinationWorker {
             }
         }
         state.flush();
+        if state.retired() {
+            tracing::info!(destination = %state.name, "destination worker retired");
+            myself.stop(Some("retired".into()));
+        }
         Ok(())
     }
 }

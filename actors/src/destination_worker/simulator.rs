@@ -18,7 +18,7 @@ use crate::context::Shared;
 use crate::dlr_correlator::ReceiptBatch;
 use crate::router::WorkerResult;
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SimulatorConfig {
     pub dlr_delay: Duration,
 }

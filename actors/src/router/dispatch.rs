@@ -5,10 +5,13 @@ use std::time::Instant;
 
 use sendium_storage::{BranchDone, BranchFailure, BranchKind, BranchMove, BranchOutcome, Disposition, Timestamp};
 
+use sendium_profiles::RouteTable;
+
 use super::placement::Occasion;
-use super::{BranchKey, RouterState, WorkerOutcome, WorkerResult};
+use super::{BranchKey, Destination, RouterState, WorkerOutcome, WorkerResult};
 use crate::destination_worker::{BranchJob, WorkerMsg};
 use crate::dlr_correlator::DlrMsg;
+use crate::spec::DestinationSlot;
 
 impl RouterState {
     /// A branch with nowhere to go: no route matched, or its multipart group expired.
@@ -104,7 +107,7 @@ impl RouterState {
                 dest.assigned = dest.assigned.saturating_sub(1);
             }
             match o.result {
-                WorkerResult::Bounced => {
+                WorkerResult::Bounced | WorkerResult::Returned => {
                     let Some(t) = self.units.get_mut(&o.key.unit) else {
                         continue;
                     };
@@ -115,13 +118,17 @@ impl RouterState {
                         continue;
                     }
                     t.clear_dispatched(o.key.branch);
-                    t.count_bounce(o.key.branch);
-                    // Placed again once the failover is recorded (see `moved`).
-                    self.to_move.push(BranchMove {
-                        unit: o.key.unit,
-                        branch: o.key.branch,
-                        from: o.destination.clone(),
-                    });
+                    if matches!(o.result, WorkerResult::Returned) {
+                        self.place(o.key, Occasion::Fresh);
+                    } else {
+                        t.count_bounce(o.key.branch);
+                        // Placed again once the failover is recorded (see `moved`).
+                        self.to_move.push(BranchMove {
+                            unit: o.key.unit,
+                            branch: o.key.branch,
+                            from: o.destination.clone(),
+                        });
+                    }
                 }
                 WorkerResult::Submitted { provider_ids, keys } => {
                     let outcome = BranchOutcome::Submitted {
@@ -148,7 +155,8 @@ impl RouterState {
         let Some(dest) = self.dests.get_mut(name) else {
             return;
         };
-        dest.up = up;
+        dest.up = up && !dest.replacing;
+        let up = dest.up;
         if up {
             self.pump(name);
             self.place_waiting(Some(name));
@@ -162,6 +170,67 @@ impl RouterState {
                 t.clear_dispatched(key.branch);
             }
             self.place(key, Occasion::Fresh);
+        }
+    }
+
+    /// A reload changed the destinations (see [`RouterMsg::Reconfigure`]): take the new
+    /// route table, add the new destinations (down until their workers report), take
+    /// the replaced ones down, and place again what was queued for a removed one — on
+    /// another target of its route, or by the new table when none of its targets is
+    /// left. Branches a removed or replaced destination's worker holds come back as its
+    /// outcomes.
+    ///
+    /// [`RouterMsg::Reconfigure`]: super::RouterMsg::Reconfigure
+    pub(super) fn reconfigure(&mut self, slots: Vec<DestinationSlot>, replaced: &[String], routes: RouteTable) {
+        self.routes.replace(routes);
+        let removed: Vec<String> = self
+            .dests
+            .keys()
+            .filter(|n| !slots.iter().any(|s| &s.name == *n))
+            .cloned()
+            .collect();
+        for slot in &slots {
+            match self.dests.get_mut(&slot.name) {
+                Some(d) => {
+                    d.capacity = slot.capacity.max(1);
+                    d.failover_after = slot.failover_after;
+                }
+                None => {
+                    self.dests.insert(slot.name.clone(), Destination::new(slot));
+                }
+            }
+        }
+        for name in replaced {
+            if let Some(d) = self.dests.get_mut(name) {
+                d.replacing = true;
+            }
+            self.destination_state(name, false);
+        }
+        let mut orphans = Vec::new();
+        for name in removed {
+            if let Some(d) = self.dests.remove(&name) {
+                orphans.extend(d.queue);
+            }
+        }
+        for key in orphans {
+            if let Some(t) = self.units.get_mut(&key.unit) {
+                t.clear_dispatched(key.branch);
+            }
+            self.place(key, Occasion::Fresh);
+        }
+        self.place_waiting(None);
+    }
+
+    /// The worker of a destination started (again): a replacement's reports count from
+    /// now on.
+    pub(super) fn worker_started(&mut self, name: &str) {
+        if let Some(d) = self.dests.get_mut(name)
+            && d.replacing
+        {
+            d.replacing = false;
+            if let Some(mb) = self.shared.dir.worker(name) {
+                mb.send(WorkerMsg::ReportState);
+            }
         }
     }
 

@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use sendium_profiles::RouteTable;
 use sendium_storage::failpoint;
 use sendium_storage::{
     Branch, BranchDone, BranchFailure, BranchMove, BranchOutcome, Handoff, ReadyUnit, ReceiptTarget, RoutedUnit,
@@ -40,7 +41,7 @@ use self::placement::Waiting;
 use crate::context::Shared;
 use crate::destination_worker::{BranchJob, WorkerMsg};
 use crate::selector::SelectorMsg;
-use crate::spec::LiveRoutes;
+use crate::spec::{DestinationSlot, LiveRoutes};
 
 /// One branch of one unit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -70,6 +71,9 @@ pub enum WorkerResult {
     /// Handed back: this destination cannot take it (see [`crate::destination_worker`]); it moves
     /// to the next reachable destination of its route.
     Bounced,
+    /// Given back untried: the worker is being replaced or removed by a reload. Placed
+    /// again as if new, with no failover recorded.
+    Returned,
 }
 
 /// A peer actor that restarted, for reconciliation.
@@ -98,6 +102,15 @@ pub enum RouterMsg {
         up: bool,
     },
     Reconcile(Peer),
+    /// A reload changed the destinations: plan with these from now on (`replaced` are
+    /// being given new provider sessions: down until their new worker reports) and
+    /// with this route table. Answered once applied.
+    Reconfigure {
+        destinations: Vec<DestinationSlot>,
+        replaced: Vec<String>,
+        routes: RouteTable,
+        reply: RpcReplyPort<()>,
+    },
     Tick,
     Status(RpcReplyPort<RouterStatus>),
 }
@@ -134,10 +147,7 @@ pub struct RouterArgs {
     pub store: Arc<dyn RoutedWorkStore>,
     pub routes: LiveRoutes,
     pub max_in_flight: usize,
-    /// Branches a destination worker holds at once.
-    pub worker_capacity: HashMap<String, usize>,
-    /// Each destination's `failover-after`.
-    pub failover_after: HashMap<String, Duration>,
+    pub destinations: Vec<DestinationSlot>,
     /// `[sms] max-age`.
     pub max_age: Duration,
     pub dlr_enabled: bool,
@@ -206,6 +216,9 @@ impl Tracked {
 struct Destination {
     name: Arc<str>,
     up: bool,
+    /// A reload is replacing its worker: whatever the old one reports, it is down until
+    /// the new one is reconciled.
+    replacing: bool,
     failover_after: Duration,
     assigned: usize,
     capacity: usize,
@@ -263,6 +276,20 @@ const WRITE_GAP: Duration = Duration::from_millis(3);
 /// A source completion not confirmed in this long is asked for again.
 const COMPLETION_RESEND: Duration = Duration::from_secs(10);
 
+impl Destination {
+    fn new(slot: &DestinationSlot) -> Self {
+        Destination {
+            name: Arc::from(slot.name.as_str()),
+            up: false,
+            replacing: false,
+            failover_after: slot.failover_after,
+            assigned: 0,
+            capacity: slot.capacity.max(1),
+            queue: VecDeque::new(),
+        }
+    }
+}
+
 impl RouterState {
     fn free(&self) -> usize {
         self.max_in_flight.saturating_sub(self.units.len())
@@ -283,25 +310,9 @@ impl Actor for Router {
         // worker outcomes) must not be lost.
         args.shared.dir.router.install(myself);
         let dests = args
-            .worker_capacity
+            .destinations
             .iter()
-            .map(|(name, cap)| {
-                (
-                    name.clone(),
-                    Destination {
-                        name: Arc::from(name.as_str()),
-                        up: false,
-                        failover_after: args
-                            .failover_after
-                            .get(name)
-                            .copied()
-                            .unwrap_or(Duration::from_secs(10)),
-                        assigned: 0,
-                        capacity: (*cap).max(1),
-                        queue: VecDeque::new(),
-                    },
-                )
-            })
+            .map(|slot| (slot.name.clone(), Destination::new(slot)))
             .collect();
         let mut state = RouterState {
             shared: args.shared,
@@ -342,9 +353,7 @@ impl Actor for Router {
     ) -> Result<(), ActorProcessingErr> {
         // Workers report their current state again on request, so failover decisions
         // use fresh reachability.
-        for mb in state.shared.dir.workers.values() {
-            mb.send(WorkerMsg::ReportState);
-        }
+        state.shared.dir.send_workers(|| WorkerMsg::ReportState);
         let exclude: Vec<UnitId> = state.units.keys().copied().collect();
         state.shared.dir.selector.send(SelectorMsg::Reconcile {
             free: state.free(),
@@ -378,17 +387,24 @@ impl Actor for Router {
             RouterMsg::SourcesCompleted(ids) => state.sources_completed(ids),
             RouterMsg::DestinationState { name, up } => state.destination_state(&name, up),
             RouterMsg::Reconcile(peer) => state.reconcile(peer),
+            RouterMsg::Reconfigure {
+                destinations,
+                replaced,
+                routes,
+                reply,
+            } => {
+                state.reconfigure(destinations, &replaced, routes);
+                let _ = reply.send(());
+            }
             RouterMsg::Tick => state.tick().await,
             RouterMsg::Status(reply) => {
                 let (waiting, oldest_waiting) = state.waiting_stats();
-                let mut first_preference: HashMap<&str, u64> = HashMap::new();
+                let mut first_preference: HashMap<Arc<str>, u64> = HashMap::new();
                 for key in state.waiting.keys() {
-                    if let Some(first) = state
-                        .units
-                        .get(&key.unit)
-                        .and_then(|t| t.branch(key.branch))
-                        .and_then(|b| b.preference().next())
-                    {
+                    if let Some(first) = state.units.get(&key.unit).and_then(|t| {
+                        t.branch(key.branch)
+                            .and_then(|b| state.targets_now(t, b).into_iter().next())
+                    }) {
                         *first_preference.entry(first).or_default() += 1;
                     }
                 }

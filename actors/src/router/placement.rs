@@ -16,9 +16,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sendium_storage::{BranchFailure, BranchOutcome, Timestamp, Unit};
+use sendium_storage::{Branch, BranchFailure, BranchKind, BranchOutcome, Disposition, Timestamp, Unit};
 
-use super::{BranchKey, RouterState};
+use super::{BranchKey, RouterState, Tracked};
 
 /// A branch held by the Router because no destination can take it now.
 #[derive(Clone, Debug)]
@@ -52,16 +52,16 @@ pub(super) enum Choice<'a> {
 
 /// Choose among `preference` (the branch's targets in the order to try them) given
 /// which are reachable; `failover_after` is that of the first preference.
-pub(super) fn choose<'a>(
-    preference: &[&'a str],
+pub(super) fn choose<'a, S: AsRef<str>>(
+    preference: &'a [S],
     reachable: impl Fn(&str) -> bool,
     occasion: Occasion<'_>,
     failover_after: Duration,
 ) -> Choice<'a> {
-    let Some(target) = preference.iter().copied().find(|d| reachable(d)) else {
+    let Some(target) = preference.iter().map(AsRef::as_ref).find(|d| reachable(d)) else {
         return Choice::Wait;
     };
-    let first = preference.first().copied() == Some(target);
+    let first = preference.first().map(AsRef::as_ref) == Some(target);
     match occasion {
         Occasion::Leaving(from) if from == target => Choice::Wait,
         Occasion::Fresh | Occasion::Leaving(_) => Choice::Go(target),
@@ -120,10 +120,15 @@ impl RouterState {
             self.expire(key);
             return;
         }
-        let preference: Vec<&str> = branch.preference().collect();
+        let preference = self.targets_now(t, branch);
+        if preference.is_empty() {
+            // Its destinations were removed and the current routes match nothing.
+            self.fail_unroutable(key);
+            return;
+        }
         let failover_after = preference
             .first()
-            .and_then(|d| self.dests.get(*d))
+            .and_then(|d| self.dests.get(d.as_ref()))
             .map_or(Duration::ZERO, |d| d.failover_after);
         let choice = choose(
             &preference,
@@ -201,8 +206,11 @@ impl RouterState {
             if w.next_try > now {
                 continue;
             }
-            let first = t.branch(key.branch).and_then(|b| b.preference().next());
-            if only_to.is_none() || first == only_to {
+            let first_is = |name: &str| {
+                t.branch(key.branch)
+                    .is_some_and(|b| self.targets_now(t, b).first().is_some_and(|f| f.as_ref() == name))
+            };
+            if only_to.is_none_or(first_is) {
                 due.push((*key, now.duration_since(w.since)));
             }
         }
@@ -213,6 +221,27 @@ impl RouterState {
         for (key, waited) in due {
             self.place(key, Occasion::Waited(waited));
         }
+    }
+
+    /// Where a branch may go now, in the order to try: its recorded targets that are
+    /// still configured; when none is — a reload (or a restart with another
+    /// configuration) removed them — the targets the current route table gives its
+    /// message. Only a primary branch is routed again: a copy exists for the one
+    /// destination it copies to. Empty: nowhere, and the branch fails as unroutable.
+    pub(super) fn targets_now(&self, t: &Tracked, branch: &Branch) -> Vec<Arc<str>> {
+        let configured = |d: &str| self.dests.get(d).map(|s| s.name.clone());
+        let recorded: Vec<Arc<str>> = branch.preference().filter_map(configured).collect();
+        if !recorded.is_empty() || branch.kind != BranchKind::Primary || t.unit.disposition != Disposition::Deliver {
+            return recorded;
+        }
+        let Some(first) = t.unit.parts.first() else {
+            return recorded;
+        };
+        self.routes
+            .current()
+            .resolve(&first.account, &first.destination.addr)
+            .map(|r| r.to.iter().filter_map(|d| configured(d)).collect())
+            .unwrap_or_default()
     }
 
     /// The message's validity ran out before any destination took this branch.

@@ -18,6 +18,7 @@ impl RouterState {
         tracing::info!(?peer, "reconciling after a restart");
         match peer {
             Peer::Worker(name) => {
+                self.worker_started(&name);
                 if let Some(dest) = self.dests.get_mut(&name) {
                     dest.assigned = 0;
                     dest.queue.clear();

@@ -228,6 +228,27 @@ pub async fn drain_delivering_receipts(gw: &GatewayProcess, config: &std::path::
     stdout
 }
 
+/// Bind `esme1` and [`stream_with_receipts`] in a task, 10 ms apart; set the flag to stop.
+pub async fn bind_and_stream(
+    gw: &GatewayProcess,
+    prefix: &'static str,
+) -> (
+    Arc<AtomicBool>,
+    tokio::task::JoinHandle<(TestEsme, HashMap<String, String>)>,
+) {
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
+        .await
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let streaming = tokio::spawn(stream_with_receipts(
+        esme,
+        prefix,
+        Duration::from_millis(10),
+        stop.clone(),
+    ));
+    (stop, streaming)
+}
+
 /// Submit with receipts — 20 pipelined, then `pause`, fresh destinations
 /// `<prefix><6 digits>` — until `stop` or the session is gone; the acknowledged
 /// destinations and their message ids.

@@ -134,7 +134,7 @@ impl BindMode {
     }
 }
 
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct ClientConfig {
     /// Destination name, for logs and metric labels.
     pub name: String,
