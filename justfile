@@ -35,6 +35,12 @@ image:
 crash-matrix:
     cargo test -p sendium-integration-tests --test crash -- --nocapture
 
+# Power loss at every sync point of the file stores: each crash image (as synced, with a
+# torn write, with unsynced writes reordered) reopened and checked. `SENDIUM_POWERLOSS=N`
+# samples N sync points instead; `SENDIUM_POWERLOSS_SEED` changes the sample and the tears.
+powerloss:
+    cargo test --release -p sendium-storage --lib powerloss_every_sync_point -- --ignored --nocapture
+
 # Interoperability with python-smpplib as the ESME.
 interop:
     ./scripts/interop-smpplib.sh

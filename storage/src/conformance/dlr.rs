@@ -498,14 +498,7 @@ pub(crate) async fn a_step_may_claim_the_deliveries_it_creates(f: &dyn Factory) 
         .await
         .unwrap();
     }
-    let mut finished: Vec<DeliveryFinish> = due
-        .iter()
-        .map(|d| DeliveryFinish {
-            id: d.id,
-            attempt: d.attempt,
-            result: DeliveryResult::Delivered,
-        })
-        .collect();
+    let mut finished: Vec<DeliveryFinish> = super::fixtures::delivered(&due);
     s.finish(std::mem::take(&mut finished)).await.unwrap();
     // After the lease only the unfinished claimed one (if any) comes back.
     let after_lease = later().saturating_add(LEASE).saturating_add(Duration::from_secs(1));

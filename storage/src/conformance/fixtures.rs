@@ -1,13 +1,44 @@
-//! Receipt fixtures the DLR tests share: the conformance cases, the file store's own
-//! tests and the PostgreSQL-only cases.
+//! Fixtures the storage tests share: the conformance cases, the file stores' own tests
+//! (crash images included) and the PostgreSQL-only cases.
 
 use std::time::Duration;
 
 use crate::dlr::{
-    DlrRetention, DlrState, Handoff, HandoffOutcome, ProviderReceipt, ReceiptOutcome, ReceiptTarget, ReplyPath,
+    Delivery, DeliveryFinish, DeliveryResult, DlrRetention, DlrState, Handoff, HandoffOutcome, ProviderReceipt,
+    ReceiptOutcome, ReceiptTarget, ReplyPath,
 };
 use crate::ids::{MessageId, Timestamp, UnitId};
 use crate::record::Address;
+use crate::routed_work::{Branch, BranchKind, RoutedUnit};
+
+/// A single message `id` routed by `default` to one destination, its one branch open.
+pub(crate) fn routed_to(id: UnitId, destination: &str) -> RoutedUnit {
+    RoutedUnit {
+        id,
+        members: vec![id],
+        route: "default".into(),
+        routed_at: Timestamp::now(),
+        branches: vec![Branch {
+            no: 0,
+            kind: BranchKind::Primary,
+            targets: vec![destination.into()],
+            outcome: None,
+            failed_over_from: Vec::new(),
+        }],
+    }
+}
+
+/// Each claimed delivery done.
+pub(crate) fn delivered(claimed: &[Delivery]) -> Vec<DeliveryFinish> {
+    claimed
+        .iter()
+        .map(|d| DeliveryFinish {
+            id: d.id,
+            attempt: d.attempt,
+            result: DeliveryResult::Delivered,
+        })
+        .collect()
+}
 
 /// An hour's retention, ten minutes for receipts nothing matches yet.
 pub(crate) fn retention() -> DlrRetention {

@@ -868,7 +868,6 @@ async fn every_process_spreads_work_over_the_same_partitions() {
 #[tokio::test]
 async fn changes_spanning_two_stages_are_one_transaction() {
     use crate::conformance::ops::RoutedWorkOps as _;
-    use crate::routed_work::{Branch, BranchKind, RoutedUnit};
 
     let url = TestCluster::shared().fresh_database();
     let s = stages_on(&url, StageAccess::Sole, 4).await.unwrap();
@@ -885,19 +884,7 @@ async fn changes_spanning_two_stages_are_one_transaction() {
     s.router_queue.stage(&staged, ready[1].seq).await.unwrap();
     assert_eq!(s.router_queue.stats().await.unwrap().staged, 2);
 
-    let routed = |id: UnitId| RoutedUnit {
-        id,
-        members: vec![id],
-        route: "default".into(),
-        routed_at: Timestamp::now(),
-        branches: vec![Branch {
-            no: 0,
-            kind: BranchKind::Primary,
-            targets: vec!["smsc".into()],
-            outcome: None,
-            failed_over_from: Vec::new(),
-        }],
-    };
+    let routed = |id: UnitId| super::fixtures::routed_to(id, "smsc");
     let first = ready[0].unit.id;
     s.routed_work.record(vec![routed(first)]).await.unwrap();
     let left = s.router_queue.staged_after(ReadySeq(0), 10).await.unwrap();

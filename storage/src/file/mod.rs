@@ -38,6 +38,8 @@ mod routed_work;
 mod router_queue;
 
 #[cfg(test)]
+mod powerloss;
+#[cfg(test)]
 mod tests;
 
 pub use dlr::FileDlrStore;

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use redb::backends::FileBackend;
 use redb::{BackendError, DatabaseError, StorageBackend};
 
+use super::observe::Watched;
 use crate::failpoint;
 
 /// In-process fault switches of one store file (unit tests turn them on and off; a
@@ -34,6 +35,8 @@ pub(crate) struct FaultBackend {
     faults: Arc<FaultSwitch>,
     /// The store file's name (`pending.redb`, ...), the label of its fsync timings.
     name: &'static str,
+    /// Under a crash-image test: where its writes and syncs are reported.
+    watched: Option<Watched>,
 }
 
 impl fmt::Debug for FaultBackend {
@@ -43,11 +46,17 @@ impl fmt::Debug for FaultBackend {
 }
 
 impl FaultBackend {
-    pub(crate) fn new(file: File, name: &'static str, faults: Arc<FaultSwitch>) -> Result<Self, DatabaseError> {
+    pub(crate) fn new(
+        file: File,
+        name: &'static str,
+        faults: Arc<FaultSwitch>,
+        watched: Option<Watched>,
+    ) -> Result<Self, DatabaseError> {
         Ok(Self {
             inner: FileBackend::new(file)?,
             faults,
             name,
+            watched,
         })
     }
 }
@@ -81,17 +90,29 @@ impl StorageBackend for FaultBackend {
 
     fn set_len(&self, len: u64) -> Result<(), io::Error> {
         check_space(&self.faults)?;
-        self.inner.set_len(len)
+        self.inner.set_len(len)?;
+        if let Some(w) = &self.watched {
+            w.set_len(len);
+        }
+        Ok(())
     }
 
     fn sync_data(&self) -> Result<(), io::Error> {
         check_io(&self.faults)?;
-        timed_sync(self.name, || self.inner.sync_data())
+        timed_sync(self.name, || self.inner.sync_data())?;
+        if let Some(w) = &self.watched {
+            w.synced();
+        }
+        Ok(())
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
         check_space(&self.faults)?;
-        self.inner.write(offset, data)
+        self.inner.write(offset, data)?;
+        if let Some(w) = &self.watched {
+            w.wrote(offset, data);
+        }
+        Ok(())
     }
 
     fn close(&self) -> Result<(), io::Error> {

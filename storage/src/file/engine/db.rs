@@ -47,6 +47,7 @@ use redb::{
 
 use super::backend::{FaultBackend, FaultSwitch};
 use super::dir::{DataDir, is_full};
+use super::observe::Watched;
 use crate::envelope::EnvelopeError;
 use crate::error::{BackendFailure, FailureKind};
 
@@ -278,8 +279,12 @@ impl StoreFile {
             .truncate(false)
             .open(&self.path)
             .map_err(|e| super::dir::io_failure(&loc, "cannot open", &e))?;
-        let backend =
-            FaultBackend::new(file, self.name, self.faults.clone()).map_err(|e| self.failure(Fail::from(e)))?;
+        let watched = Watched::file(self.dir.path(), self.name);
+        if let Some(w) = watched.as_ref().filter(|_| !existed) {
+            w.created(false);
+        }
+        let backend = FaultBackend::new(file, self.name, self.faults.clone(), watched)
+            .map_err(|e| self.failure(Fail::from(e)))?;
         let mut builder = Builder::new();
         builder.set_cache_size(self.options.cache_size);
         let logged = AtomicBool::new(false);

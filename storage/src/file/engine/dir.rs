@@ -76,7 +76,7 @@ impl DataDir {
     pub fn open(path: impl AsRef<Path>) -> Result<DataDir, BackendFailure> {
         let path = path.as_ref().to_path_buf();
         let loc = path.display().to_string();
-        fs::create_dir_all(&path).map_err(|e| io_failure(&loc, "cannot create the data directory", &e))?;
+        create_durably(&path)?;
         let lock_path = path.join(LOCK_FILE);
         let lock_loc = lock_path.display().to_string();
         // No truncate: the file may hold the current holder's pid.
@@ -176,8 +176,48 @@ impl DataDir {
         let loc = self.path.display().to_string();
         File::open(&self.path)
             .and_then(|d| d.sync_all())
-            .map_err(|e| io_failure(&loc, "cannot fsync the data directory", &e))
+            .map_err(|e| io_failure(&loc, "cannot fsync the data directory", &e))?;
+        if let Some(w) = super::observe::watcher(&self.path) {
+            w.event(super::observe::DiskEvent::DirSynced);
+        }
+        Ok(())
     }
+}
+
+/// Create `path` and the directories above it that are missing, and fsync the
+/// directory holding each one created: without that, a power cut soon after the first
+/// start can take the new data directory — and every acknowledged message in it — away.
+fn create_durably(path: &Path) -> Result<(), BackendFailure> {
+    let loc = path.display().to_string();
+    let missing: Vec<&Path> = path
+        .ancestors()
+        .take_while(|p| !p.as_os_str().is_empty() && !p.exists())
+        .collect();
+    fs::create_dir_all(path).map_err(|e| io_failure(&loc, "cannot create the data directory", &e))?;
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let watcher = super::observe::watcher(path);
+    if let Some(w) = &watcher {
+        w.event(super::observe::DiskEvent::DirCreated);
+    }
+    for created in missing {
+        let parent = match created.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        File::open(parent).and_then(|d| d.sync_all()).map_err(|e| {
+            io_failure(
+                &parent.display().to_string(),
+                "cannot fsync the directory holding the data directory",
+                &e,
+            )
+        })?;
+    }
+    if let Some(w) = &watcher {
+        w.event(super::observe::DiskEvent::ParentSynced);
+    }
+    Ok(())
 }
 
 /// An I/O error as a located failure: ENOSPC is [`FailureKind::Full`], the rest

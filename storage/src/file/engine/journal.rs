@@ -69,7 +69,6 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
-use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -78,6 +77,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::backend::{FaultSwitch, check_io, check_space, timed_sync};
 use super::dir::{DataDir, JOURNAL_FILES, io_failure};
+use super::observe::Watched;
 use crate::envelope::{crc32, unseal};
 use crate::error::{BackendFailure, FailureKind};
 
@@ -182,6 +182,8 @@ pub(crate) trait Checkpoint: Send + Sync {
 struct SegmentFile {
     file: File,
     location: String,
+    /// Under a crash-image test: where its writes and syncs are reported.
+    watched: Option<Watched>,
 }
 
 /// One segment as the journal tracks it.
@@ -322,7 +324,10 @@ impl Journal {
         let faults = Arc::new(FaultSwitch::default());
         let paths = JOURNAL_FILES.map(|name| dir.path().join(name));
         let created = paths.iter().any(|p| !p.exists());
-        let segments = [open_segment(&paths[0], &faults)?, open_segment(&paths[1], &faults)?];
+        let segments = [
+            open_segment(dir, JOURNAL_FILES[0], &faults)?,
+            open_segment(dir, JOURNAL_FILES[1], &faults)?,
+        ];
         if created {
             dir.sync()?;
         }
@@ -629,7 +634,12 @@ impl Journal {
                 // Best effort, unsynced: a frame that did reach the page cache must not
                 // be replayed after a crash either, and the page cache is what survives
                 // one of the process.
-                let _ = self.segments[seg].file.write_all_at(&[0u8; FRAME_HEADER], frame_at);
+                let segment = &self.segments[seg];
+                if segment.file.write_all_at(&[0u8; FRAME_HEADER], frame_at).is_ok()
+                    && let Some(w) = &segment.watched
+                {
+                    w.wrote(frame_at, &[0u8; FRAME_HEADER]);
+                }
                 if new_cycle {
                     // Its old cycle was reclaimable; what it holds now is unknown.
                     st.seg[seg] = SegmentState::default();
@@ -667,6 +677,9 @@ impl Journal {
         check_space(&self.faults)
             .and_then(|()| file.file.write_all_at(&bytes, at))
             .map_err(|e| io_failure(&file.location, "cannot write", &e))?;
+        if let Some(w) = &file.watched {
+            w.wrote(at, &bytes);
+        }
         check_io(&self.faults)
             .and_then(|()| {
                 if self.faults.sync.load(Ordering::Relaxed) {
@@ -675,6 +688,9 @@ impl Journal {
                 timed_sync(JOURNAL_METRIC, || file.file.sync_data())
             })
             .map_err(|e| io_failure(&file.location, "cannot sync", &e))?;
+        if let Some(w) = &file.watched {
+            w.synced();
+        }
         Ok(at + bytes.len() as u64)
     }
 
@@ -825,15 +841,21 @@ fn run_checkpointer(journal: &Weak<Journal>) {
     }
 }
 
-fn open_segment(path: &Path, faults: &FaultSwitch) -> Result<SegmentFile, BackendFailure> {
+fn open_segment(dir: &DataDir, name: &str, faults: &FaultSwitch) -> Result<SegmentFile, BackendFailure> {
+    let path = dir.path().join(name);
     let location = path.display().to_string();
+    let existed = path.exists();
     let file = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
-        .open(path)
+        .open(&path)
         .map_err(|e| io_failure(&location, "cannot open", &e))?;
+    let watched = Watched::file(dir.path(), name);
+    if let Some(w) = watched.as_ref().filter(|_| !existed) {
+        w.created(false);
+    }
     let fail = |what: &str, e: std::io::Error| io_failure(&location, what, &e);
     let len = file.metadata().map_err(|e| fail("cannot stat", e))?.len();
     if len < PREALLOCATE {
@@ -846,12 +868,22 @@ fn open_segment(path: &Path, faults: &FaultSwitch) -> Result<SegmentFile, Backen
                 .min(usize::try_from(PREALLOCATE - at).unwrap_or(zeros.len()));
             file.write_all_at(&zeros[..n], at)
                 .map_err(|e| fail("cannot preallocate", e))?;
+            if let Some(w) = &watched {
+                w.wrote(at, &zeros[..n]);
+            }
             at += n as u64;
         }
         check_io(faults).map_err(|e| fail("cannot sync", e))?;
         timed_sync(JOURNAL_METRIC, || file.sync_all()).map_err(|e| fail("cannot sync", e))?;
+        if let Some(w) = &watched {
+            w.synced();
+        }
     }
-    Ok(SegmentFile { file, location })
+    Ok(SegmentFile {
+        file,
+        location,
+        watched,
+    })
 }
 
 /// The first LSN of the segment's cycle, if its header is valid.

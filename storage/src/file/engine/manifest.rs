@@ -12,6 +12,7 @@ use std::io::Write;
 use serde::{Deserialize, Serialize};
 
 use super::dir::{DataDir, io_failure};
+use super::observe::{DiskEvent, Watched};
 use crate::error::{BackendFailure, FailureKind};
 
 pub const MANIFEST_FILE: &str = "manifest.json";
@@ -87,11 +88,29 @@ impl DataDir {
         let mut text = serde_json::to_vec_pretty(manifest)
             .map_err(|e| BackendFailure::new(FailureKind::Unavailable, loc.clone(), e))?;
         text.push(b'\n');
+        let tmp_name = format!("{MANIFEST_FILE}.tmp");
+        let watched = Watched::file(self.path(), &tmp_name);
         let write = || -> std::io::Result<()> {
             let mut f: File = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+            if let Some(w) = &watched {
+                w.created(true);
+            }
             f.write_all(&text)?;
+            if let Some(w) = &watched {
+                w.wrote(0, &text);
+            }
             f.sync_all()?;
-            fs::rename(&tmp, &path)
+            if let Some(w) = &watched {
+                w.synced();
+            }
+            fs::rename(&tmp, &path)?;
+            if let Some(w) = super::observe::watcher(self.path()) {
+                w.event(DiskEvent::Renamed {
+                    from: &tmp_name,
+                    to: MANIFEST_FILE,
+                });
+            }
+            Ok(())
         };
         write().map_err(|e| io_failure(&loc, "cannot write the manifest", &e))?;
         self.sync()

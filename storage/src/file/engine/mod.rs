@@ -8,6 +8,7 @@
 //! | [`db`] | one redb store file: opening, layout check, transactions, reopening after a failed disk, the hop off the async runtime |
 //! | [`backend`] | redb's file backend with fault injection (`disk-full`, `disk-io-error`), fsync metrics |
 //! | [`journal`] | the stages' journal (`journal.0`, `journal.1`): frames, group commit, segments, checkpoints, recovery scans |
+//! | [`observe`] | the seam crash-image tests watch every write, sync, create and rename through |
 //! | [`journaled`] | a store file made durable by journal frames, and the store handle the background stages share |
 //!
 //! The stages (`pending`, `router_queue`, `routed_work`, `dlr`) sit beside this module
@@ -19,3 +20,4 @@ pub mod dir;
 pub(crate) mod journal;
 pub(crate) mod journaled;
 pub mod manifest;
+pub(crate) mod observe;
