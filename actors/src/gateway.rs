@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorRef};
 use sendium_profiles::{Config, DlrBackend, Guarantee, RouteTable, StorageProfile};
+use sendium_protocols::auth_guard::AuthGuard;
 use sendium_protocols::http::{HttpAccess, HttpIngressConfig};
+use sendium_protocols::http_listener::{self, ListenerLimits};
 use sendium_protocols::smpp::server::{self, AccountBook, ServerConfig, SessionRegistry};
 use sendium_storage::postgresql::StageAccess;
 use tokio::net::TcpListener;
@@ -262,6 +264,8 @@ impl Gateway {
         .map_err(|e| GatewayError::Actors(e.to_string()))?;
         let shutdown = CancellationToken::new();
         let mut listeners = Vec::new();
+        // Failed binds and API keys back off per address, SMPP and HTTP together.
+        let auth_guard = Arc::new(AuthGuard::new());
         let mut smpp_addr = None;
         let mut account_book = None;
         let mut http_access = None;
@@ -277,8 +281,11 @@ impl Gateway {
             let book = AccountBook::new(&reload::smpp_accounts(smpp));
             account_book = Some(book.clone());
             let config = Arc::new(ServerConfig {
+                auth: auth_guard.clone(),
                 system_id: "sendium".into(),
                 max_connections: usize::try_from(smpp.max_connections).unwrap_or(1024),
+                max_unbound: usize::try_from(smpp.max_unbound).unwrap_or(256),
+                max_unbound_per_address: usize::try_from(smpp.max_unbound_per_address).unwrap_or(16),
                 max_command_length: smpp.max_command_length,
                 window: usize::try_from(smpp.window).unwrap_or(100),
                 bind_timeout: smpp.bind_timeout,
@@ -312,16 +319,22 @@ impl Gateway {
                 HttpIngressConfig {
                     access,
                     max_body_bytes: http.max_body_bytes,
+                    callback_targets: spec.callback_targets.clone(),
+                    auth: auth_guard.clone(),
+                    body_timeout: http.body_timeout,
                 },
                 Arc::new(HttpIngress::new(shared.clone())),
             );
-            let token = shutdown.clone();
-            listeners.push(tokio::spawn(async move {
-                let serve = axum::serve(listener, app).with_graceful_shutdown(async move { token.cancelled().await });
-                if let Err(e) = serve.await {
-                    tracing::error!(error = %e, "HTTP ingress listener stopped");
-                }
-            }));
+            let limits = ListenerLimits {
+                max_connections: usize::try_from(http.max_connections).unwrap_or(1024),
+                header_timeout: http.header_timeout,
+            };
+            listeners.push(tokio::spawn(http_listener::serve(
+                listener,
+                app,
+                limits,
+                shutdown.clone(),
+            )));
         }
         // A draining gateway admits nothing: its sources wait for the next serving one.
         let outbox_stop = shutdown.child_token();

@@ -73,6 +73,11 @@ impl HttpSubmitHandler for HttpIngress {
         match answers.pop() {
             Some(Admission::Accepted(id)) => HttpOutcome::Accepted(id.to_string()),
             Some(Admission::Duplicate(id)) => HttpOutcome::Duplicate(id.to_string()),
+            Some(Admission::Refused(Refusal::IdempotencyKeyReused)) => HttpOutcome::Conflict {
+                field: "idempotency_key",
+                reason: "was already used for a different message (send the same message to retry, or use a new key)"
+                    .into(),
+            },
             Some(Admission::Refused(Refusal::ReceiptsDisabled)) => HttpOutcome::Invalid {
                 field: "callback_url",
                 reason: "receipts are disabled on this gateway (dlr.backend = \"disabled\")".into(),

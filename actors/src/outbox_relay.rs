@@ -30,6 +30,7 @@ use parking_lot::Mutex;
 use sendium_outbox::relay::{OutboxRow, OutboxSource, RelayError, RelaySettings, RowOutcome, Settled, SourceStats};
 use sendium_outbox::{Dialect, TableName};
 use sendium_profiles::{Config, OutboxSourceConfig};
+use sendium_protocols::callback::CallbackTargets;
 use sendium_protocols::http::validate_submission;
 use sendium_storage::PendingRecord;
 use tokio::sync::Notify;
@@ -65,6 +66,8 @@ struct Admissions {
     accounts: parking_lot::RwLock<HashSet<String>>,
     /// Receipt requests are refused (`dlr.backend = "disabled"`, refuse policy).
     refuse_receipts: bool,
+    /// Where a row's `callback_url` may point.
+    callback_targets: CallbackTargets,
 }
 
 /// The relays of every configured source.
@@ -139,6 +142,7 @@ impl OutboxRelays {
                     .collect(),
             ),
             refuse_receipts: receipts == ReceiptPolicy::Refuse,
+            callback_targets: crate::spec::callback_targets(cfg),
         });
         let mut sources = Vec::new();
         let mut tasks = Vec::new();
@@ -495,6 +499,14 @@ async fn deliver(
                 // The first refusal is the row's own; the rest of the batch was cut off
                 // behind it and is read again as it is.
                 Admission::Refused(_) if refused => RowOutcome::Skipped,
+                // What the row says: it will not change by waiting.
+                Admission::Refused(reason @ Refusal::IdempotencyKeyReused) => {
+                    refused = true;
+                    RowOutcome::Refused {
+                        error: describe(reason).into(),
+                        after: refusal_delay(row.attempts, relay.max_backoff),
+                    }
+                }
                 Admission::Refused(reason) => {
                     refused = true;
                     pushback = true;
@@ -542,6 +554,7 @@ fn describe(refusal: Refusal) -> &'static str {
         Refusal::ReceiptStoreUnavailable => "the receipt store is failing",
         Refusal::ReceiptsDisabled => "receipts are disabled on this gateway",
         Refusal::Unavailable => "the pipeline is not accepting",
+        Refusal::IdempotencyKeyReused => "event_id: already relayed for a different message",
     }
 }
 
@@ -566,6 +579,7 @@ impl Admissions {
             &m.body,
             m.callback_url.as_deref(),
             Some(&event_id),
+            &self.callback_targets,
         )
         .map_err(|e| format!("{}: {}", column(e.field), e.reason))?;
         http_ingress::record(submission).map_err(|(field, reason)| format!("{}: {reason}", column(field)))

@@ -22,7 +22,8 @@ pub fn refusal_status(r: Refusal) -> u32 {
     match r {
         Refusal::QueueFull | Refusal::ReceiptCapacity | Refusal::ReceiptStoreUnavailable => ESME_RMSGQFUL,
         Refusal::ReceiptsDisabled => ESME_RINVREGDLVFLG,
-        Refusal::Unavailable => ESME_RSYSERR,
+        // SMPP submissions carry no idempotency key: never met here.
+        Refusal::Unavailable | Refusal::IdempotencyKeyReused => ESME_RSYSERR,
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use sendium_profiles::{
     BindMode, Config, DestinationConfig, DestinationKind, DlrBackend, IdFormat, OnReceiptRequest, RouteTable,
 };
+use sendium_protocols::callback::CallbackTargets;
 use sendium_protocols::receipt::IdFormat as WireIdFormat;
 use sendium_protocols::smpp::client::{BindMode as WireBind, ClientConfig};
 use sendium_storage::ReceiptReservations;
@@ -125,6 +126,14 @@ pub struct GatewaySpec {
     pub destinations: Vec<DestinationSpec>,
     /// False while draining: Ingress refuses every admission.
     pub accepting: bool,
+    /// Where HTTP receipt callbacks may go (`[http] callback-allow`).
+    pub callback_targets: CallbackTargets,
+}
+
+/// Where HTTP receipt callbacks may go: `[http] callback-allow` opens networks the
+/// default refuses (see [`sendium_protocols::callback`]).
+pub fn callback_targets(cfg: &Config) -> CallbackTargets {
+    CallbackTargets::new(cfg.http.as_ref().map(|h| h.callback_allow.clone()).unwrap_or_default())
 }
 
 fn wire_id_format(f: IdFormat) -> WireIdFormat {
@@ -158,6 +167,7 @@ impl GatewaySpec {
             max_age: cfg.sms.max_age,
             destinations,
             accepting: true,
+            callback_targets: callback_targets(cfg),
         }
     }
 }

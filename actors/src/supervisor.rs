@@ -190,6 +190,7 @@ impl SupervisorState {
                     store,
                     callback_timeout: spec.callback_timeout,
                     claim_lease: spec.claim_lease,
+                    callback_targets: spec.callback_targets.clone(),
                 };
                 let (r, _) = Actor::spawn_linked(name, DlrCorrelator, args, cell).await?;
                 r.get_cell()

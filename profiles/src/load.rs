@@ -51,6 +51,9 @@ password = "demo"
 
 [http]
 listen = "127.0.0.1:8080"
+# Receipt callbacks may go to this machine (by default loopback and private addresses
+# are refused).
+callback-allow = ["127.0.0.0/8", "::1/128"]
 [[http.api-keys]]
 key = "demo-key"
 account = "demo"
@@ -535,6 +538,15 @@ copy-to = []
             err("[http]\nlisten = \"localhost:8080\"\n"),
             "invalid value \"localhost:8080\" for http.listen: expected an IP address and port \
              such as \"127.0.0.1:8080\" or \"[::1]:8080\""
+        );
+    }
+
+    #[test]
+    fn bad_callback_network() {
+        assert_eq!(
+            err("[http]\ncallback-allow = [\"10.1.0.0/16\", \"10.1.0.0/33\"]\n"),
+            "invalid value \"10.1.0.0/33\" for http.callback-allow: expected a network in CIDR notation, \
+             e.g. \"10.1.0.0/16\" or \"::1/128\""
         );
     }
 

@@ -272,6 +272,19 @@ fn deserialize_socket_addr<'de, D: Deserializer<'de>>(d: D) -> Result<SocketAddr
     d.deserialize_str(AddrVisitor)
 }
 
+const NETWORK_EXPECTED: &str = "a network in CIDR notation, e.g. \"10.1.0.0/16\" or \"::1/128\"";
+
+fn deserialize_networks<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<ipnet::IpNet>, D::Error> {
+    let raw: Vec<String> = Deserialize::deserialize(d)?;
+    raw.iter()
+        .map(|v| {
+            v.trim()
+                .parse()
+                .map_err(|_| de::Error::custom(value_error_message(format_args!("{v:?}"), NETWORK_EXPECTED)))
+        })
+        .collect()
+}
+
 /// A type that a configuration count can be.
 trait WholeNumber: TryFrom<u64> {
     const MAX: u64;
@@ -597,9 +610,17 @@ pub struct SmppConfig {
     /// Listen address.
     #[serde(deserialize_with = "deserialize_socket_addr")]
     pub listen: SocketAddr,
-    /// Concurrent client connections.
+    /// Concurrent bound sessions, all accounts together.
     #[serde(deserialize_with = "whole_number")]
     pub max_connections: u32,
+    /// Connections not bound yet, in total: a budget of their own, so they can never
+    /// take the slots bound sessions need. When it is full, a new connection closes the
+    /// oldest unbound one.
+    #[serde(deserialize_with = "whole_number")]
+    pub max_unbound: u32,
+    /// Connections not bound yet from one address; more are closed at once.
+    #[serde(deserialize_with = "whole_number")]
+    pub max_unbound_per_address: u32,
     /// A PDU longer than this closes the session without allocating it, so a
     /// hostile length field cannot exhaust memory.
     #[serde(deserialize_with = "whole_number")]
@@ -625,9 +646,11 @@ impl Default for SmppConfig {
         Self {
             listen: loopback(2775),
             max_connections: 1024,
+            max_unbound: 256,
+            max_unbound_per_address: 16,
             max_command_length: 16_384,
             window: 100,
-            bind_timeout: Duration::from_secs(10),
+            bind_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(120),
             deliver_timeout: Duration::from_secs(10),
             accounts: Vec::new(),
@@ -667,11 +690,25 @@ pub struct HttpConfig {
     /// Larger request bodies are refused before they are read whole.
     #[serde(deserialize_with = "whole_number")]
     pub max_body_bytes: usize,
+    /// Open connections; more are closed as soon as they are accepted.
+    #[serde(deserialize_with = "whole_number")]
+    pub max_connections: u32,
+    /// A request's headers must arrive within this (also how long an idle keep-alive
+    /// connection stays open).
+    #[serde(deserialize_with = "crate::duration::deserialize")]
+    pub header_timeout: Duration,
+    /// A request's body must arrive within this once its headers did (408 otherwise).
+    #[serde(deserialize_with = "crate::duration::deserialize")]
+    pub body_timeout: Duration,
     /// How long an idempotency key is remembered.
     #[serde(deserialize_with = "crate::duration::deserialize")]
     pub idempotency_retention: Duration,
     /// `[[http.api-keys]]`
     pub api_keys: Vec<ApiKey>,
+    /// Networks receipt callbacks may reach although they are loopback, link-local,
+    /// private or otherwise internal (refused by default).
+    #[serde(deserialize_with = "deserialize_networks")]
+    pub callback_allow: Vec<ipnet::IpNet>,
 }
 
 impl Default for HttpConfig {
@@ -679,8 +716,12 @@ impl Default for HttpConfig {
         Self {
             listen: loopback(8080),
             max_body_bytes: 65_536,
+            max_connections: 1024,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(10),
             idempotency_retention: Duration::from_secs(24 * 3600),
             api_keys: Vec::new(),
+            callback_allow: Vec::new(),
         }
     }
 }
@@ -975,10 +1016,11 @@ mod tests {
         let s = SmppConfig::default();
         assert_eq!(s.listen, "127.0.0.1:2775".parse().unwrap());
         assert_eq!((s.max_connections, s.max_command_length, s.window), (1024, 16_384, 100));
+        assert_eq!((s.max_unbound, s.max_unbound_per_address), (256, 16));
         assert_eq!(
             (s.bind_timeout, s.idle_timeout, s.deliver_timeout),
             (
-                Duration::from_secs(10),
+                Duration::from_secs(5),
                 Duration::from_secs(120),
                 Duration::from_secs(10)
             )
@@ -986,6 +1028,12 @@ mod tests {
         let h = HttpConfig::default();
         assert_eq!(h.listen, "127.0.0.1:8080".parse().unwrap());
         assert_eq!(h.max_body_bytes, 65_536);
+        assert_eq!(h.max_connections, 1024);
+        assert_eq!(
+            (h.header_timeout, h.body_timeout),
+            (Duration::from_secs(10), Duration::from_secs(10))
+        );
+        assert!(h.callback_allow.is_empty());
         assert_eq!(h.idempotency_retention, Duration::from_secs(86_400));
     }
 }

@@ -269,6 +269,8 @@ impl Validator {
     fn smpp(&mut self, cfg: &Config) {
         let Some(s) = &cfg.smpp else { return };
         self.at_least("smpp.max-connections", s.max_connections, 1);
+        self.at_least("smpp.max-unbound", s.max_unbound, 1);
+        self.at_least("smpp.max-unbound-per-address", s.max_unbound_per_address, 1);
         if !(MIN_COMMAND_LENGTH..=MAX_COMMAND_LENGTH).contains(&s.max_command_length) {
             self.value(
                 "smpp.max-command-length",
@@ -358,6 +360,9 @@ impl Validator {
     fn http(&mut self, cfg: &Config) {
         let Some(h) = &cfg.http else { return };
         self.at_least_usize("http.max-body-bytes", h.max_body_bytes, 1);
+        self.at_least("http.max-connections", h.max_connections, 1);
+        self.nonzero("http.header-timeout", h.header_timeout);
+        self.nonzero("http.body-timeout", h.body_timeout);
         self.nonzero("http.idempotency-retention", h.idempotency_retention);
         let accounts = account_ids(cfg);
         let mut seen: Vec<(&Secret, usize)> = Vec::new();

@@ -8,25 +8,30 @@
 //! ```
 //!
 //! → `202 {"id": "<uuid>"}` once the message is stored as durably as the profile
-//! promises; `400 {"error", "field"}` naming the bad field; `401` for a missing or
-//! unknown key; `413` for an oversized body; `429` when the account's throughput limit
+//! promises (the same message again with the same `idempotency_key`: its first id,
+//! with `"duplicate": true`); `400 {"error", "field"}` naming the bad field; `401` for a
+//! missing or unknown key; `408` for a body that does not arrive in time; `409` naming
+//! `idempotency_key` when the key was used for a different message; `413` for an oversized body; `429` when the account's throughput limit
 //! is exceeded; `503` (with `Retry-After`) when the pipeline cannot take it now. An
 //! API key belongs to an SMPP account: routing, receipts and limits are the account's.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use parking_lot::RwLock;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
+
+use crate::auth_guard::{AuthGuard, Verdict};
+pub use crate::callback::CallbackTargets;
 
 /// An API key and the account it submits as.
 #[derive(Clone)]
@@ -48,6 +53,12 @@ pub struct HttpIngressConfig {
     /// The API keys and per-account limits, replaceable while serving.
     pub access: HttpAccess,
     pub max_body_bytes: usize,
+    /// Where `callback_url` may point.
+    pub callback_targets: CallbackTargets,
+    /// Unknown API keys back off per address (see [`crate::auth_guard`]).
+    pub auth: Arc<AuthGuard>,
+    /// A body must arrive within this once the headers did.
+    pub body_timeout: Duration,
 }
 
 /// Who may submit: the API keys, and each account's submissions per second (0 or
@@ -115,6 +126,12 @@ pub enum HttpOutcome {
         field: &'static str,
         reason: String,
     },
+    /// The request contradicts an earlier one (an idempotency key reused for another
+    /// message): 409 naming the field.
+    Conflict {
+        field: &'static str,
+        reason: String,
+    },
     /// The pipeline is full or a store is failing: try again later.
     Unavailable,
 }
@@ -146,6 +163,10 @@ impl Bucket {
 
 struct Ingress {
     access: HttpAccess,
+    callback_targets: CallbackTargets,
+    auth: Arc<AuthGuard>,
+    body_timeout: Duration,
+    max_body_bytes: usize,
     handler: Arc<dyn HttpSubmitHandler>,
 }
 
@@ -157,6 +178,10 @@ pub const MAX_URL: usize = 2_048;
 pub fn router(config: HttpIngressConfig, handler: Arc<dyn HttpSubmitHandler>) -> Router {
     let state = Arc::new(Ingress {
         access: config.access,
+        callback_targets: config.callback_targets,
+        auth: config.auth,
+        body_timeout: config.body_timeout,
+        max_body_bytes: config.max_body_bytes,
         handler,
     });
     Router::new()
@@ -231,8 +256,9 @@ fn string_field<'a>(body: &'a Value, field: &'static str, required: bool) -> Res
     }
 }
 
-/// Validate a request body into a submission for `account`.
-pub fn parse_submission(account: &str, raw: &[u8]) -> Result<HttpSubmission, FieldError> {
+/// Validate a request body into a submission for `account`, its `callback_url` against
+/// `targets`.
+pub fn parse_submission(account: &str, raw: &[u8], targets: &CallbackTargets) -> Result<HttpSubmission, FieldError> {
     let body: Value = serde_json::from_slice(raw).map_err(|e| field_err("body", format!("is not valid JSON: {e}")))?;
     let Some(obj) = body.as_object() else {
         return Err(field_err("body", "must be a JSON object"));
@@ -253,12 +279,14 @@ pub fn parse_submission(account: &str, raw: &[u8]) -> Result<HttpSubmission, Fie
         string_field(&body, "text", true)?.unwrap_or_default(),
         callback_url,
         idempotency_key,
+        targets,
     )
 }
 
 /// Check a submission's fields, as `POST /v1/messages` and the outbox relay take them:
 /// `from` a number or an alphanumeric sender, `to` a phone number, `text` not empty and
-/// not too long, `callback_url` an http(s) URL. The error names the first bad field.
+/// not too long, `callback_url` an http(s) URL that `targets` permits (see
+/// [`crate::callback`]). The error names the first bad field.
 pub fn validate_submission(
     account: &str,
     from: &str,
@@ -266,6 +294,7 @@ pub fn validate_submission(
     text: &str,
     callback_url: Option<&str>,
     idempotency_key: Option<&str>,
+    targets: &CallbackTargets,
 ) -> Result<HttpSubmission, FieldError> {
     let from = from.trim().to_string();
     if from.is_empty() || from.len() > 20 {
@@ -305,6 +334,9 @@ pub fn validate_submission(
             {
                 return Err(field_err("callback_url", "must be an http:// or https:// URL"));
             }
+            targets
+                .check_url(u)
+                .map_err(|e| field_err("callback_url", e.to_string()))?;
             Some(u.to_string())
         }
         None => None,
@@ -329,16 +361,60 @@ pub fn validate_submission(
     })
 }
 
-async fn submit(State(state): State<Arc<Ingress>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn submit(State(state): State<Arc<Ingress>>, req: Request) -> Response {
+    // Set by the listener (crate::http_listener); absent only when the router is served
+    // some other way.
+    let ip = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(a)| a.ip());
+    let (parts, body) = req.into_parts();
+    let headers = parts.headers;
+    if let Some(ip) = ip
+        && let Verdict::Refuse(left) = state.auth.check(ip, None)
+    {
+        metrics::counter!("sendium_auth_refused_total", "listener" => "http").increment(1);
+        metrics::counter!("sendium_http_requests_total", "status" => "429").increment(1);
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, left.as_secs().max(1).to_string())],
+            axum::Json(json!({"error": "too many requests with an invalid API key from this address; retry later"})),
+        )
+            .into_response();
+    }
     let Some(account) = state.account(&headers) else {
         metrics::counter!("sendium_http_requests_total", "status" => "401").increment(1);
+        if let Some(ip) = ip {
+            metrics::counter!("sendium_auth_failures_total", "listener" => "http").increment(1);
+            tracing::warn!(peer = %ip, "HTTP request with a missing or invalid API key");
+            let delay = state.auth.failed(ip, None);
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+        }
         return error(
             StatusCode::UNAUTHORIZED,
             "missing or invalid API key (Authorization: Bearer KEY)",
             None,
         );
     };
-    let submission = match parse_submission(&account, &body) {
+    let body = match tokio::time::timeout(state.body_timeout, axum::body::to_bytes(body, state.max_body_bytes)).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => {
+            metrics::counter!("sendium_http_requests_total", "status" => "413").increment(1);
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("the body is larger than {} bytes or was cut off", state.max_body_bytes),
+                None,
+            );
+        }
+        Err(_) => {
+            metrics::counter!("sendium_http_timeouts_total", "what" => "body").increment(1);
+            metrics::counter!("sendium_http_requests_total", "status" => "408").increment(1);
+            return error(StatusCode::REQUEST_TIMEOUT, "the body did not arrive in time", None);
+        }
+    };
+    let submission = match parse_submission(&account, &body, &state.callback_targets) {
         Ok(s) => s,
         Err(e) => {
             metrics::counter!("sendium_http_requests_total", "status" => "400").increment(1);
@@ -371,6 +447,10 @@ async fn submit(State(state): State<Arc<Ingress>>, headers: HeaderMap, body: Byt
             metrics::counter!("sendium_http_requests_total", "status" => "400").increment(1);
             error(StatusCode::BAD_REQUEST, &format!("{field} {reason}"), Some(field))
         }
+        HttpOutcome::Conflict { field, reason } => {
+            metrics::counter!("sendium_http_requests_total", "status" => "409").increment(1);
+            error(StatusCode::CONFLICT, &format!("{field} {reason}"), Some(field))
+        }
         HttpOutcome::Unavailable => {
             metrics::counter!("sendium_http_requests_total", "status" => "503").increment(1);
             (
@@ -388,7 +468,8 @@ mod tests {
     use super::*;
 
     fn parse(body: &str) -> Result<HttpSubmission, FieldError> {
-        parse_submission("esme1", body.as_bytes())
+        let loopback = CallbackTargets::new(vec!["127.0.0.0/8".parse().unwrap()]);
+        parse_submission("esme1", body.as_bytes(), &loopback)
     }
 
     #[test]
@@ -412,6 +493,10 @@ mod tests {
             (r#"{"from":"This is far too long","to":"12","text":"x"}"#, "from"),
             (
                 r#"{"from":"1","to":"12","text":"x","callback_url":"ftp://x"}"#,
+                "callback_url",
+            ),
+            (
+                r#"{"from":"1","to":"12","text":"x","callback_url":"http://169.254.169.254/latest"}"#,
                 "callback_url",
             ),
             (

@@ -20,8 +20,11 @@
 //! which family failed.
 #![forbid(unsafe_code)]
 
+pub mod auth_guard;
+pub mod callback;
 pub mod error;
 pub mod http;
+pub mod http_listener;
 pub mod multipart;
 pub mod receipt;
 pub mod text;

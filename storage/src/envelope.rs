@@ -457,6 +457,16 @@ mod tests {
             &IdempotencyEntry {
                 id,
                 expires_at: Timestamp(99),
+                digest: Some(u64::MAX - 7),
+            },
+        );
+        // An entry written before digests were kept reads back without one.
+        round_trip(
+            RecordKind::IdempotencyKey,
+            &IdempotencyEntry {
+                id,
+                expires_at: Timestamp(99),
+                digest: None,
             },
         );
         round_trip(RecordKind::StagedUnit, &StagedRecord { id });

@@ -37,6 +37,11 @@ pub enum AdmitOutcome {
     /// or this multipart part is a retransmission of one in its open group: nothing new
     /// was stored; answer with the earlier id.
     Duplicate { existing: MessageId },
+    /// The account already used this idempotency key (still retained) for a different
+    /// message ([`PendingRecord::submission_digest`](crate::record::PendingRecord::submission_digest)
+    /// differs): nothing was stored. Answer 409 naming the key; `existing` is the first
+    /// message's id.
+    KeyReused { existing: MessageId },
     /// Not stored: the stage is at its configured capacity. Answer ESME_RMSGQFUL / 503.
     Full,
 }

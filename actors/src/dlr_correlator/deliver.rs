@@ -1,7 +1,11 @@
 //! Downstream receipt delivery: a deliver_sm to a bound receiver/transceiver session of
 //! the originating account, or an HTTP POST to the submission's callback URL.
 
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
+
+use sendium_protocols::callback::CallbackTargets;
 
 use sendium_protocols::receipt::{ReceiptText, format_date};
 use sendium_protocols::smpp::server::{DeliverOutcome, OutboundDeliver, SessionRegistry};
@@ -109,14 +113,101 @@ pub fn callback_body(d: &Delivery) -> serde_json::Value {
     })
 }
 
-/// POST one receipt; 2xx is delivered, anything else (or no answer) is retried.
-pub async fn http(client: &reqwest::Client, url: &str, d: &Delivery) -> DeliveryFinish {
+/// The client receipts are POSTed with: no redirects, and connections only to addresses
+/// the callback targets permit (see [`sendium_protocols::callback`]).
+#[derive(Clone)]
+pub struct CallbackClient {
+    client: reqwest::Client,
+    targets: Arc<CallbackTargets>,
+}
+
+impl CallbackClient {
+    pub fn new(timeout: Duration, targets: CallbackTargets) -> reqwest::Result<Self> {
+        let targets = Arc::new(targets);
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .user_agent(concat!("sendium/", env!("CARGO_PKG_VERSION")))
+            .redirect(reqwest::redirect::Policy::none())
+            .dns_resolver(Arc::new(GuardedResolver {
+                targets: targets.clone(),
+            }))
+            .build()?;
+        Ok(CallbackClient { client, targets })
+    }
+
+    /// Whether `url` names an address (not a name) the targets refuse.
+    fn forbidden_address(&self, url: &str) -> bool {
+        match reqwest::Url::parse(url)
+            .ok()
+            .and_then(|u| u.host().map(|h| h.to_owned()))
+        {
+            Some(url::Host::Ipv4(ip)) => !self.targets.permits(ip.into()),
+            Some(url::Host::Ipv6(ip)) => !self.targets.permits(ip.into()),
+            _ => false,
+        }
+    }
+}
+
+/// Resolves a callback's host name, keeping only the addresses callbacks may reach: a
+/// name that resolves only to internal addresses fails with [`ForbiddenTarget`].
+struct GuardedResolver {
+    targets: Arc<CallbackTargets>,
+}
+
+/// Every address a callback host resolved to is one callbacks may not reach.
+#[derive(Debug, thiserror::Error)]
+#[error("the callback host resolves only to addresses callbacks may not reach (see [http] callback-allow)")]
+pub struct ForbiddenTarget;
+
+impl reqwest::dns::Resolve for GuardedResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let targets = self.targets.clone();
+        Box::pin(async move {
+            let found: Vec<SocketAddr> = tokio::net::lookup_host((name.as_str(), 0)).await?.collect();
+            let allowed: Vec<SocketAddr> = found.into_iter().filter(|a| targets.permits(a.ip())).collect();
+            if allowed.is_empty() {
+                return Err(Box::new(ForbiddenTarget) as Box<dyn std::error::Error + Send + Sync>);
+            }
+            Ok(Box::new(allowed.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// Whether a request failed because its target is forbidden.
+fn is_forbidden(e: &reqwest::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.is::<ForbiddenTarget>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// POST one receipt; 2xx is delivered, anything else (or no answer) is retried. A
+/// callback whose target callbacks may not reach is given up at once.
+pub async fn http(client: &CallbackClient, url: &str, d: &Delivery) -> DeliveryFinish {
     metrics::counter!("sendium_receipt_delivery_attempts_total", "channel" => "http").increment(1);
-    let ok = match client.post(url).json(&callback_body(d)).send().await {
-        Ok(resp) => resp.status().is_success(),
-        Err(_) => false,
+    let sent = if client.forbidden_address(url) {
+        Err(true)
+    } else {
+        match client.client.post(url).json(&callback_body(d)).send().await {
+            Ok(resp) => Ok(resp.status().is_success()),
+            Err(e) => Err(is_forbidden(&e)),
+        }
     };
-    let result = if ok {
+    if sent == Err(true) {
+        metrics::counter!("sendium_receipt_delivery_failures_total", "channel" => "http", "reason" => "forbidden")
+            .increment(1);
+        tracing::warn!("receipt callback refused: its target is an address callbacks may not reach");
+        return DeliveryFinish {
+            id: d.id,
+            attempt: d.attempt,
+            result: DeliveryResult::Dead,
+        };
+    }
+    let result = if sent == Ok(true) {
         DeliveryResult::Delivered
     } else {
         metrics::counter!("sendium_receipt_delivery_failures_total", "channel" => "http", "reason" => "callback")

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use sendium_protocols::callback::CallbackTargets;
 use sendium_protocols::smpp::client::{Acker, DeliverAck};
 use sendium_storage::failpoint;
 use sendium_storage::{
@@ -91,6 +92,8 @@ pub struct DlrArgs {
     pub callback_timeout: Duration,
     /// `dlr.claim-lease`.
     pub claim_lease: Duration,
+    /// Where HTTP callbacks may connect.
+    pub callback_targets: CallbackTargets,
 }
 
 pub struct DlrState {
@@ -99,7 +102,7 @@ pub struct DlrState {
     /// What the store can do, read once: how many steps it commits at once, whether its
     /// writes claim what they create, its reservation gate.
     caps: DlrCapabilities,
-    http: reqwest::Client,
+    http: deliver::CallbackClient,
     in_flight: usize,
     deliver_scheduled: bool,
     ticks: u64,
@@ -641,10 +644,7 @@ impl Actor for DlrCorrelator {
 
     async fn pre_start(&self, myself: ActorRef<Self::Msg>, args: DlrArgs) -> Result<DlrState, ActorProcessingErr> {
         args.shared.dir.dlr.install(myself);
-        let http = reqwest::Client::builder()
-            .timeout(args.callback_timeout)
-            .user_agent(concat!("sendium/", env!("CARGO_PKG_VERSION")))
-            .build()?;
+        let http = deliver::CallbackClient::new(args.callback_timeout, args.callback_targets)?;
         Ok(DlrState {
             shared: args.shared,
             caps: args.store.capabilities(),

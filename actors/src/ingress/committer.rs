@@ -392,6 +392,7 @@ impl IngressArgs {
                                 Admission::Accepted(id)
                             }
                             Some(AdmitOutcome::Duplicate { existing }) => Admission::Duplicate(*existing),
+                            Some(AdmitOutcome::KeyReused { .. }) => Admission::Refused(Refusal::IdempotencyKeyReused),
                             Some(AdmitOutcome::Full) => Admission::Refused(Refusal::QueueFull),
                             None => Admission::Refused(Refusal::Unavailable),
                         };

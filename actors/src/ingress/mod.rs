@@ -56,6 +56,9 @@ pub enum Refusal {
     ReceiptsDisabled,
     /// The store failed or the pipeline is not running (ESME_RSYSERR / HTTP 503).
     Unavailable,
+    /// The idempotency key was used for a different message, still retained (HTTP 409
+    /// naming `idempotency_key`; an outbox row with such an `event_id` is refused).
+    IdempotencyKeyReused,
 }
 
 impl Refusal {
@@ -66,6 +69,7 @@ impl Refusal {
             Refusal::ReceiptStoreUnavailable => "receipt_store_unavailable",
             Refusal::ReceiptsDisabled => "receipts_disabled",
             Refusal::Unavailable => "unavailable",
+            Refusal::IdempotencyKeyReused => "idempotency_key_reused",
         }
     }
 }

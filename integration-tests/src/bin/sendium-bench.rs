@@ -27,10 +27,12 @@
 //!               [--ready-timeout-s 30] [--rounds 1] [--show-config] [--markdown | --json]
 //!               [--outbox] [--outbox-rows 1000000] [--outbox-partitions 4] [--outbox-batch 1000]
 //!               [--trickle-rate 1000] [--trickle-seconds 20]
+//!               [--flood] [--flood-messages 100000] [--flood-pairs 5]
 //! ```
 //!
 //! The outbox phase (`bench/outbox.rs`) runs after the profiles of each round: by
-//! default, or alone with `--outbox` and no `--profile`.
+//! default, or alone with `--outbox` and no `--profile`. The flood phase
+//! (`bench/flood.rs`) runs with `--flood` (alone without `--profile`).
 //!
 //! The gateway binary is `$SENDIUM_BIN`, else `sendium` next to this executable (so
 //! `./target/release/sendium-bench` uses `./target/release/sendium`). Build both with
@@ -55,6 +57,8 @@ use sendium_integration_tests::smsc::{SmscConfig, SmscStats, TestSmsc};
 use sendium_storage::postgresql::test_cluster::TestCluster;
 use serde_json::{Value, json};
 
+#[path = "../bench/flood.rs"]
+mod flood;
 #[path = "../bench/outbox.rs"]
 mod outbox;
 
@@ -65,6 +69,7 @@ const USAGE: &str = "usage: sendium-bench [--profile NAME]... [--include-unsuppo
                      [--ready-timeout-s S] [--rounds N] [--show-config] [--markdown | --json]
                      [--outbox] [--outbox-rows 1000000] [--outbox-partitions 4] [--outbox-batch 1000]
                      [--trickle-rate 1000] [--trickle-seconds 20]
+                     [--flood] [--flood-messages 100000] [--flood-pairs 5]
 
 Runs the release sendium binary ($SENDIUM_BIN, else next to this executable) per storage
 profile against the test SMSC, driven by the load generator: phase 1 at full speed
@@ -77,7 +82,10 @@ each profile a new database in it. --rounds N runs the list N times, alternating
 profiles, and adds each profile's median and range over the rounds.
 The outbox phase (run by default, or alone with --outbox and no --profile): a backlog of
 committed rows in a PostgreSQL outbox table relayed into the file-file-file profile
-(rows/s), then a trickle of one-row commits (insert-to-admission delay p50/p99).";
+(rows/s), then a trickle of one-row commits (insert-to-admission delay p50/p99).
+The flood phase (--flood; alone without --profile): an ESME's bind time and submit
+throughput on the memory profile while 5,000 never-binding connections are held open,
+in alternating windows with and without them (median ratio; the target is >= 0.9).";
 
 /// The ESME account the load generator binds with; with several gateway processes, the
 /// load generator of process `i` binds as account `i` (system id and password), so each
@@ -278,6 +286,9 @@ struct Options {
     outbox_batch: u32,
     trickle_rate: u32,
     trickle_seconds: u64,
+    flood: bool,
+    flood_messages: u64,
+    flood_pairs: u32,
 }
 
 fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
@@ -307,6 +318,9 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
         outbox_batch: 1000,
         trickle_rate: 1000,
         trickle_seconds: 20,
+        flood: false,
+        flood_messages: 100_000,
+        flood_pairs: 5,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -363,6 +377,9 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
             "--outbox-batch" => o.outbox_batch = num(flag, value()?)?,
             "--trickle-rate" => o.trickle_rate = num(flag, value()?)?,
             "--trickle-seconds" => o.trickle_seconds = num(flag, value()?)?,
+            "--flood" => o.flood = true,
+            "--flood-messages" => o.flood_messages = num(flag, value()?)?,
+            "--flood-pairs" => o.flood_pairs = num(flag, value()?)?,
             "--markdown" => o.markdown = true,
             "--json" => o.json = true,
             "--list" => {
@@ -378,7 +395,7 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
         if inline.is_some()
             && matches!(
                 flag,
-                "--include-unsupported" | "--show-config" | "--markdown" | "--json" | "--outbox"
+                "--include-unsupported" | "--show-config" | "--markdown" | "--json" | "--outbox" | "--flood"
             )
         {
             return Err(format!("{flag} takes no value"));
@@ -393,8 +410,11 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
     if o.outbox_rows == 0 || o.outbox_partitions == 0 || o.outbox_batch == 0 || o.trickle_rate == 0 {
         return Err("--outbox-rows, --outbox-partitions, --outbox-batch and --trickle-rate must be at least 1".into());
     }
-    // No --profile: every profile and the outbox phase, or the outbox phase alone.
-    if o.profiles.is_empty() && o.outbox {
+    if o.flood_messages == 0 || o.flood_pairs == 0 {
+        return Err("--flood-messages and --flood-pairs must be at least 1".into());
+    }
+    // No --profile: every profile and the outbox phase, or the outbox or flood phase alone.
+    if o.profiles.is_empty() && (o.outbox || o.flood) {
         return Ok(Some(o));
     }
     if o.profiles.is_empty() {
@@ -1983,6 +2003,7 @@ fn main() {
     };
     let mut rows = Vec::new();
     let mut outbox_runs = Vec::new();
+    let mut flood_runs = Vec::new();
     let rounds = bench.opts.rounds;
     for round in 1..=rounds {
         for profile in &bench.opts.profiles {
@@ -1996,17 +2017,32 @@ fn main() {
             run.round = (rounds > 1).then_some(round);
             outbox_runs.push(run);
         }
+        if bench.opts.flood {
+            let mut run = bench.run_flood();
+            run.round = (rounds > 1).then_some(round);
+            flood_runs.push(run);
+        }
     }
-    let failed = rows.iter().any(|r| r.failed) || outbox_runs.iter().any(|r| r.failed);
+    let failed =
+        rows.iter().any(|r| r.failed) || outbox_runs.iter().any(|r| r.failed) || flood_runs.iter().any(|r| r.failed);
     if bench.opts.json {
         let mut out = json_output(&rows, &ctx);
         out["outbox"] = Value::Array(outbox_runs.iter().map(outbox::OutboxRun::json).collect());
+        out["flood"] = Value::Array(flood_runs.iter().map(flood::FloodRun::json).collect());
         println!("{out}");
     } else if bench.opts.markdown {
         if rows.is_empty() {
             print!("{}", markdown_context(&ctx));
         } else {
             print!("{}", markdown(&rows, &ctx));
+        }
+        if !flood_runs.is_empty() {
+            println!("\nFlood phase:\n");
+            print!(
+                "{}",
+                md_table(&flood::HEADERS, flood_runs.iter().map(flood::FloodRun::cells), |i| i
+                    >= 1)
+            );
         }
         if !outbox_runs.is_empty() {
             println!("\nOutbox phase:\n");
@@ -2033,6 +2069,17 @@ fn main() {
                     &SUMMARY_HEADERS,
                     summary.iter().map(summary_cells).collect(),
                     summary_right
+                )
+            );
+        }
+        if !flood_runs.is_empty() {
+            println!("\nFlood phase:");
+            print!(
+                "{}",
+                text_grid(
+                    &flood::HEADERS,
+                    flood_runs.iter().map(flood::FloodRun::cells).collect(),
+                    |i| i >= 1
                 )
             );
         }

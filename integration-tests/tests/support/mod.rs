@@ -29,6 +29,7 @@ max-binds = 2
 pub const HTTP: &str = r#"
 [http]
 listen = "127.0.0.1:{http_port}"
+callback-allow = ["127.0.0.0/8", "::1/128"]
 [[http.api-keys]]
 key = "key-1"
 account = "esme1"

@@ -95,6 +95,7 @@ macro_rules! sms_cases {
         $crate::conformance::conformance_cases!($factory;
             pending::admits_and_lists_ready_units,
             pending::deduplicates_idempotency_keys_per_account,
+            pending::refuses_an_idempotency_key_reused_for_another_message,
             pending::refuses_when_full,
             pending::reassembles_multipart_groups,
             pending::answers_a_retransmitted_part_with_its_first_id,

@@ -69,6 +69,48 @@ pub(crate) async fn deduplicates_idempotency_keys_per_account(f: &dyn Factory) {
     assert_eq!(s.stats().await.unwrap().records, 3);
 }
 
+pub(crate) async fn refuses_an_idempotency_key_reused_for_another_message(f: &dyn Factory) {
+    let s = f.pending(limits()).await;
+    let mut first = record("esme1", "447700900001", "the first text");
+    first.idempotency_key = Some("order-1".into());
+    assert_eq!(
+        s.admit(vec![first.clone()]).await.unwrap(),
+        vec![AdmitOutcome::Admitted]
+    );
+    // Another text, another number, another callback: each is another message.
+    let mut other_text = record("esme1", "447700900001", "another text");
+    other_text.idempotency_key = Some("order-1".into());
+    let mut other_number = record("esme1", "447700900002", "the first text");
+    other_number.idempotency_key = Some("order-1".into());
+    let mut other_callback = record("esme1", "447700900001", "the first text");
+    other_callback.idempotency_key = Some("order-1".into());
+    other_callback.callback_url = Some("https://example.com/elsewhere".into());
+    let out = s.admit(vec![other_text, other_number, other_callback]).await.unwrap();
+    assert_eq!(out, vec![AdmitOutcome::KeyReused { existing: first.id }; 3]);
+    // The same message again (a new id and acceptance time: a client's retry) is a retry.
+    let mut retry = record("esme1", "447700900001", "the first text");
+    retry.idempotency_key = Some("order-1".into());
+    assert_eq!(
+        s.admit(vec![retry]).await.unwrap(),
+        vec![AdmitOutcome::Duplicate { existing: first.id }]
+    );
+    // Within one batch too, and after completion.
+    let mut b1 = record("esme2", "447700900003", "one");
+    b1.idempotency_key = Some("k".into());
+    let mut b2 = record("esme2", "447700900003", "two");
+    b2.idempotency_key = Some("k".into());
+    assert_eq!(
+        s.admit(vec![b1.clone(), b2.clone()]).await.unwrap(),
+        vec![AdmitOutcome::Admitted, AdmitOutcome::KeyReused { existing: b1.id }]
+    );
+    s.complete(&[b1.id]).await.unwrap();
+    assert_eq!(
+        s.admit(vec![b2]).await.unwrap(),
+        vec![AdmitOutcome::KeyReused { existing: b1.id }]
+    );
+    assert_eq!(s.stats().await.unwrap().records, 1);
+}
+
 pub(crate) async fn refuses_when_full(f: &dyn Factory) {
     let s = f
         .pending(PendingLimits {

@@ -732,14 +732,15 @@ impl<'t> Tx<'t> {
         Ok(changed)
     }
 
-    /// The retained first admission of this idempotency key, if any.
-    fn idempotent(&self, account: &str, key: &str, now: Timestamp) -> Result<Option<MessageId>, Fail> {
+    /// The retained first admission of this idempotency key, if any, and its
+    /// submission digest (absent in entries written before it was kept).
+    fn idempotent(&self, account: &str, key: &str, now: Timestamp) -> Result<Option<(MessageId, Option<u64>)>, Fail> {
         let Some(v) = self.idem.get((account, key))? else {
             return Ok(None);
         };
         let entry: IdempotencyEntry = envelope::decode(RecordKind::IdempotencyKey, v.value())
             .map_err(|e| Fail::record("idempotency", account, e))?;
-        Ok((entry.expires_at > now).then_some(entry.id))
+        Ok((entry.expires_at > now).then_some((entry.id, entry.digest)))
     }
 
     /// Store `record` (whose envelope is `bytes`), a part where the rules of
@@ -760,6 +761,7 @@ impl<'t> Tx<'t> {
             let entry = IdempotencyEntry {
                 id,
                 expires_at: idem_expiry,
+                digest: Some(record.submission_digest()),
             };
             let bytes = encode(RecordKind::IdempotencyKey, "idempotency", &record.account, &entry)?;
             self.idem
@@ -987,17 +989,20 @@ impl Inner {
                 let mut records = Vec::with_capacity(batch.len());
                 // Keys this batch admitted, per account, as the tables will hold them
                 // once applied (looked up by reference: no copy per lookup).
-                let mut keys: HashMap<String, HashMap<String, MessageId>> = HashMap::new();
+                let mut keys: HashMap<String, HashMap<String, (MessageId, Option<u64>)>> = HashMap::new();
                 let mut groups = BatchGroups::default();
                 for record in batch {
                     if let Some(key) = &record.idempotency_key {
                         let batched = keys.get(record.account.as_str()).and_then(|k| k.get(key.as_str()));
                         let existing = match batched {
-                            Some(id) => Some(*id),
+                            Some(first) => Some(*first),
                             None => t.idempotent(&record.account, key, now)?,
                         };
-                        if let Some(existing) = existing {
-                            outcomes.push(AdmitOutcome::Duplicate { existing });
+                        if let Some((existing, digest)) = existing {
+                            outcomes.push(match digest {
+                                Some(d) if d != record.submission_digest() => AdmitOutcome::KeyReused { existing },
+                                _ => AdmitOutcome::Duplicate { existing },
+                            });
                             continue;
                         }
                     }
@@ -1022,7 +1027,7 @@ impl Inner {
                     if let Some(key) = &record.idempotency_key {
                         keys.entry(record.account.clone())
                             .or_default()
-                            .insert(key.clone(), record.id);
+                            .insert(key.clone(), (record.id, Some(record.submission_digest())));
                     }
                     records.push(record);
                     count += 1;

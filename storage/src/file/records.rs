@@ -77,6 +77,11 @@ pub(crate) struct IdempotencyEntry {
     pub id: MessageId,
     /// Retention deadline: from then on the key no longer deduplicates.
     pub expires_at: Timestamp,
+    /// The first admission's submission digest: a reuse of the key for another message
+    /// is told apart from a retry. Absent in entries of builds that did not keep it
+    /// (those count as retries).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<u64>,
 }
 
 /// A staged unit of the router-queue stage, stored under its ready seq.

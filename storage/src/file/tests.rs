@@ -533,7 +533,8 @@ async fn pending_snapshot(s: &FilePendingStore) -> String {
 async fn journaled_commits(s: &FilePendingStore) -> usize {
     let mut keyed = record("esme1", "447700900001", "with key");
     keyed.idempotency_key = Some("key-1".into());
-    let mut again = record("esme1", "447700900001", "retried");
+    // The same message again (a client's retry) under its key.
+    let mut again = record("esme1", "447700900001", "with key");
     again.idempotency_key = Some("key-1".into());
     let out = s.admit(vec![keyed.clone(), again]).await.unwrap();
     assert_eq!(out[1], AdmitOutcome::Duplicate { existing: keyed.id });

@@ -83,7 +83,8 @@ struct Inner {
     /// Completed groups, until their deadlines.
     completed: HashMap<GroupKey, Group>,
     completed_deadlines: BTreeMap<(Timestamp, GroupKey), ()>,
-    idempotency: HashMap<(String, String), (MessageId, Timestamp)>,
+    /// (account, key) → first admission's id, retention deadline and submission digest.
+    idempotency: HashMap<(String, String), (MessageId, Timestamp, u64)>,
     idempotency_expiry: BTreeMap<(Timestamp, String, String), ()>,
     receipt_requests: u64,
     next_seq: u64,
@@ -179,7 +180,7 @@ impl Inner {
             let k = (account.clone(), key.clone());
             let at = *at;
             self.idempotency_expiry.remove(&(at, k.0.clone(), k.1.clone()));
-            if self.idempotency.get(&k).is_some_and(|(_, exp)| *exp == at) {
+            if self.idempotency.get(&k).is_some_and(|(_, exp, _)| *exp == at) {
                 self.idempotency.remove(&k);
             }
         }
@@ -210,9 +211,14 @@ impl MemoryPendingStore {
         let mut outcomes = Vec::with_capacity(batch.len());
         for record in batch {
             if let Some(key) = &record.idempotency_key
-                && let Some((existing, _)) = inner.idempotency.get(&(record.account.clone(), key.clone()))
+                && let Some((existing, _, digest)) = inner.idempotency.get(&(record.account.clone(), key.clone()))
             {
-                outcomes.push(AdmitOutcome::Duplicate { existing: *existing });
+                let existing = *existing;
+                outcomes.push(if *digest == record.submission_digest() {
+                    AdmitOutcome::Duplicate { existing }
+                } else {
+                    AdmitOutcome::KeyReused { existing }
+                });
                 continue;
             }
             // Only parts are compared with other admissions.
@@ -269,7 +275,9 @@ fn admit_one(inner: &mut Inner, record: PendingRecord, digest: u64, placement: P
         inner
             .idempotency_expiry
             .insert((idem_expiry, k.0.clone(), k.1.clone()), ());
-        inner.idempotency.insert(k, (id, idem_expiry));
+        inner
+            .idempotency
+            .insert(k, (id, idem_expiry, record.submission_digest()));
     }
     let (Some(gk), Some(part)) = (record.group_key(), record.part) else {
         inner.records.insert(id, record);

@@ -30,6 +30,11 @@ pub(crate) const MIGRATIONS: &[(i64, &str, &str)] = &[
         "dlr deliveries fewer indexes",
         include_str!("../../migrations/0003_dlr_deliveries_fewer_indexes.sql"),
     ),
+    (
+        4,
+        "idempotency digest",
+        include_str!("../../migrations/0004_idempotency_digest.sql"),
+    ),
 ];
 
 fn migrator() -> Migrator {

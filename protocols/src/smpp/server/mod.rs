@@ -62,7 +62,11 @@
 //! with unread input sends RST, which could destroy the last answer before the ESME reads
 //! it. A failed bind closes the connection (it does not invite password guessing on one
 //! connection); a bind that was refused for malformed fields gets a generic_nack and the
-//! connection stays open until `bind_timeout`.
+//! connection stays open until `bind_timeout`. Failed binds back off (see
+//! [`crate::auth_guard`]): past a few failures from an address or for a system_id the
+//! refusal is answered late, and past more an address (or, to the addresses that failed
+//! for it, a system_id) is refused with `ESME_RBINDFAIL` without its password being
+//! checked.
 //!
 //! # Outbound deliver_sm
 //!
@@ -84,6 +88,7 @@
 //! never passwords, bodies or message ids.
 
 mod account;
+mod budget;
 mod convert;
 mod metrics;
 mod registry;
@@ -98,11 +103,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::SmppAddress;
+use crate::auth_guard::AuthGuard;
 use crate::multipart::Concat;
 
 pub use account::AccountBook;
@@ -131,8 +136,14 @@ pub struct Account {
 pub struct ServerConfig {
     /// Our system_id in bind responses.
     pub system_id: String,
-    /// Connections accepted at once; beyond it new connections are closed at once.
+    /// Bound sessions at once, all accounts together; a bind beyond it gets
+    /// `ESME_RBINDFAIL`.
     pub max_connections: usize,
+    /// Connections not bound yet, in total (see `budget.rs`): a new one beyond it
+    /// closes the oldest unbound connection.
+    pub max_unbound: usize,
+    /// Connections not bound yet from one address; more are closed at once.
+    pub max_unbound_per_address: usize,
     /// A PDU longer than this closes the session without being read into memory.
     pub max_command_length: u32,
     /// Outstanding submit_sm per session (answers not yet written); beyond it ESME_RTHROTTLED.
@@ -146,6 +157,8 @@ pub struct ServerConfig {
     pub deliver_timeout: Duration,
     /// The accounts, replaceable while serving ([`AccountBook::replace`]).
     pub accounts: AccountBook,
+    /// Failed binds back off per address and system_id (see [`crate::auth_guard`]).
+    pub auth: Arc<AuthGuard>,
 }
 
 /// A submit_sm as the pipeline sees it: validated, UDH/SAR read, user data without UDH.
@@ -255,8 +268,8 @@ pub async fn serve(
     registry: SessionRegistry,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    let unbound = budget::UnboundBudget::new(config.max_unbound, config.max_unbound_per_address);
     let shared = Arc::new(session::Shared::new(config, handler, registry));
-    let limit = Arc::new(Semaphore::new(shared.config.max_connections));
     let mut sessions = JoinSet::new();
     let mut backoff = Duration::from_millis(5);
     tracing::info!(
@@ -274,18 +287,16 @@ pub async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     backoff = Duration::from_millis(5);
-                    match limit.clone().try_acquire_owned() {
-                        Ok(permit) => {
+                    let evict = CancellationToken::new();
+                    match unbound.admit(peer.ip(), evict.clone()) {
+                        Ok(ticket) => {
                             let shared = shared.clone();
                             let token = shutdown.child_token();
-                            sessions.spawn(async move {
-                                session::run(stream, peer, shared, token).await;
-                                drop(permit);
-                            });
+                            sessions.spawn(session::run(stream, peer, shared, token, session::Unbound { ticket, evict }));
                         }
-                        Err(_) => {
-                            ::metrics::counter!("sendium_smpp_connections_refused_total").increment(1);
-                            tracing::warn!(%peer, "SMPP connection refused: max_connections reached");
+                        Err(budget::TooManyFromAddress) => {
+                            ::metrics::counter!("sendium_smpp_connections_refused_total", "reason" => "unbound-per-address").increment(1);
+                            tracing::debug!(%peer, "SMPP connection refused: too many unbound connections from its address");
                             drop(stream);
                         }
                     }

@@ -21,10 +21,13 @@ use rusmpp::{Command, CommandId, CommandStatus, Pdu};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::WriteHalf;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::codec::{Decoder, LengthDelimitedCodec};
 use tokio_util::sync::CancellationToken;
+
+use super::budget::UnboundTicket;
+use crate::auth_guard::Verdict;
 use tracing::Instrument;
 
 use super::account::{AccountBook, AccountState, BindSlot};
@@ -50,6 +53,8 @@ static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 /// What all sessions of one server share.
 pub(super) struct Shared {
     pub(super) config: Arc<ServerConfig>,
+    /// Bound sessions' slots (`max_connections`).
+    bound_slots: Arc<Semaphore>,
     handler: Arc<dyn SubmitHandler>,
     registry: super::SessionRegistry,
     accounts: AccountBook,
@@ -74,6 +79,7 @@ impl Shared {
             FALLBACK_SYSTEM_ID.to_owned()
         };
         Shared {
+            bound_slots: Arc::new(Semaphore::new(config.max_connections.max(1))),
             accounts: config.accounts.clone(),
             window: config.window.max(1),
             system_id,
@@ -84,8 +90,21 @@ impl Shared {
     }
 }
 
+/// A connection's place in the unbound budget until it binds, and the token that
+/// closes it when a newer connection needs the place (see `budget.rs`).
+pub(super) struct Unbound {
+    pub(super) ticket: UnboundTicket,
+    pub(super) evict: CancellationToken,
+}
+
 /// Runs the session of one accepted connection until it closes.
-pub(super) async fn run(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, shutdown: CancellationToken) {
+pub(super) async fn run(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+    unbound: Unbound,
+) {
     let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
     let span = tracing::info_span!("smpp_session", session = id, %peer, account = tracing::field::Empty);
     async move {
@@ -94,6 +113,8 @@ pub(super) async fn run(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>
         }
         tracing::debug!("SMPP connection accepted");
         let mut session = Session::new(id, peer, shared, shutdown.clone());
+        session.unbound = Some(unbound.ticket);
+        session.evict = unbound.evict;
         session.run(stream, shutdown).await;
         tracing::info!(
             account = session.account.as_ref().map(|a| &*a.name),
@@ -111,15 +132,18 @@ struct Bound {
     kind: BindKind,
     _slot: BindSlot,
     _registration: Registration,
+    /// One of the `max_connections` bound sessions.
+    _connection: OwnedSemaphorePermit,
 }
 
 impl Bound {
-    fn new(kind: BindKind, slot: BindSlot, registration: Registration) -> Self {
+    fn new(kind: BindKind, slot: BindSlot, registration: Registration, connection: OwnedSemaphorePermit) -> Self {
         ::metrics::gauge!(metrics::SESSIONS, "bind" => registry::bind_name(kind)).increment(1.0);
         Bound {
             kind,
             _slot: slot,
             _registration: registration,
+            _connection: connection,
         }
     }
 }
@@ -361,6 +385,12 @@ struct Session {
     /// Deadline for any PDU after we sent an idle enquire_link.
     probe: Option<Instant>,
     bind_deadline: Instant,
+    /// A failed bind's answer is held back until then (see [`crate::auth_guard`]).
+    answer_not_before: Option<Instant>,
+    /// Its place in the unbound budget, given back when it binds.
+    unbound: Option<UnboundTicket>,
+    /// Fired when a newer unbound connection needs the place (ignored once bound).
+    evict: CancellationToken,
     /// When the timer is armed for; a day ahead when disarmed.
     timer_at: Instant,
 
@@ -397,6 +427,9 @@ impl Session {
             last_rx: now,
             probe: None,
             bind_deadline: now + config.bind_timeout,
+            answer_not_before: None,
+            unbound: None,
+            evict: CancellationToken::new(),
             timer_at: far_future(now),
             delivers: Delivers::new(shared.window, config.deliver_timeout),
             deliver_rx: None,
@@ -445,6 +478,11 @@ impl Session {
             tokio::select! {
                 biased;
                 _ = &mut cancel, if self.closing.is_none() => self.on_shutdown(),
+                () = self.evict.cancelled(), if self.closing.is_none() && self.bound.is_none() => {
+                    tracing::debug!("unbound SMPP connection closed to make room for a newer one");
+                    self.stop_reading();
+                    self.start_closing(Final::Nothing, "evicted while unbound");
+                }
                 Some(done) = self.inflight.next(), if !self.inflight.is_empty() => {
                     self.finish_batch(done);
                     while let Some(Some(done)) = self.inflight.next().now_or_never() {
@@ -480,6 +518,11 @@ impl Session {
 
     /// Writes `out` with one `write_all`; a failed or stalled write ends the session.
     async fn flush(&mut self, wr: &mut WriteHalf<'_>) {
+        if let Some(at) = self.answer_not_before.take() {
+            // The session closes after this answer and reads nothing more: waiting here
+            // holds up nothing but the guesser.
+            tokio::time::sleep_until(at).await;
+        }
         if self.write_ok {
             let stall = self.shared.config.idle_timeout.max(Duration::from_millis(100));
             let result = tokio::time::timeout(stall, wr.write_all(&self.out)).await;
@@ -814,16 +857,40 @@ impl Session {
             refuse(self, CommandStatus::EsmeRalybnd);
             return;
         }
-        let admitted = if self.shared.handler.accepts_binds() {
-            self.shared.accounts.accounts().bind(system_id, password)
-        } else {
+        let guard = &self.shared.config.auth;
+        let ip = self.peer.ip();
+        let verdict = guard.check(ip, Some(system_id));
+        let admitted = if !self.shared.handler.accepts_binds() {
             Err(CommandStatus::EsmeRbindfail)
+        } else if let Verdict::Refuse(left) = verdict {
+            ::metrics::counter!("sendium_auth_refused_total", "listener" => "smpp").increment(1);
+            tracing::warn!(
+                system_id,
+                peer = %ip,
+                refused_for_s = left.as_secs(),
+                "SMPP bind refused without checking: too many failed binds"
+            );
+            Err(CommandStatus::EsmeRbindfail)
+        } else {
+            self.shared.accounts.accounts().bind(system_id, password)
         };
+        match &admitted {
+            Ok(_) => guard.succeeded(ip, Some(system_id)),
+            Err(CommandStatus::EsmeRinvsysid | CommandStatus::EsmeRinvpaswd) => {
+                ::metrics::counter!("sendium_auth_failures_total", "listener" => "smpp").increment(1);
+                let delay = guard.failed(ip, Some(system_id));
+                if !delay.is_zero() {
+                    self.answer_not_before = Some(Instant::now() + delay);
+                }
+            }
+            Err(_) => {}
+        }
         let slot = match admitted {
             Ok(slot) => slot,
             Err(status) => {
                 tracing::warn!(
                     system_id,
+                    peer = %ip,
                     bind = registry::bind_name(kind),
                     status = metrics::status_name(status),
                     "SMPP bind refused"
@@ -835,6 +902,14 @@ impl Session {
             }
         };
 
+        let Ok(bound_slot) = self.shared.bound_slots.clone().try_acquire_owned() else {
+            tracing::warn!(system_id, "SMPP bind refused: max-connections bound sessions reached");
+            refuse(self, CommandStatus::EsmeRbindfail);
+            self.stop_reading();
+            self.start_closing(Final::Nothing, "bind refused");
+            return;
+        };
+        self.unbound = None;
         let account = slot.account().clone();
         let (tx, rx) = if kind.can_receive() {
             let (tx, rx) = mpsc::channel(DELIVER_QUEUE);
@@ -854,7 +929,7 @@ impl Session {
             },
         );
         self.deliver_rx = rx;
-        self.bound = Some(Bound::new(kind, slot, registration));
+        self.bound = Some(Bound::new(kind, slot, registration, bound_slot));
         match build::bind_resp(kind, seq, CommandStatus::EsmeRok, &self.shared.system_id) {
             Ok(resp) => frame::encode(&resp, &mut self.out),
             Err(_) => self.nack(seq, CommandStatus::EsmeRsyserr),

@@ -992,3 +992,104 @@ fn claims_left_by_a_previous_process_are_released_at_once() {
         assert_eq!(s.release_claims(LEASE).await.unwrap(), 0, "idempotent");
     });
 }
+
+/// Found by fuzzing (`fuzz/`, target `data_dir_recovery`, input kept as
+/// `fuzz/corpus/data_dir_recovery/crash-engine-drop`): one byte of `dlr.redb` damaged
+/// (xor 0x73) made redb panic inside `claim_due` (an index out of bounds in its
+/// allocator). The store caught that and failed closed, but the panic had poisoned
+/// redb's mutexes and redb's `Drop` unwraps one: dropping the store then panicked and
+/// aborted the process. Closing a handle now contains that panic.
+#[test]
+fn a_store_whose_engine_panicked_drops_without_panicking() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("data");
+    let rt = runtime();
+    let retention = DlrRetention {
+        retention: Duration::from_secs(86_400),
+        orphan_retention: Duration::from_secs(3_600),
+    };
+    let target = |submit_id| crate::dlr::ReceiptTarget {
+        submit_id,
+        account: "esme1".into(),
+        reply: ReplyPath::Smpp,
+        source: crate::record::Address::new(5, 0, "Sendium"),
+        destination: crate::record::Address::new(1, 1, "46700000001"),
+        submitted_at: Timestamp::now(),
+        failure_only: false,
+    };
+    let delivered = |key: &str| ProviderReceipt {
+        destination: "up-a".into(),
+        keys: vec![key.to_string()],
+        outcome: ReceiptOutcome {
+            state: DlrState::Delivered,
+            error: "000".into(),
+            done_at: Timestamp::now(),
+        },
+    };
+    // The state the fuzz target builds: a handoff with a matched receipt, a failed
+    // handoff (a pending delivery), an orphan receipt.
+    rt.block_on(async {
+        let dir = Arc::new(DataDir::open(&path).unwrap());
+        let s = FileDlrStore::open(&dir, retention).unwrap();
+        let (a, b) = (MessageId::generate(), MessageId::generate());
+        let out = s
+            .apply(crate::dlr::DlrWrite {
+                handoffs: vec![
+                    Handoff {
+                        unit: a,
+                        branch: 0,
+                        destination: "up-a".into(),
+                        outcome: HandoffOutcome::Submitted {
+                            provider_keys: vec!["af1".into(), "af2".into()],
+                        },
+                        targets: vec![target(a)],
+                        handed_off_at: Timestamp::now(),
+                    },
+                    Handoff {
+                        unit: b,
+                        branch: 0,
+                        destination: "up-b".into(),
+                        outcome: HandoffOutcome::Failed(ReceiptOutcome {
+                            state: DlrState::Rejected,
+                            error: "045".into(),
+                            done_at: Timestamp::now(),
+                        }),
+                        targets: vec![target(b)],
+                        handed_off_at: Timestamp::now(),
+                    },
+                ],
+                receipts: vec![delivered("af1"), delivered("unknown")],
+                ..crate::dlr::DlrWrite::default()
+            })
+            .await;
+        out.handoffs.unwrap();
+        out.receipts.unwrap();
+    });
+
+    // The fuzzer's mutation: xor 0x73 at offset 0x6e69745f modulo (the file's bytes up
+    // to its last non-zero one, plus 64).
+    let file = path.join("dlr.redb");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let used = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    let at = 0x6e69_745f % (used + 64);
+    if bytes.len() <= at {
+        bytes.resize(at + 1, 0);
+    }
+    bytes[at] ^= 0x73;
+    std::fs::write(&file, &bytes).unwrap();
+
+    rt.block_on(async {
+        let dir = Arc::new(DataDir::open(&path).unwrap());
+        let s = FileDlrStore::open(&dir, retention).unwrap();
+        let _ = s.stats().await;
+        let _ = s.release_claims(LEASE).await;
+        // redb panics inside the claim; the store fails closed ...
+        let err = s
+            .claim_due(Timestamp::now(), LEASE, 1_000, ClaimScope::All)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("panicked"), "{err}");
+        // ... and dropping the store (its poisoned handle) does not panic.
+        drop(s);
+    });
+}

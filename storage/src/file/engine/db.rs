@@ -382,7 +382,7 @@ impl StoreFile {
         if let Some(db) = slot.take() {
             match Arc::try_unwrap(db) {
                 // Closing a latched handle writes nothing; the reopen recovers the file.
-                Ok(db) => drop(db),
+                Ok(db) => close(&self.location, db),
                 Err(db) => {
                     *slot = Some(db);
                     return Err(BackendFailure::new(
@@ -470,6 +470,27 @@ impl StoreFile {
             self.location.clone(),
             "the storage engine panicked (a damaged file or a bug): failing closed",
         )
+    }
+}
+
+impl Drop for StoreFile {
+    fn drop(&mut self) {
+        if let Some(db) = self.db.get_mut().take() {
+            close(&self.location, db);
+        }
+    }
+}
+
+/// Drop a redb handle, containing a panic of redb's `Drop`.
+///
+/// After redb panicked inside a call (caught, see [`StoreFile::panicked`]) its internal
+/// mutexes are poisoned, and redb's `Drop` unwraps one of them: closing such a handle
+/// panics, which would take down whatever thread drops the store (at shutdown, or the
+/// reopen that replaces the handle). The handle is untrusted already and its file is
+/// reopened (and recovered) on next use, so the panic is contained here and logged.
+fn close<D>(location: &str, db: D) {
+    if catch_unwind(AssertUnwindSafe(move || drop(db))).is_err() {
+        tracing::warn!(file = %location, "the storage engine panicked while closing a damaged store file");
     }
 }
 

@@ -117,7 +117,8 @@ struct NewUnit {
 struct Writes {
     records: Vec<(Uuid, i64, bool, Vec<u8>)>,
     units: Vec<NewUnit>,
-    idempotency: Vec<(String, String, Uuid)>,
+    /// (account, key, id, submission digest as stored: the u64's bits as a bigint).
+    idempotency: Vec<(String, String, Uuid, i64)>,
 }
 
 fn disposition_code(d: Disposition) -> i16 {
@@ -247,19 +248,20 @@ impl PgPendingStore {
         Ok(())
     }
 
-    /// Unexpired idempotency keys among `keys`, with the id each first admitted.
+    /// Unexpired idempotency keys among `keys`, with the id each first admitted and its
+    /// submission digest (absent in rows written before it was kept).
     async fn idempotent_tx(
         &self,
         tx: &mut PgConnection,
         keys: &HashSet<(&str, &str)>,
         now: i64,
-    ) -> Result<HashMap<(String, String), MessageId>, OpError> {
+    ) -> Result<HashMap<(String, String), (MessageId, Option<u64>)>, OpError> {
         if keys.is_empty() {
             return Ok(HashMap::new());
         }
         let (accounts, names): (Vec<&str>, Vec<&str>) = keys.iter().copied().unzip();
         let rows = sqlx::query(
-            "SELECT i.account, i.key, i.id FROM sms_idempotency i \
+            "SELECT i.account, i.key, i.id, i.digest FROM sms_idempotency i \
              JOIN UNNEST($1::text[], $2::text[]) AS k(account, key) USING (account, key) \
              WHERE i.expires_at > $3",
         )
@@ -270,9 +272,13 @@ impl PgPendingStore {
         .await?;
         let mut out = HashMap::with_capacity(rows.len());
         for row in rows {
+            let digest: Option<i64> = row.try_get("digest")?;
             out.insert(
                 (row.try_get("account")?, row.try_get("key")?),
-                MessageId::from_uuid(row.try_get("id")?),
+                (
+                    MessageId::from_uuid(row.try_get("id")?),
+                    digest.map(|d| u64::from_be_bytes(d.to_be_bytes())),
+                ),
             );
         }
         Ok(out)
@@ -376,7 +382,7 @@ impl PgPendingStore {
 
         let mut outcomes = Vec::with_capacity(admit.len());
         let mut writes = Writes::default();
-        let mut batch_keys: HashMap<(&str, &str), MessageId> = HashMap::new();
+        let mut batch_keys: HashMap<(&str, &str), (MessageId, Option<u64>)> = HashMap::new();
         for record in admit {
             if let Some(key) = record.idempotency_key.as_deref() {
                 let k = (record.account.as_str(), key);
@@ -384,8 +390,11 @@ impl PgPendingStore {
                     .get(&k)
                     .copied()
                     .or_else(|| stored_keys.get(&(k.0.to_string(), k.1.to_string())).copied());
-                if let Some(existing) = existing {
-                    outcomes.push(AdmitOutcome::Duplicate { existing });
+                if let Some((existing, digest)) = existing {
+                    outcomes.push(match digest {
+                        Some(d) if d != record.submission_digest() => AdmitOutcome::KeyReused { existing },
+                        _ => AdmitOutcome::Duplicate { existing },
+                    });
                     continue;
                 }
             }
@@ -416,10 +425,14 @@ impl PgPendingStore {
                 .records
                 .push((record.id.as_uuid(), ms(record.accepted_at), wants == 1, bytes));
             if let Some(key) = record.idempotency_key.as_deref() {
-                batch_keys.insert((record.account.as_str(), key), record.id);
-                writes
-                    .idempotency
-                    .push((record.account.clone(), key.to_string(), record.id.as_uuid()));
+                let digest = record.submission_digest();
+                batch_keys.insert((record.account.as_str(), key), (record.id, Some(digest)));
+                writes.idempotency.push((
+                    record.account.clone(),
+                    key.to_string(),
+                    record.id.as_uuid(),
+                    i64::from_be_bytes(digest.to_be_bytes()),
+                ));
             }
             let partition = self.partition(record);
             match part {
@@ -568,17 +581,20 @@ impl PgPendingStore {
             let accounts: Vec<&str> = writes.idempotency.iter().map(|k| k.0.as_str()).collect();
             let keys: Vec<&str> = writes.idempotency.iter().map(|k| k.1.as_str()).collect();
             let ids: Vec<Uuid> = writes.idempotency.iter().map(|k| k.2).collect();
+            let digests: Vec<i64> = writes.idempotency.iter().map(|k| k.3).collect();
             // A row still there is past its retention (an unexpired one made this a
             // duplicate): it is replaced.
             sqlx::query(
-                "INSERT INTO sms_idempotency (account, key, id, expires_at) \
-                 SELECT a, k, i, $4 FROM UNNEST($1::text[], $2::text[], $3::uuid[]) AS u(a, k, i) \
-                 ON CONFLICT (account, key) DO UPDATE SET id = EXCLUDED.id, expires_at = EXCLUDED.expires_at",
+                "INSERT INTO sms_idempotency (account, key, id, expires_at, digest) \
+                 SELECT a, k, i, $4, d FROM UNNEST($1::text[], $2::text[], $3::uuid[], $5::bigint[]) AS u(a, k, i, d) \
+                 ON CONFLICT (account, key) DO UPDATE SET id = EXCLUDED.id, expires_at = EXCLUDED.expires_at, \
+                 digest = EXCLUDED.digest",
             )
             .bind(&accounts)
             .bind(&keys)
             .bind(&ids)
             .bind(ms(idem_expiry))
+            .bind(&digests)
             .execute(&mut *tx)
             .await?;
         }

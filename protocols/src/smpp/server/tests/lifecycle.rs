@@ -1,6 +1,7 @@
 //! Server tests (test-only: compiled under `#[cfg(test)]`).
 
 use super::*;
+use tokio::io::AsyncReadExt;
 
 #[tokio::test]
 async fn enquire_link_is_answered() {
@@ -108,35 +109,81 @@ async fn answered_probes_keep_the_session_open() {
 }
 
 #[tokio::test]
-async fn connections_beyond_max_connections_are_closed_at_once() {
+async fn binds_beyond_max_connections_are_refused_and_a_freed_slot_is_used_again() {
     let mut config = config();
     config.max_connections = 2;
     let server = start(config, FakeHandler::new()).await;
     let first = server.bound(BindKind::Transmitter).await;
     let _second = server.bound(BindKind::Transmitter).await;
 
+    // A third connection is accepted (unbound connections have a budget of their own)
+    // but cannot bind.
+    let creds = BindCredentials {
+        system_id: "esme1",
+        password: "secret",
+        system_type: "",
+    };
     let mut third = server.esme().await;
+    let seq = third.next_seq();
+    third
+        .send(&build::bind(BindKind::Transmitter, seq, &creds).unwrap())
+        .await;
+    let resp = third.recv_or_closed().await.expect("a bind_resp");
+    assert_eq!(resp.status(), CommandStatus::EsmeRbindfail);
     third.expect_closed().await;
 
-    // A freed connection slot is usable again.
+    // A freed slot is usable again.
     drop(first);
     let deadline = Instant::now() + WAIT;
     loop {
         let mut esme = server.esme().await;
         let seq = esme.next_seq();
-        let creds = BindCredentials {
-            system_id: "esme1",
-            password: "secret",
-            system_type: "",
-        };
         esme.send(&build::bind(BindKind::Transmitter, seq, &creds).unwrap())
             .await;
-        if let Some(resp) = esme.recv_or_closed().await {
-            assert_eq!(resp.status(), CommandStatus::EsmeRok);
+        if let Some(resp) = esme.recv_or_closed().await
+            && resp.status() == CommandStatus::EsmeRok
+        {
             break;
         }
         assert!(Instant::now() < deadline, "the connection slot was never freed");
         tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn unbound_connections_have_their_own_budget_and_the_oldest_makes_room() {
+    let mut config = config();
+    config.max_unbound = 4;
+    config.max_unbound_per_address = 3;
+    let server = start(config, FakeHandler::new()).await;
+    // Idle connections from other loopback addresses.
+    let from = |last: u8| {
+        let addr = server.addr;
+        async move {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(std::net::SocketAddr::from(([127, 0, 0, last], 0))).unwrap();
+            socket.connect(addr).await.unwrap()
+        }
+    };
+    let mut oldest = from(2).await;
+    let mut idle = vec![from(2).await, from(2).await, from(3).await];
+    // Its address's share is taken: a fourth from 127.0.0.2 is closed at once.
+    let mut fourth = from(2).await;
+    let mut buf = [0u8; 16];
+    let closed = tokio::time::timeout(WAIT, fourth.read(&mut buf)).await.unwrap();
+    assert!(matches!(closed, Ok(0) | Err(_)), "closed: {closed:?}");
+    // The budget is full; an ESME from 127.0.0.1 still binds: the oldest idle
+    // connection makes room.
+    let _bound = server.bound(BindKind::Transceiver).await;
+    let closed = tokio::time::timeout(WAIT, oldest.read(&mut buf)).await.unwrap();
+    assert!(matches!(closed, Ok(0) | Err(_)), "the oldest was closed: {closed:?}");
+    // The others stay open (nothing to read, not closed).
+    for c in &mut idle {
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), c.read(&mut buf))
+                .await
+                .is_err()
+        );
     }
 }
 

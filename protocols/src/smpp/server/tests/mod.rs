@@ -59,8 +59,11 @@ pub(super) fn accounts() -> Vec<Account> {
 
 pub(super) fn config() -> ServerConfig {
     ServerConfig {
+        auth: Default::default(),
         system_id: "sendium".into(),
         max_connections: 16,
+        max_unbound: 16,
+        max_unbound_per_address: 16,
         max_command_length: DEFAULT_MAX_COMMAND_LENGTH,
         window: 1000,
         bind_timeout: Duration::from_secs(5),
