@@ -1107,11 +1107,23 @@ impl Inner {
             let unit_seq = txn.open_table(UNIT_SEQ)?;
             let records = txn.open_table(RECORDS)?;
             let mut out = Vec::with_capacity(ids.len());
+            // A unit without its index entries is completed — unless its records are
+            // still here: then the index was damaged, and restoring routed work must
+            // fail closed rather than take the unit for completed.
+            let still_pending = |id: &UnitId| -> Result<bool, Fail> { Ok(records.get(&id.to_bytes())?.is_some()) };
             for id in ids {
-                let Some(seq) = unit_seq.get(&id.to_bytes())?.map(|g| g.value()) else {
-                    continue;
+                let seq = unit_seq.get(&id.to_bytes())?.map(|g| g.value());
+                let found = match seq {
+                    Some(seq) => ready.get(seq)?.map(|v| (seq, v)),
+                    None => None,
                 };
-                let Some(v) = ready.get(seq)? else {
+                let Some((seq, v)) = found else {
+                    if still_pending(id)? {
+                        return Err(Fail::Invalid {
+                            table: "unit_seq",
+                            detail: "a pending unit is missing from the unit index".into(),
+                        });
+                    }
                     continue;
                 };
                 let entry = decode_unit(seq, v.value())?;

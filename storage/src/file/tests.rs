@@ -1246,3 +1246,41 @@ fn bench_reopen_after_sigkill_with_1m_records() {
         drop(s);
     });
 }
+
+/// Found by fuzzing (`fuzz/`, target `data_dir_recovery`, input
+/// `fuzz/corpus/data_dir_recovery/crash-unit-index`): damage to the `unit_seq` index of
+/// `pending.redb` (plain bytes, outside the sealed records) made `units()` skip a unit
+/// whose records were still there — as if it were completed — so restoring routed work
+/// after a restart would forget it. It now fails closed naming the table.
+#[test]
+fn a_pending_unit_missing_from_the_unit_index_fails_closed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let id = rt.block_on(async {
+        let s = open_all(tmp.path());
+        let rec = record("esme1", "447700900001", "indexed");
+        let id = rec.id;
+        assert_eq!(s.pending.admit(vec![rec]).await.unwrap(), vec![AdmitOutcome::Admitted]);
+        assert_eq!(s.pending.units(&[id]).await.unwrap().len(), 1);
+        id
+    });
+    // The damage: the unit's index entry is gone, its records stay.
+    {
+        let unit_seq: redb::TableDefinition<&[u8; 16], u64> = redb::TableDefinition::new("unit_seq");
+        let db = redb::Database::create(tmp.path().join("pending.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut t = txn.open_table(unit_seq).unwrap();
+            assert!(t.remove(&id.to_bytes()).unwrap().is_some());
+        }
+        txn.commit().unwrap();
+    }
+    rt.block_on(async {
+        let s = open_all(tmp.path());
+        let crate::error::PendingError::Backend(failure) = s.pending.units(&[id]).await.unwrap_err();
+        assert_eq!(failure.kind, FailureKind::Corrupt, "{failure}");
+        assert!(failure.to_string().contains("unit_seq"), "{failure}");
+        // A completed unit is simply absent.
+        assert!(s.pending.units(&[MessageId::generate()]).await.unwrap().is_empty());
+    });
+}
