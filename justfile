@@ -44,3 +44,14 @@ powerloss:
 # Interoperability with python-smpplib as the ESME.
 interop:
     ./scripts/interop-smpplib.sh
+
+# Fuzz one target for `seconds` with cargo-fuzz on stable (see docs/fuzzing.md), e.g. `just fuzz receipt_text 60`.
+fuzz target seconds:
+    ./fuzz/run.sh {{target}} {{seconds}}
+
+# Soak: mixed SMPP and HTTP traffic with provider faults on file/file/file + file DLR,
+# the gateway SIGKILLed and restarted every few minutes; checks delivery, receipts, RSS
+# and descriptors at the end (see docs/soak.md).
+soak minutes:
+    cargo build --release -p sendium-ops -p sendium-integration-tests
+    ./target/release/sendium-soak --minutes {{minutes}}

@@ -38,6 +38,7 @@ pub mod loadgen;
 pub mod outbox_load;
 pub mod pgstats;
 pub mod smsc;
+pub mod soak;
 pub mod wire;
 
 mod util;
