@@ -33,7 +33,7 @@ use crate::smpp::build::{self, Address, BindKind, ReceiptTlvs, ShortMessage};
 use crate::smpp::frame::{self, DEFAULT_MAX_COMMAND_LENGTH, decode_frame, encode};
 
 /// Longest a test waits for one condition.
-const WAIT: Duration = Duration::from_millis(1500);
+const WAIT: Duration = Duration::from_secs(5);
 
 /// Waits until `check` returns `Some`, re-checking whenever `notify` fires.
 async fn eventually<T>(notify: &Notify, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
