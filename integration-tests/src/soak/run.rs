@@ -45,6 +45,8 @@ struct Soak {
     schedule: FaultSchedule,
     gw: Option<GatewayProcess>,
     kills: u32,
+    /// Kills that landed while submissions waited for their answers.
+    kills_in_flight: u32,
     unexpected_exits: u32,
     /// SIGKILL (or exit) to ready, seconds.
     restart_secs: Vec<f64>,
@@ -144,12 +146,20 @@ impl Soak {
                 inc.killed = kill;
             }
         }
-        self.traffic.paused.send_replace(true);
-        let down_at = Instant::now();
         if kill {
+            // Land on work in flight: wait (briefly) for a submission awaiting its answer.
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while self.traffic.in_flight.load(Ordering::Acquire) == 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            if self.traffic.in_flight.load(Ordering::Acquire) > 0 {
+                self.kills_in_flight += 1;
+            }
             gw.kill();
             self.kills += 1;
         }
+        self.traffic.paused.send_replace(true);
+        let down_at = Instant::now();
         let n = self.traffic.incarnation.fetch_add(1, Ordering::AcqRel) + 1;
         let gw = guarded(async move {
             gw.restart().await;
@@ -308,6 +318,7 @@ pub async fn run(opts: SoakOptions) -> Result<bool, String> {
         incarnations: incarnations.clone(),
         gw: Some(gw),
         kills: 0,
+        kills_in_flight: 0,
         unexpected_exits: 0,
         restart_secs: Vec::new(),
         rebind_secs: Vec::new(),
@@ -679,9 +690,10 @@ pub async fn run(opts: SoakOptions) -> Result<bool, String> {
     );
     let _ = writeln!(
         s,
-        "gateway    {} incarnations, {} SIGKILLs, {} unexpected exits; restart to ready {}; ready to rebound {}",
+        "gateway    {} incarnations, {} SIGKILLs ({} with submissions in flight), {} unexpected exits; restart to ready {}; ready to rebound {}",
         incarnations.len(),
         soak.kills,
+        soak.kills_in_flight,
         soak.unexpected_exits,
         min_max(&soak.restart_secs),
         min_max(&soak.rebind_secs)

@@ -80,6 +80,9 @@ pub struct Traffic {
     pub paused: watch::Sender<bool>,
     /// The gateway incarnation now starting or running.
     pub incarnation: AtomicU32,
+    /// Submissions (SMPP batches, HTTP requests) waiting for their answers right now:
+    /// a SIGKILL waits for one, so it lands on work in flight.
+    pub in_flight: AtomicU32,
     pub slots: Vec<Slot>,
     pub smpp_addr: SocketAddr,
     pub http_addr: SocketAddr,
@@ -104,6 +107,7 @@ impl Traffic {
             finished: AtomicBool::new(false),
             paused: watch::Sender::new(true),
             incarnation: AtomicU32::new(1),
+            in_flight: AtomicU32::new(0),
             slots: vec![
                 slot("esme1-trx-a", "esme1", "secret", BindKind::Transceiver, smpp_rate * 0.4),
                 slot("esme1-trx-b", "esme1", "secret", BindKind::Transceiver, smpp_rate * 0.3),
@@ -289,7 +293,9 @@ pub async fn smpp_client(t: Arc<Traffic>, slot_index: usize, seed: u64) {
         }
         if !batch.is_empty() {
             let specs: Vec<SubmitSpec> = batch.iter().map(|b| b.3.clone()).collect();
+            t.in_flight.fetch_add(1, Ordering::AcqRel);
             let outcomes = session.submit_pipelined(&specs, WINDOW).await;
+            t.in_flight.fetch_sub(1, Ordering::AcqRel);
             let now = Instant::now();
             let mut failed: BTreeMap<u64, Vec<(usize, SubmitSpec)>> = BTreeMap::new();
             {
@@ -365,6 +371,7 @@ pub async fn http_client(t: Arc<Traffic>, name: &'static str, api_key: &'static 
         })
         .to_string();
         let headers = [("Authorization", auth.as_str()), ("Content-Type", "application/json")];
+        t.in_flight.fetch_add(1, Ordering::AcqRel);
         let answer = http::request_with_timeout(
             t.http_addr,
             "POST",
@@ -374,6 +381,7 @@ pub async fn http_client(t: Arc<Traffic>, name: &'static str, api_key: &'static 
             Duration::from_secs(10),
         )
         .await;
+        t.in_flight.fetch_sub(1, Ordering::AcqRel);
         let now = Instant::now();
         match answer {
             Ok(resp) if resp.status == 202 => {
