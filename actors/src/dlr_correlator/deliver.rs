@@ -128,6 +128,9 @@ impl CallbackClient {
             .timeout(timeout)
             .user_agent(concat!("sendium/", env!("CARGO_PKG_VERSION")))
             .redirect(reqwest::redirect::Policy::none())
+            // Connections are kept alive and reused per host; no more idle ones are kept
+            // than callbacks can be in flight at once (the correlator's limit).
+            .pool_max_idle_per_host(MAX_IDLE_PER_HOST)
             .dns_resolver(Arc::new(GuardedResolver {
                 targets: targets.clone(),
             }))
@@ -185,6 +188,28 @@ fn is_forbidden(e: &reqwest::Error) -> bool {
     false
 }
 
+/// Idle keep-alive connections kept per callback host: as many as the correlator sends
+/// callbacks at once.
+const MAX_IDLE_PER_HOST: usize = 64;
+
+/// A callback answer's body read up to this much, so its connection goes back to the
+/// pool; a longer body closes the connection instead (nothing in it is used).
+const DRAIN_LIMIT: usize = 64 * 1024;
+
+/// Read (and drop) the answer's body: a connection is reused for the next callback to
+/// that host only once its answer was read to the end, and most endpoints answer with a
+/// short body such as `OK`. An unread body would cost a new TCP (and TLS) connection per
+/// callback.
+async fn drain(mut resp: reqwest::Response) {
+    let mut read = 0usize;
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        read += chunk.len();
+        if read > DRAIN_LIMIT {
+            return;
+        }
+    }
+}
+
 /// POST one receipt; 2xx is delivered, anything else (or no answer) is retried. A
 /// callback whose target callbacks may not reach is given up at once.
 pub async fn http(client: &CallbackClient, url: &str, d: &Delivery) -> DeliveryFinish {
@@ -193,7 +218,11 @@ pub async fn http(client: &CallbackClient, url: &str, d: &Delivery) -> DeliveryF
         Err(true)
     } else {
         match client.client.post(url).json(&callback_body(d)).send().await {
-            Ok(resp) => Ok(resp.status().is_success()),
+            Ok(resp) => {
+                let ok = resp.status().is_success();
+                drain(resp).await;
+                Ok(ok)
+            }
             Err(e) => Err(is_forbidden(&e)),
         }
     };
@@ -285,6 +314,78 @@ mod tests {
         assert_eq!(v["status"], "UNDELIV");
         assert_eq!(v["done_at"], "2025-12-01T12:01:00Z");
         assert_eq!(v["id"], d.target.submit_id.to_string());
+    }
+
+    /// A keep-alive endpoint answering every request `200` with a short body: the
+    /// callbacks reuse one connection instead of opening one each (an unread body would
+    /// make the client close it).
+    #[tokio::test]
+    async fn callbacks_reuse_a_kept_alive_connection_when_the_answer_has_a_body() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counted = connections.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut sock, _)) = listener.accept().await else {
+                    return;
+                };
+                counted.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        // One request: its head, then Content-Length bytes of body.
+                        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                            match sock.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                            continue;
+                        };
+                        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .map(|v| v.trim().parse().unwrap())
+                            .unwrap_or(0);
+                        while buf.len() < end + 4 + len {
+                            match sock.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        buf.drain(..end + 4 + len);
+                        // The body a moment after the head, as from a real endpoint
+                        // whose answer spans two segments: the client has the status
+                        // before the body, and only reading on makes the connection free.
+                        let head = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n";
+                        if sock.write_all(head).await.is_err() {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        if sock.write_all(b"OK").await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let targets = CallbackTargets::new(vec!["127.0.0.0/8".parse().unwrap()]);
+        let client = CallbackClient::new(Duration::from_secs(5), targets).unwrap();
+        let url = format!("http://{addr}/dlr");
+        for _ in 0..5 {
+            let finish = http(&client, &url, &delivery(DlrState::Delivered)).await;
+            assert_eq!(finish.result, DeliveryResult::Delivered);
+        }
+        assert_eq!(
+            connections.load(Ordering::SeqCst),
+            1,
+            "one connection for five callbacks"
+        );
     }
 
     #[test]

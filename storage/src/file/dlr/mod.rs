@@ -47,6 +47,10 @@
 //! persisted counter, so id order is creation order.
 //!
 //! A claim rewrites only the 20-byte state and its `due` key, not the delivery record.
+//! Most deliveries are never claimed that way: [`DlrStore::apply`] creates a resolved
+//! branch's deliveries already claimed (attempt 1, leased) when the correlator asks it
+//! to ([`DlrWrite::claim_created`](crate::DlrWrite::claim_created)), so the receipt's
+//! own durable transaction is also its claim and no claim transaction follows.
 //!
 //! # Durability
 //!
@@ -241,8 +245,14 @@ impl Inner {
 
 #[async_trait]
 impl DlrStore for FileDlrStore {
+    /// Claims in its writes: a receipt's delivery is created already claimed in the
+    /// durable transaction that records the receipt, so it is sent without a claim
+    /// round (a second transaction per batch of receipts).
     fn capabilities(&self) -> DlrCapabilities {
-        DlrCapabilities::single_writer(Backend::File, true)
+        DlrCapabilities {
+            claims_in_writes: true,
+            ..DlrCapabilities::single_writer(Backend::File, true)
+        }
     }
 
     /// Committed without fsync: see the module docs for why a lost claim is harmless.
@@ -280,6 +290,9 @@ impl DlrStore for FileDlrStore {
                 i.write(Durability::Immediate, |tx| {
                     let now = Timestamp::now();
                     tx.reserve(step.handoffs.len() + step.receipts.len());
+                    if let Some(claim) = step.claim_created {
+                        tx.claim_created(now, claim.lease, claim.limit);
+                    }
                     for h in step.handoffs {
                         tx.hand_off(h, now)?;
                     }
@@ -289,12 +302,12 @@ impl DlrStore for FileDlrStore {
                         .map(|r| tx.record_receipt(r, now))
                         .collect::<Result<Vec<_>, _>>()?;
                     tx.finish(step.finishes)?;
-                    Ok(matches)
+                    Ok((matches, tx.take_claimed()))
                 })
             })
             .await;
         match result {
-            Ok(matches) => DlrWriteOutcome::committed(matches, Vec::new()),
+            Ok((matches, claimed)) => DlrWriteOutcome::committed(matches, claimed),
             Err(e) => DlrWriteOutcome::failed(e),
         }
     }

@@ -993,6 +993,47 @@ fn claims_left_by_a_previous_process_are_released_at_once() {
     });
 }
 
+/// A delivery claimed by the write that created it is as durable as the receipt: after a
+/// reopen it is still leased (not sent twice while its sender may still be at it), and
+/// released like any claim of a process that is gone, with a new attempt.
+#[test]
+fn deliveries_claimed_by_their_receipt_write_survive_a_reopen_as_claims() {
+    let tmp = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let (dir, s) = open(tmp.path());
+        let claimed = {
+            s.hand_off(vec![
+                handoff(&["w1"], vec![target(http())]),
+                handoff(&["w2"], vec![target(http())]),
+            ])
+            .await
+            .unwrap();
+            let out = s
+                .apply(crate::dlr::DlrWrite {
+                    receipts: vec![receipt("w1", DlrState::Delivered), receipt("w2", DlrState::Delivered)],
+                    claim_created: Some(crate::dlr::ClaimCreated { lease: LEASE, limit: 1 }),
+                    ..Default::default()
+                })
+                .await;
+            assert_eq!(out.receipts.unwrap().len(), 2);
+            out.claimed
+        };
+        assert_eq!(claimed.len(), 1, "the limit holds: {claimed:?}");
+        assert_eq!(claimed[0].attempt, 1);
+        drop(s);
+        drop(dir);
+
+        let (_dir, s) = open(tmp.path());
+        let due = s.claim_due(Timestamp::now(), LEASE, 10, ClaimScope::All).await.unwrap();
+        assert_eq!(due.len(), 1, "only the unclaimed one is due: {due:?}");
+        assert_ne!(due[0].id, claimed[0].id);
+        assert_eq!(s.release_claims(LEASE).await.unwrap(), 2, "both claims are released");
+        let again = s.claim_due(Timestamp::now(), LEASE, 10, ClaimScope::All).await.unwrap();
+        let mine = again.iter().find(|d| d.id == claimed[0].id).unwrap();
+        assert_eq!(mine.attempt, 2, "a new attempt fences the write's claim");
+    });
+}
+
 /// Found by fuzzing (`fuzz/`, target `data_dir_recovery`, input kept as
 /// `fuzz/corpus/data_dir_recovery/crash-engine-drop`): one byte of `dlr.redb` damaged
 /// (xor 0x73) made redb panic inside `claim_due` (an index out of bounds in its

@@ -151,8 +151,19 @@ pub(crate) struct Tx<'t> {
     counters_dirty: bool,
     cache: HashMap<TrackKey, Cached>,
     retention: DlrRetention,
+    /// Deliveries this transaction creates already claimed for the caller (see
+    /// [`DlrWrite::claim_created`](crate::DlrWrite::claim_created)).
+    claim: Option<CreatedClaims>,
     /// Anything written: otherwise the transaction is aborted (no fsync).
     pub(crate) changed: bool,
+}
+
+/// The claims a write makes on the deliveries it creates: up to `limit`, each leased
+/// until `lease_end` as [`Tx::claim_due`] would have leased it.
+struct CreatedClaims {
+    lease_end: Timestamp,
+    limit: usize,
+    claimed: Vec<Delivery>,
 }
 
 impl<'t> Tx<'t> {
@@ -175,8 +186,28 @@ impl<'t> Tx<'t> {
             counters_dirty: false,
             cache: HashMap::new(),
             retention,
+            claim: None,
             changed: false,
         })
+    }
+
+    /// Claim up to `limit` of the deliveries this transaction creates (attempt 1, leased
+    /// for `lease` from `now`) instead of leaving them due: the caller sends them without
+    /// a claim round. They are durable with the transaction, so its commit is the claim.
+    pub(crate) fn claim_created(&mut self, now: Timestamp, lease: Duration, limit: usize) {
+        self.claim = Some(CreatedClaims {
+            lease_end: now.saturating_add(lease),
+            limit,
+            claimed: Vec::with_capacity(limit.min(4096)),
+        });
+    }
+
+    /// The deliveries claimed by [`claim_created`](Self::claim_created) so far.
+    pub(crate) fn take_claimed(&mut self) -> Vec<Delivery> {
+        self.claim
+            .as_mut()
+            .map(|c| std::mem::take(&mut c.claimed))
+            .unwrap_or_default()
     }
 
     /// Make room in the track cache for `n` more tracks (a batch's size), so a large
@@ -501,12 +532,26 @@ impl<'t> Tx<'t> {
         let id = self.next_delivery;
         let expires_at = now.saturating_add(self.retention.retention);
         let smpp = target.reply == ReplyPath::Smpp;
-        let header = DeliveryHeader {
-            attempt: 0,
-            due_at: now,
-            leased_until: None,
-            expires_at,
-            indexed: false,
+        let lease_end = self
+            .claim
+            .as_ref()
+            .filter(|c| c.claimed.len() < c.limit)
+            .map(|c| c.lease_end);
+        let header = match lease_end {
+            Some(end) => DeliveryHeader {
+                attempt: 1,
+                due_at: end,
+                leased_until: Some(end),
+                expires_at,
+                indexed: false,
+            },
+            None => DeliveryHeader {
+                attempt: 0,
+                due_at: now,
+                leased_until: None,
+                expires_at,
+                indexed: false,
+            },
         };
         let rec = DeliveryRecord {
             target,
@@ -518,7 +563,17 @@ impl<'t> Tx<'t> {
         let account = smpp.then_some(rec.target.account.as_str());
         self.deliveries
             .insert(id, delivery_value(header, account, &record).as_slice())?;
-        self.due.insert(&due_key(now, id), ())?;
+        self.due.insert(&due_key(header.due_at, id), ())?;
+        if let Some(claim) = self.claim.as_mut().filter(|_| lease_end.is_some()) {
+            claim.claimed.push(Delivery {
+                id: DeliveryId(id),
+                attempt: header.attempt,
+                target: rec.target.into(),
+                outcome: rec.outcome.into(),
+                created_at: rec.created_at,
+                expires_at: rec.expires_at,
+            });
+        }
         self.counters_dirty = true;
         self.changed = true;
         Ok(())
