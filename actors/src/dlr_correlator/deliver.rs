@@ -1,6 +1,7 @@
 //! Downstream receipt delivery: a deliver_sm to a bound receiver/transceiver session of
 //! the originating account, or an HTTP POST to the submission's callback URL.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -103,14 +104,25 @@ pub fn rfc3339(t: Timestamp) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(t.as_millis())).to_string()
 }
 
-/// The JSON body of an HTTP receipt callback.
-pub fn callback_body(d: &Delivery) -> serde_json::Value {
-    serde_json::json!({
-        "id": d.target.submit_id.to_string(),
-        "status": receipt_state(d.outcome.state).stat_text(),
-        "error_code": d.outcome.error,
-        "done_at": rfc3339(d.outcome.done_at),
-    })
+/// The JSON body of an HTTP receipt callback: `{"id", "status", "error_code", "done_at"}`.
+#[derive(serde::Serialize)]
+struct CallbackBody<'a> {
+    id: String,
+    status: &'a str,
+    error_code: &'a str,
+    done_at: String,
+}
+
+/// The JSON body of an HTTP receipt callback, encoded.
+pub fn callback_body(d: &Delivery) -> Vec<u8> {
+    let body = CallbackBody {
+        id: d.target.submit_id.to_string(),
+        status: receipt_state(d.outcome.state).stat_text(),
+        error_code: &d.outcome.error,
+        done_at: rfc3339(d.outcome.done_at),
+    };
+    // Strings and a fixed struct: encoding cannot fail.
+    serde_json::to_vec(&body).unwrap_or_default()
 }
 
 /// The client receipts are POSTed with: no redirects, and connections only to addresses
@@ -119,7 +131,14 @@ pub fn callback_body(d: &Delivery) -> serde_json::Value {
 pub struct CallbackClient {
     client: reqwest::Client,
     targets: Arc<CallbackTargets>,
+    /// Callback URLs parsed before (most receipts of an API client go to the same few
+    /// URLs, and parsing one, with its host's IDNA mapping, costs more than the rest of
+    /// building the request).
+    urls: Arc<parking_lot::Mutex<HashMap<String, reqwest::Url>>>,
 }
+
+/// Parsed callback URLs kept at most; the cache starts over when it is full.
+const URL_CACHE: usize = 1024;
 
 impl CallbackClient {
     pub fn new(timeout: Duration, targets: CallbackTargets) -> reqwest::Result<Self> {
@@ -135,15 +154,30 @@ impl CallbackClient {
                 targets: targets.clone(),
             }))
             .build()?;
-        Ok(CallbackClient { client, targets })
+        Ok(CallbackClient {
+            client,
+            targets,
+            urls: Arc::default(),
+        })
+    }
+
+    /// `raw` parsed, from the cache when it was parsed before; `None` when it is not a URL.
+    fn url(&self, raw: &str) -> Option<reqwest::Url> {
+        if let Some(url) = self.urls.lock().get(raw) {
+            return Some(url.clone());
+        }
+        let url = reqwest::Url::parse(raw).ok()?;
+        let mut urls = self.urls.lock();
+        if urls.len() >= URL_CACHE {
+            urls.clear();
+        }
+        urls.insert(raw.to_owned(), url.clone());
+        Some(url)
     }
 
     /// Whether `url` names an address (not a name) the targets refuse.
-    fn forbidden_address(&self, url: &str) -> bool {
-        match reqwest::Url::parse(url)
-            .ok()
-            .and_then(|u| u.host().map(|h| h.to_owned()))
-        {
+    fn forbidden_address(&self, url: &reqwest::Url) -> bool {
+        match url.host() {
             Some(url::Host::Ipv4(ip)) => !self.targets.permits(ip.into()),
             Some(url::Host::Ipv6(ip)) => !self.targets.permits(ip.into()),
             _ => false,
@@ -214,17 +248,27 @@ async fn drain(mut resp: reqwest::Response) {
 /// callback whose target callbacks may not reach is given up at once.
 pub async fn http(client: &CallbackClient, url: &str, d: &Delivery) -> DeliveryFinish {
     metrics::counter!("sendium_receipt_delivery_attempts_total", "channel" => "http").increment(1);
-    let sent = if client.forbidden_address(url) {
-        Err(true)
-    } else {
-        match client.client.post(url).json(&callback_body(d)).send().await {
+    let parsed = client.url(url);
+    let sent = match parsed {
+        // Every callback URL is checked at submission; one that still does not parse is
+        // retried like an endpoint that does not answer, until its retention ends.
+        None => Err(false),
+        Some(url) if client.forbidden_address(&url) => Err(true),
+        Some(url) => match client
+            .client
+            .post(url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(callback_body(d))
+            .send()
+            .await
+        {
             Ok(resp) => {
                 let ok = resp.status().is_success();
                 drain(resp).await;
                 Ok(ok)
             }
             Err(e) => Err(is_forbidden(&e)),
-        }
+        },
     };
     if sent == Err(true) {
         metrics::counter!("sendium_receipt_delivery_failures_total", "channel" => "http", "reason" => "forbidden")
@@ -310,7 +354,7 @@ mod tests {
     #[test]
     fn callback_json_names_status_and_time() {
         let d = delivery(DlrState::Undeliverable);
-        let v = callback_body(&d);
+        let v: serde_json::Value = serde_json::from_slice(&callback_body(&d)).unwrap();
         assert_eq!(v["status"], "UNDELIV");
         assert_eq!(v["done_at"], "2025-12-01T12:01:00Z");
         assert_eq!(v["id"], d.target.submit_id.to_string());
