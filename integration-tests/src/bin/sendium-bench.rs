@@ -28,11 +28,15 @@
 //!               [--outbox] [--outbox-rows 1000000] [--outbox-partitions 4] [--outbox-batch 1000]
 //!               [--trickle-rate 1000] [--trickle-seconds 20]
 //!               [--flood] [--flood-messages 100000] [--flood-pairs 5]
+//!               [--http] [--http-messages 200000] [--http-clients 50]
 //! ```
 //!
 //! The outbox phase (`bench/outbox.rs`) runs after the profiles of each round: by
 //! default, or alone with `--outbox` and no `--profile`. The flood phase
-//! (`bench/flood.rs`) runs with `--flood` (alone without `--profile`).
+//! (`bench/flood.rs`) runs with `--flood` (alone without `--profile`). The HTTP phase
+//! (`bench/http_phase.rs`: `POST /v1/messages` with and without `callback_url`, on the
+//! memory and file-file-file+dlr-file profiles; msgs/s and the gateway's CPU per message)
+//! runs by default, or alone with `--http` and no `--profile`.
 //!
 //! The gateway binary is `$SENDIUM_BIN`, else `sendium` next to this executable (so
 //! `./target/release/sendium-bench` uses `./target/release/sendium`). Build both with
@@ -59,6 +63,8 @@ use serde_json::{Value, json};
 
 #[path = "../bench/flood.rs"]
 mod flood;
+#[path = "../bench/http_phase.rs"]
+mod http_phase;
 #[path = "../bench/outbox.rs"]
 mod outbox;
 
@@ -70,6 +76,7 @@ const USAGE: &str = "usage: sendium-bench [--profile NAME]... [--include-unsuppo
                      [--outbox] [--outbox-rows 1000000] [--outbox-partitions 4] [--outbox-batch 1000]
                      [--trickle-rate 1000] [--trickle-seconds 20]
                      [--flood] [--flood-messages 100000] [--flood-pairs 5]
+                     [--http] [--http-messages 200000] [--http-clients 50]
 
 Runs the release sendium binary ($SENDIUM_BIN, else next to this executable) per storage
 profile against the test SMSC, driven by the load generator: phase 1 at full speed
@@ -85,7 +92,12 @@ committed rows in a PostgreSQL outbox table relayed into the file-file-file prof
 (rows/s), then a trickle of one-row commits (insert-to-admission delay p50/p99).
 The flood phase (--flood; alone without --profile): an ESME's bind time and submit
 throughput on the memory profile while 5,000 never-binding connections are held open,
-in alternating windows with and without them (median ratio; the target is >= 0.9).";
+in alternating windows with and without them (median ratio; the target is >= 0.9).
+The HTTP phase (run by default, or alone with --http and no --profile): POST /v1/messages
+from --http-clients keep-alive connections, --http-messages per row, without and with a
+callback_url (to a sink in the bench), on the memory and file-file-file+dlr-file
+profiles: msgs/s until every message is done (its callback back, or without one its
+submit_sm answered), the gateway's CPU µs per message over that window, 202 p50/p99.";
 
 /// The ESME account the load generator binds with; with several gateway processes, the
 /// load generator of process `i` binds as account `i` (system id and password), so each
@@ -289,6 +301,9 @@ struct Options {
     flood: bool,
     flood_messages: u64,
     flood_pairs: u32,
+    http: bool,
+    http_messages: u64,
+    http_clients: usize,
 }
 
 fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
@@ -321,6 +336,10 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
         flood: false,
         flood_messages: 100_000,
         flood_pairs: 5,
+        http: false,
+        // A row takes 4-20 s on the 2-core VM: 200,000 messages at 10,000-50,000 msgs/s.
+        http_messages: 200_000,
+        http_clients: 50,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -380,6 +399,9 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
             "--flood" => o.flood = true,
             "--flood-messages" => o.flood_messages = num(flag, value()?)?,
             "--flood-pairs" => o.flood_pairs = num(flag, value()?)?,
+            "--http" => o.http = true,
+            "--http-messages" => o.http_messages = num(flag, value()?)?,
+            "--http-clients" => o.http_clients = num(flag, value()?)?,
             "--markdown" => o.markdown = true,
             "--json" => o.json = true,
             "--list" => {
@@ -395,7 +417,7 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
         if inline.is_some()
             && matches!(
                 flag,
-                "--include-unsupported" | "--show-config" | "--markdown" | "--json" | "--outbox" | "--flood"
+                "--include-unsupported" | "--show-config" | "--markdown" | "--json" | "--outbox" | "--flood" | "--http"
             )
         {
             return Err(format!("{flag} takes no value"));
@@ -413,12 +435,17 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
     if o.flood_messages == 0 || o.flood_pairs == 0 {
         return Err("--flood-messages and --flood-pairs must be at least 1".into());
     }
-    // No --profile: every profile and the outbox phase, or the outbox or flood phase alone.
-    if o.profiles.is_empty() && (o.outbox || o.flood) {
+    if o.http_messages == 0 || o.http_clients == 0 {
+        return Err("--http-messages and --http-clients must be at least 1".into());
+    }
+    // No --profile: every profile, the outbox and the HTTP phases, or the outbox, flood or
+    // HTTP phase alone.
+    if o.profiles.is_empty() && (o.outbox || o.flood || o.http) {
         return Ok(Some(o));
     }
     if o.profiles.is_empty() {
         o.outbox = true;
+        o.http = true;
         o.profiles = PROFILES
             .iter()
             .filter(|p| p.supported || o.include_unsupported)
@@ -2004,6 +2031,7 @@ fn main() {
     let mut rows = Vec::new();
     let mut outbox_runs = Vec::new();
     let mut flood_runs = Vec::new();
+    let mut http_runs = Vec::new();
     let rounds = bench.opts.rounds;
     for round in 1..=rounds {
         for profile in &bench.opts.profiles {
@@ -2022,19 +2050,62 @@ fn main() {
             run.round = (rounds > 1).then_some(round);
             flood_runs.push(run);
         }
+        if bench.opts.http {
+            http_runs.extend(bench.run_http(round).into_iter().map(|mut run| {
+                run.round = (rounds > 1).then_some(round);
+                run
+            }));
+        }
     }
-    let failed =
-        rows.iter().any(|r| r.failed) || outbox_runs.iter().any(|r| r.failed) || flood_runs.iter().any(|r| r.failed);
+    let failed = rows.iter().any(|r| r.failed)
+        || outbox_runs.iter().any(|r| r.failed)
+        || flood_runs.iter().any(|r| r.failed)
+        || http_runs.iter().any(|r| r.failed);
+    let http_settings = http_phase::settings(
+        bench.opts.http_clients,
+        bench.opts.http_messages,
+        bench.opts.receipt_delay,
+    );
+    let http_summary = http_phase::summarize(&http_runs);
     if bench.opts.json {
         let mut out = json_output(&rows, &ctx);
         out["outbox"] = Value::Array(outbox_runs.iter().map(outbox::OutboxRun::json).collect());
         out["flood"] = Value::Array(flood_runs.iter().map(flood::FloodRun::json).collect());
+        if bench.opts.http {
+            out["http"] = json!({
+                "settings": http_settings,
+                "rows": http_runs.iter().map(http_phase::HttpRun::json).collect::<Vec<Value>>(),
+                "summary": http_summary.iter().map(http_phase::HttpSummary::json).collect::<Vec<Value>>(),
+            });
+        }
         println!("{out}");
     } else if bench.opts.markdown {
         if rows.is_empty() {
             print!("{}", markdown_context(&ctx));
         } else {
             print!("{}", markdown(&rows, &ctx));
+        }
+        if !http_runs.is_empty() {
+            println!("\nHTTP phase: {http_settings}\n");
+            print!(
+                "{}",
+                md_table(
+                    &http_phase::HEADERS,
+                    http_runs.iter().map(http_phase::HttpRun::cells),
+                    http_phase::right
+                )
+            );
+            if !http_summary.is_empty() {
+                println!("\n{SUMMARY_TITLE}\n");
+                print!(
+                    "{}",
+                    md_table(
+                        &http_phase::SUMMARY_HEADERS,
+                        http_summary.iter().map(http_phase::HttpSummary::cells),
+                        http_phase::summary_right
+                    )
+                );
+            }
         }
         if !flood_runs.is_empty() {
             println!("\nFlood phase:\n");
@@ -2071,6 +2142,28 @@ fn main() {
                     summary_right
                 )
             );
+        }
+        if !http_runs.is_empty() {
+            println!("\nHTTP phase: {http_settings}");
+            print!(
+                "{}",
+                text_grid(
+                    &http_phase::HEADERS,
+                    http_runs.iter().map(http_phase::HttpRun::cells).collect(),
+                    http_phase::right
+                )
+            );
+            if !http_summary.is_empty() {
+                println!("\n{SUMMARY_TITLE}");
+                print!(
+                    "{}",
+                    text_grid(
+                        &http_phase::SUMMARY_HEADERS,
+                        http_summary.iter().map(http_phase::HttpSummary::cells).collect(),
+                        http_phase::summary_right
+                    )
+                );
+            }
         }
         if !flood_runs.is_empty() {
             println!("\nFlood phase:");
@@ -2238,6 +2331,20 @@ mod tests {
         assert!(parse(&["--rounds", "0"]).is_err());
         assert_eq!(parse(&["--rounds", "8"]).unwrap().unwrap().rounds, 8);
         assert_eq!(parse(&[]).unwrap().unwrap().rounds, 1);
+        let o = parse(&[]).unwrap().unwrap();
+        assert!(
+            o.http && o.outbox && !o.flood,
+            "the default run includes the HTTP phase"
+        );
+        assert_eq!((o.http_messages, o.http_clients), (200_000, 50));
+        let o = parse(&["--http", "--http-clients=8", "--http-messages", "1000"])
+            .unwrap()
+            .unwrap();
+        assert!(o.http && !o.outbox && o.profiles.is_empty(), "--http alone");
+        assert_eq!((o.http_messages, o.http_clients), (1000, 8));
+        assert!(!parse(&["--profile", "memory"]).unwrap().unwrap().http);
+        assert!(parse(&["--http=1"]).is_err());
+        assert!(parse(&["--http-clients", "0"]).is_err());
     }
 
     fn test_context(command: &str) -> RunContext {
