@@ -83,6 +83,18 @@ struct Inner {
     due: BTreeSet<(Timestamp, DeliveryId)>,
     smpp_by_account: HashMap<String, BTreeSet<DeliveryId>>,
     next_delivery: u64,
+    /// While a step runs with [`DlrWrite::claim_created`]: the deliveries it creates are
+    /// claimed for the caller, up to the limit (see [`CreatedClaims`]).
+    claim: Option<CreatedClaims>,
+}
+
+/// Claims a step makes on the deliveries it creates: up to `limit`, each leased until
+/// `lease_end`, as [`DlrStore::claim_due`] would have leased it.
+#[derive(Debug)]
+struct CreatedClaims {
+    lease_end: Timestamp,
+    limit: usize,
+    claimed: Vec<Delivery>,
 }
 
 /// The bounded memory DLR store.
@@ -230,17 +242,34 @@ impl MemoryDlrStore {
                     .or_default()
                     .insert(id);
             }
-            inner.due.insert((now, id));
+            let expires_at = now.saturating_add(self.retention.retention);
+            let lease_end = inner
+                .claim
+                .as_ref()
+                .filter(|c| c.claimed.len() < c.limit)
+                .map(|c| c.lease_end);
+            if let Some(claim) = inner.claim.as_mut().filter(|_| lease_end.is_some()) {
+                claim.claimed.push(Delivery {
+                    id,
+                    attempt: 1,
+                    target: target.clone(),
+                    outcome: outcome.clone(),
+                    created_at: now,
+                    expires_at,
+                });
+            }
+            let due_at = lease_end.unwrap_or(now);
+            inner.due.insert((due_at, id));
             inner.deliveries.insert(
                 id,
                 DeliveryRec {
                     target,
                     outcome: outcome.clone(),
-                    attempt: 0,
-                    due_at: now,
-                    leased_until: None,
+                    attempt: u32::from(lease_end.is_some()),
+                    due_at,
+                    leased_until: lease_end,
                     created_at: now,
-                    expires_at: now.saturating_add(self.retention.retention),
+                    expires_at,
                 },
             );
         }
@@ -395,16 +424,30 @@ impl DlrStore for MemoryDlrStore {
     fn capabilities(&self) -> DlrCapabilities {
         DlrCapabilities {
             reservations: Some(self.reservations.clone()),
+            claims_in_writes: true,
             ..DlrCapabilities::single_writer(Backend::Memory, false)
         }
     }
 
+    /// Claims in its writes, like the file store: a resolved branch's deliveries come
+    /// back claimed with the step, so the correlator sends them without a claim round.
     async fn apply(&self, step: DlrWrite) -> DlrWriteOutcome {
+        if let Some(c) = step.claim_created {
+            self.inner.lock().claim = Some(CreatedClaims {
+                lease_end: Timestamp::now().saturating_add(c.lease),
+                limit: c.limit,
+                claimed: Vec::with_capacity(c.limit.min(4096)),
+            });
+        }
+        let handoffs = self.hand_off(step.handoffs);
+        let receipts = self.record_receipts(step.receipts);
+        let finishes = self.finish(step.finishes);
+        let claimed = self.inner.lock().claim.take().map(|c| c.claimed).unwrap_or_default();
         DlrWriteOutcome {
-            handoffs: self.hand_off(step.handoffs),
-            receipts: self.record_receipts(step.receipts),
-            finishes: self.finish(step.finishes),
-            claimed: Vec::new(),
+            handoffs,
+            receipts,
+            finishes,
+            claimed,
         }
     }
 
