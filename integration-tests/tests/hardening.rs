@@ -129,7 +129,7 @@ async fn guessing_passwords_backs_off_and_is_refused_while_the_real_esme_binds()
     assert!(statuses[10..].iter().all(|s| *s == Some(refused)), "{statuses:?}");
     // Failures 4 to 10 were answered late: 0.25 + 0.5 + 1 + 2 × 4 s.
     assert!(took >= Duration::from_millis(9_500), "guessing took only {took:?}");
-    // The right password from the attacker's address is refused too now...
+    // The right password from the attacker's address is refused as well...
     assert_eq!(bind_status(attacker, addr, "esme1", "secret").await, Some(refused));
     // ...and the real ESME, elsewhere, binds at once.
     let started = Instant::now();

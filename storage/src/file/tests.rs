@@ -1247,11 +1247,11 @@ fn bench_reopen_after_sigkill_with_1m_records() {
     });
 }
 
-/// Found by fuzzing (`fuzz/`, target `data_dir_recovery`, input
-/// `fuzz/corpus/data_dir_recovery/crash-unit-index`): damage to the `unit_seq` index of
-/// `pending.redb` (plain bytes, outside the sealed records) made `units()` skip a unit
-/// whose records were still there — as if it were completed — so restoring routed work
-/// after a restart would forget it. It now fails closed naming the table.
+/// A unit whose records are still in `pending.redb` but which is missing from the
+/// `unit_seq` index (plain bytes, outside the sealed records) is not taken for completed
+/// by `units()` — restoring routed work after a restart would forget it — but fails
+/// closed naming the table. Regression input for the `data_dir_recovery` fuzz target:
+/// `fuzz/corpus/data_dir_recovery/crash-unit-index`.
 #[test]
 fn a_pending_unit_missing_from_the_unit_index_fails_closed() {
     let tmp = tempfile::tempdir().unwrap();

@@ -1034,12 +1034,11 @@ fn deliveries_claimed_by_their_receipt_write_survive_a_reopen_as_claims() {
     });
 }
 
-/// Found by fuzzing (`fuzz/`, target `data_dir_recovery`, input kept as
-/// `fuzz/corpus/data_dir_recovery/crash-engine-drop`): one byte of `dlr.redb` damaged
-/// (xor 0x73) made redb panic inside `claim_due` (an index out of bounds in its
-/// allocator). The store caught that and failed closed, but the panic had poisoned
-/// redb's mutexes and redb's `Drop` unwraps one: dropping the store then panicked and
-/// aborted the process. Closing a handle now contains that panic.
+/// A store whose redb engine panicked (one byte of `dlr.redb` damaged, xor 0x73: redb
+/// panics inside `claim_due`, an index out of bounds in its allocator) fails closed, and
+/// dropping it does not panic although the panic poisoned redb's mutexes and redb's
+/// `Drop` unwraps one: closing a handle contains that panic. Regression input for the
+/// `data_dir_recovery` fuzz target: `fuzz/corpus/data_dir_recovery/crash-engine-drop`.
 #[test]
 fn a_store_whose_engine_panicked_drops_without_panicking() {
     let tmp = tempfile::tempdir().unwrap();
