@@ -20,12 +20,10 @@
 
 use bytes::{BufMut, BytesMut};
 use libfuzzer_sys::fuzz_target;
-use rusmpp::tlvs::{Tlv, TlvValue};
 use rusmpp::{Command, CommandId, Pdu};
 use sendium_fuzz::Input;
 use sendium_protocols::receipt::{IdFormat, ReceiptState, ReceiptText, parse_date, receipt_keys, resp_key};
-use sendium_protocols::smpp::SmppAddress;
-use sendium_protocols::smpp::client::InboundDeliver;
+use sendium_protocols::smpp::client::{InboundDeliver, inbound_data_sm, inbound_deliver};
 use sendium_protocols::smpp::frame;
 use sendium_protocols::text;
 use tokio_util::codec::Decoder;
@@ -108,74 +106,10 @@ fn on_pdu(command: &Command) {
                 assert_eq!(receipt_keys(fmt, id, true), vec![key]);
             }
         }
-        (CommandId::DeliverSm, Some(Pdu::DeliverSm(pdu))) => {
-            let tlvs = inbound_tlvs(pdu.tlvs());
-            let deliver = InboundDeliver {
-                source: SmppAddress::new(
-                    pdu.source_addr_ton.into(),
-                    pdu.source_addr_npi.into(),
-                    pdu.source_addr.as_str(),
-                ),
-                destination: SmppAddress::new(
-                    pdu.dest_addr_ton.into(),
-                    pdu.dest_addr_npi.into(),
-                    pdu.destination_addr.as_str(),
-                ),
-                esm_class: u8::from(pdu.esm_class),
-                data_coding: u8::from(pdu.data_coding),
-                short_message: pdu.short_message().to_vec(),
-                message_payload: tlvs.message_payload,
-                receipted_message_id: tlvs.receipted_message_id,
-                message_state: tlvs.message_state,
-            };
-            classify(&deliver);
-        }
-        (CommandId::DataSm, Some(Pdu::DataSm(pdu))) => {
-            let tlvs = inbound_tlvs(pdu.tlvs());
-            let deliver = InboundDeliver {
-                source: SmppAddress::new(
-                    pdu.source_addr_ton.into(),
-                    pdu.source_addr_npi.into(),
-                    pdu.source_addr.as_str(),
-                ),
-                destination: SmppAddress::new(
-                    pdu.dest_addr_ton.into(),
-                    pdu.dest_addr_npi.into(),
-                    pdu.destination_addr.as_str(),
-                ),
-                esm_class: u8::from(pdu.esm_class),
-                data_coding: u8::from(pdu.data_coding),
-                short_message: Vec::new(),
-                message_payload: tlvs.message_payload,
-                receipted_message_id: tlvs.receipted_message_id,
-                message_state: tlvs.message_state,
-            };
-            classify(&deliver);
-        }
+        (CommandId::DeliverSm, Some(Pdu::DeliverSm(pdu))) => classify(&inbound_deliver(pdu)),
+        (CommandId::DataSm, Some(Pdu::DataSm(pdu))) => classify(&inbound_data_sm(pdu)),
         _ => {}
     }
-}
-
-/// `client::pdu::InboundTlvs`.
-#[derive(Default)]
-struct InboundTlvs {
-    message_payload: Option<Vec<u8>>,
-    receipted_message_id: Option<String>,
-    message_state: Option<u8>,
-}
-
-/// `client::pdu::inbound_tlvs`.
-fn inbound_tlvs(tlvs: &[Tlv]) -> InboundTlvs {
-    let mut out = InboundTlvs::default();
-    for tlv in tlvs {
-        match tlv.value() {
-            Some(TlvValue::MessagePayload(payload)) => out.message_payload = Some(payload.value.to_vec()),
-            Some(TlvValue::ReceiptedMessageId(id)) => out.receipted_message_id = Some(id.as_str().to_owned()),
-            Some(TlvValue::MessageState(state)) => out.message_state = Some(u8::from(*state)),
-            _ => {}
-        }
-    }
-    out
 }
 
 /// `destination_worker::receipts::classify`, for every id format, with its invariants.

@@ -94,6 +94,10 @@
 
 mod pace;
 mod pdu;
+
+/// How a provider's deliver_sm or data_sm reads as an [`InboundDeliver`] (public for the
+/// fuzz targets, which check what the sessions do with it).
+pub use pdu::{inbound_data_sm, inbound_deliver};
 mod session;
 #[cfg(test)]
 mod tests;

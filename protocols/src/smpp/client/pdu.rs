@@ -108,7 +108,7 @@ fn smpp_address<T: Into<u8>, N: Into<u8>, const MIN: usize, const MAX: usize>(
 }
 
 /// What the owner needs from a deliver_sm.
-pub(crate) fn inbound_deliver(pdu: &DeliverSm) -> InboundDeliver {
+pub fn inbound_deliver(pdu: &DeliverSm) -> InboundDeliver {
     let tlvs = inbound_tlvs(pdu.tlvs());
     InboundDeliver {
         source: smpp_address(pdu.source_addr_ton, pdu.source_addr_npi, &pdu.source_addr),
@@ -123,7 +123,7 @@ pub(crate) fn inbound_deliver(pdu: &DeliverSm) -> InboundDeliver {
 }
 
 /// A data_sm as a deliver: it has no short_message, its user data is message_payload.
-pub(crate) fn inbound_data_sm(pdu: &DataSm) -> InboundDeliver {
+pub fn inbound_data_sm(pdu: &DataSm) -> InboundDeliver {
     let tlvs = inbound_tlvs(pdu.tlvs());
     InboundDeliver {
         source: smpp_address(pdu.source_addr_ton, pdu.source_addr_npi, &pdu.source_addr),
