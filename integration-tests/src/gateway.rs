@@ -249,10 +249,28 @@ impl GatewayBuilder {
 
     /// Spawns the process and waits until `/readyz` answers 200 (panics with the log if it
     /// exits or the timeout passes).
+    ///
+    /// A port picked by [`free_port`] is free when picked, but an outgoing connection of
+    /// any process on the machine may be given it as its local port before the gateway
+    /// binds it (the kernel hands out ephemeral ports from the same range). A gateway
+    /// that exits because a listen address is taken is therefore started again on fresh
+    /// ports, up to three times, when the ports were picked here.
     pub async fn start(self) -> GatewayProcess {
-        let mut gateway = self.spawn();
-        gateway.wait_ready().await;
-        gateway
+        let fresh_ports = self.ports.is_none();
+        let mut attempts = 0;
+        loop {
+            let mut gateway = self.clone().spawn();
+            match gateway.ready_or_exit().await {
+                Ok(()) => return gateway,
+                Err(_) if fresh_ports && attempts < 3 && gateway.log_report().contains("Address already in use") => {
+                    attempts += 1;
+                }
+                Err(status) => panic!(
+                    "sendium exited with {status} before becoming ready\n{}",
+                    gateway.log_report()
+                ),
+            }
+        }
     }
 }
 
@@ -332,19 +350,27 @@ impl GatewayProcess {
     /// Polls `GET /readyz` until 200. Panics (with the log) if the process exits first or
     /// the ready timeout passes.
     pub async fn wait_ready(&mut self) {
+        if let Err(status) = self.ready_or_exit().await {
+            panic!(
+                "sendium exited with {status} before becoming ready\n{}",
+                self.log_report()
+            );
+        }
+    }
+
+    /// Polls `GET /readyz` until 200, or until the process exits (its status). Panics
+    /// (with the log) if the ready timeout passes.
+    async fn ready_or_exit(&mut self) -> Result<(), ExitStatus> {
         let deadline = Instant::now() + self.ready_timeout;
         let mut last;
         loop {
             if let Some(status) = self.try_wait() {
-                panic!(
-                    "sendium exited with {status} before becoming ready\n{}",
-                    self.log_report()
-                );
+                return Err(status);
             }
             match http::request_with_timeout(self.admin_addr(), "GET", "/readyz", &[], None, Duration::from_secs(2))
                 .await
             {
-                Ok(resp) if resp.status == 200 => return,
+                Ok(resp) if resp.status == 200 => return Ok(()),
                 Ok(resp) => last = format!("{} {}", resp.status, resp.text()),
                 Err(e) => last = e.to_string(),
             }
