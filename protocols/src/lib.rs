@@ -24,6 +24,7 @@ pub mod auth_guard;
 pub mod callback;
 pub mod error;
 pub mod http;
+pub mod http_client;
 pub mod http_listener;
 pub mod multipart;
 pub mod receipt;

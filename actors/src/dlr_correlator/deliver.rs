@@ -2,11 +2,14 @@
 //! the originating account, or an HTTP POST to the submission's callback URL.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use bytes::Bytes;
+use http::Method;
+use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use sendium_protocols::callback::CallbackTargets;
+use sendium_protocols::http_client::{BuildError, Config, Error as HttpError, HttpClient, Request, Resend, Target};
 
 use sendium_protocols::receipt::{ReceiptText, format_date};
 use sendium_protocols::smpp::server::{DeliverOutcome, OutboundDeliver, SessionRegistry};
@@ -126,101 +129,19 @@ pub fn callback_body(d: &Delivery) -> Vec<u8> {
 }
 
 /// The client receipts are POSTed with: no redirects, and connections only to addresses
-/// the callback targets permit (see [`sendium_protocols::callback`]).
+/// the callback targets permit (see [`sendium_protocols::callback`]); built on
+/// [`sendium_protocols::http_client`], whose pool keeps connections alive per host.
 #[derive(Clone)]
 pub struct CallbackClient {
-    client: reqwest::Client,
-    targets: Arc<CallbackTargets>,
+    client: HttpClient,
     /// Callback URLs parsed before (most receipts of an API client go to the same few
     /// URLs, and parsing one, with its host's IDNA mapping, costs more than the rest of
     /// building the request).
-    urls: Arc<parking_lot::Mutex<HashMap<String, reqwest::Url>>>,
+    urls: Arc<parking_lot::Mutex<HashMap<String, Target>>>,
 }
 
 /// Parsed callback URLs kept at most; the cache starts over when it is full.
 const URL_CACHE: usize = 1024;
-
-impl CallbackClient {
-    pub fn new(timeout: Duration, targets: CallbackTargets) -> reqwest::Result<Self> {
-        let targets = Arc::new(targets);
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .user_agent(concat!("sendium/", env!("CARGO_PKG_VERSION")))
-            .redirect(reqwest::redirect::Policy::none())
-            // Connections are kept alive and reused per host; no more idle ones are kept
-            // than callbacks can be in flight at once (the correlator's limit).
-            .pool_max_idle_per_host(MAX_IDLE_PER_HOST)
-            .dns_resolver(Arc::new(GuardedResolver {
-                targets: targets.clone(),
-            }))
-            .build()?;
-        Ok(CallbackClient {
-            client,
-            targets,
-            urls: Arc::default(),
-        })
-    }
-
-    /// `raw` parsed, from the cache when it was parsed before; `None` when it is not a URL.
-    fn url(&self, raw: &str) -> Option<reqwest::Url> {
-        if let Some(url) = self.urls.lock().get(raw) {
-            return Some(url.clone());
-        }
-        let url = reqwest::Url::parse(raw).ok()?;
-        let mut urls = self.urls.lock();
-        if urls.len() >= URL_CACHE {
-            urls.clear();
-        }
-        urls.insert(raw.to_owned(), url.clone());
-        Some(url)
-    }
-
-    /// Whether `url` names an address (not a name) the targets refuse.
-    fn forbidden_address(&self, url: &reqwest::Url) -> bool {
-        match url.host() {
-            Some(url::Host::Ipv4(ip)) => !self.targets.permits(ip.into()),
-            Some(url::Host::Ipv6(ip)) => !self.targets.permits(ip.into()),
-            _ => false,
-        }
-    }
-}
-
-/// Resolves a callback's host name, keeping only the addresses callbacks may reach: a
-/// name that resolves only to internal addresses fails with [`ForbiddenTarget`].
-struct GuardedResolver {
-    targets: Arc<CallbackTargets>,
-}
-
-/// Every address a callback host resolved to is one callbacks may not reach.
-#[derive(Debug, thiserror::Error)]
-#[error("the callback host resolves only to addresses callbacks may not reach (see [http] callback-allow)")]
-pub struct ForbiddenTarget;
-
-impl reqwest::dns::Resolve for GuardedResolver {
-    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        let targets = self.targets.clone();
-        Box::pin(async move {
-            let found: Vec<SocketAddr> = tokio::net::lookup_host((name.as_str(), 0)).await?.collect();
-            let allowed: Vec<SocketAddr> = found.into_iter().filter(|a| targets.permits(a.ip())).collect();
-            if allowed.is_empty() {
-                return Err(Box::new(ForbiddenTarget) as Box<dyn std::error::Error + Send + Sync>);
-            }
-            Ok(Box::new(allowed.into_iter()) as reqwest::dns::Addrs)
-        })
-    }
-}
-
-/// Whether a request failed because its target is forbidden.
-fn is_forbidden(e: &reqwest::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = source {
-        if err.is::<ForbiddenTarget>() {
-            return true;
-        }
-        source = err.source();
-    }
-    false
-}
 
 /// Idle keep-alive connections kept per callback host: as many as the correlator sends
 /// callbacks at once.
@@ -230,17 +151,66 @@ const MAX_IDLE_PER_HOST: usize = 64;
 /// pool; a longer body closes the connection instead (nothing in it is used).
 const DRAIN_LIMIT: usize = 64 * 1024;
 
-/// Read (and drop) the answer's body: a connection is reused for the next callback to
-/// that host only once its answer was read to the end, and most endpoints answer with a
-/// short body such as `OK`. An unread body would cost a new TCP (and TLS) connection per
-/// callback.
-async fn drain(mut resp: reqwest::Response) {
-    let mut read = 0usize;
-    while let Ok(Some(chunk)) = resp.chunk().await {
-        read += chunk.len();
-        if read > DRAIN_LIMIT {
-            return;
+/// The headers of every callback besides those the client sets (`Host`, `User-Agent`,
+/// `Content-Length`).
+static CALLBACK_HEADERS: [(HeaderName, HeaderValue); 1] =
+    [(CONTENT_TYPE, HeaderValue::from_static("application/json"))];
+
+impl CallbackClient {
+    /// `timeout`: the longest one attempt takes, connecting and reading the answer included.
+    pub fn new(timeout: Duration, targets: CallbackTargets) -> Result<Self, BuildError> {
+        let config = Config {
+            timeout,
+            max_idle_per_origin: MAX_IDLE_PER_HOST,
+            max_body: DRAIN_LIMIT,
+            ..Config::default()
+        };
+        Ok(CallbackClient {
+            client: HttpClient::new(config, Arc::new(targets))?,
+            urls: Arc::default(),
+        })
+    }
+
+    /// `raw` parsed, from the cache when it was parsed before; `None` when it is not a URL
+    /// a callback can go to.
+    fn url(&self, raw: &str) -> Option<Target> {
+        if let Some(url) = self.urls.lock().get(raw) {
+            return Some(url.clone());
         }
+        let url = Target::parse(raw).ok()?;
+        let mut urls = self.urls.lock();
+        if urls.len() >= URL_CACHE {
+            urls.clear();
+        }
+        urls.insert(raw.to_owned(), url.clone());
+        Some(url)
+    }
+}
+
+/// POST one callback; `Ok(2xx?)` once an answer came, `Err(forbidden?)` without one.
+///
+/// Resent at once on a new connection when a kept-alive connection closed under it before
+/// any answer ([`Resend::IfUnanswered`]), typically the endpoint's keep-alive timeout racing
+/// the request. That may deliver the receipt twice, but so would the alternative: an attempt
+/// without a 2xx is retried with backoff anyway, so callbacks are at least once either way
+/// (the receiver tells repeats by `id`), and resending at once spares the receipt a delay
+/// and the failure metric a false count.
+async fn post(client: &CallbackClient, target: &Target, body: Vec<u8>) -> Result<bool, bool> {
+    let request = Request {
+        method: Method::POST,
+        target,
+        headers: &CALLBACK_HEADERS,
+        body: Bytes::from(body),
+        resend: Resend::IfUnanswered,
+    };
+    match client.client.send(&request).await {
+        // The answer's body is read (up to DRAIN_LIMIT) so the connection can be reused,
+        // and not looked at.
+        Ok(answer) => Ok(answer.status.is_success()),
+        // A 2xx whose body broke off: the endpoint took the receipt.
+        Err(HttpError::Body { status, .. }) => Ok(status.is_success()),
+        Err(HttpError::Forbidden) => Err(true),
+        Err(_) => Err(false),
     }
 }
 
@@ -253,22 +223,7 @@ pub async fn http(client: &CallbackClient, url: &str, d: &Delivery) -> DeliveryF
         // Every callback URL is checked at submission; one that still does not parse is
         // retried like an endpoint that does not answer, until its retention ends.
         None => Err(false),
-        Some(url) if client.forbidden_address(&url) => Err(true),
-        Some(url) => match client
-            .client
-            .post(url)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(callback_body(d))
-            .send()
-            .await
-        {
-            Ok(resp) => {
-                let ok = resp.status().is_success();
-                drain(resp).await;
-                Ok(ok)
-            }
-            Err(e) => Err(is_forbidden(&e)),
-        },
+        Some(target) => post(client, &target, callback_body(d)).await,
     };
     if sent == Err(true) {
         metrics::counter!("sendium_receipt_delivery_failures_total", "channel" => "http", "reason" => "forbidden")
