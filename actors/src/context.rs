@@ -73,6 +73,8 @@ pub struct Shared {
     pub partitions: Option<Arc<Ownership>>,
     /// An orderly stop in progress.
     pub stopping: Stopping,
+    /// `[mo]` and `[[mo-routes]]`: where inbound messages go.
+    pub mo: crate::inbound::LiveMo,
 }
 
 impl Shared {

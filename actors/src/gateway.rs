@@ -24,6 +24,7 @@ use crate::directory::Directory;
 use crate::dlr_correlator::{DlrMsg, DlrStatus};
 use crate::health::Health;
 use crate::http_ingress::HttpIngress;
+use crate::inbound::{LiveMo, MoSettings};
 use crate::ingress::{IngressMsg, IngressStatus};
 use crate::outbox_relay::{OutboxConfigError, OutboxRelays, SourceView};
 use crate::reload::{self, ConfigView, LiveConfig, ReloadError, ReloadSummary};
@@ -44,6 +45,8 @@ pub enum GatewayError {
     Actors(String),
     #[error("invalid {0}")]
     Outbox(#[from] OutboxConfigError),
+    #[error("invalid {0}")]
+    MoRoutes(#[from] sendium_profiles::MoRouteError),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         what: &'static str,
@@ -250,6 +253,7 @@ impl Gateway {
                 .map(|db| db.ownership())
                 .filter(|o| o.access() == StageAccess::Shared),
             stopping: Stopping::default(),
+            mo: LiveMo::new(MoSettings::from_config(cfg)?),
         });
         reserve_recovered_receipts(&spec).await;
         let (supervisor, supervisor_task) = Actor::spawn(
@@ -449,6 +453,7 @@ impl Gateway {
         let _one_at_a_time = self.reloading.lock().await;
         let destinations_differ = self.live.check(&new)?;
         let routes = RouteTable::from_config(&new);
+        let mo = MoSettings::from_config(&new).map_err(|e| ReloadError::Invalid(e.to_string()))?;
         let changes = if destinations_differ {
             let destinations = new.destinations.iter().map(|d| DestinationSpec::new(&new, d)).collect();
             match self
@@ -476,10 +481,16 @@ impl Gateway {
             .iter()
             .flat_map(|s| s.accounts.iter().map(|a| a.system_id.clone()))
             .collect();
+        self.shared.mo.replace(mo);
         let mut summary = self.live.commit(new);
         summary.destinations = changes;
         self.outbox.set_accounts(accounts);
         Ok(summary)
+    }
+
+    /// `/admin/mo`: inbound routes and their counts.
+    pub fn mo_view(&self) -> crate::inbound::MoView {
+        self.shared.mo.view()
     }
 
     /// `/admin/config`.

@@ -23,6 +23,7 @@ pub mod dlr_correlator;
 pub mod gateway;
 pub mod health;
 pub mod http_ingress;
+pub mod inbound;
 pub mod ingress;
 pub mod outbox_relay;
 pub mod reload;

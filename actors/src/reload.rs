@@ -19,7 +19,9 @@
 //!   sent `unbind`;
 //! * `[[http.api-keys]]` (and each account's `max-tps` for HTTP): from the next request;
 //! * `[[routes]]`: messages routed after the swap follow the new table; routes already
-//!   recorded stay as they were.
+//!   recorded stay as they were;
+//! * `[[mo-routes]]` and `[mo]`: inbound messages arriving after the swap follow them;
+//!   stored ones keep their target.
 
 use std::collections::HashMap;
 use std::time::SystemTime;
@@ -53,6 +55,7 @@ pub struct ReloadSummary {
     pub sessions_unbound: usize,
     pub api_keys: usize,
     pub routes: usize,
+    pub mo_routes: usize,
     pub destinations: DestinationChanges,
 }
 
@@ -78,6 +81,7 @@ pub struct ConfigView {
     pub accounts: usize,
     pub api_keys: usize,
     pub routes: usize,
+    pub mo_routes: usize,
     pub destinations: usize,
 }
 
@@ -182,6 +186,7 @@ impl LiveConfig {
             accounts: c.smpp.as_ref().map_or(0, |s| s.accounts.len()),
             api_keys: c.http.as_ref().map_or(0, |h| h.api_keys.len()),
             routes: c.routes.len(),
+            mo_routes: c.mo_routes.len(),
             destinations: c.destinations.len(),
         }
     }
@@ -210,6 +215,7 @@ impl LiveConfig {
         let mut summary = ReloadSummary {
             api_keys: new.http.as_ref().map_or(0, |h| h.api_keys.len()),
             routes: new.routes.len(),
+            mo_routes: new.mo_routes.len(),
             ..ReloadSummary::default()
         };
         for a in &new_accounts {

@@ -52,7 +52,7 @@ pub use gateway::{GatewayBuilder, GatewayProcess, Ports, free_port, render_templ
 pub use histogram::Histogram;
 pub use loadgen::{LoadConfig, LoadError, LoadReport, Mix};
 pub use smsc::{
-    BoundSession, DestMatch, Duplicate, Faults, IdStyle, ReceiptOutcome, ReceiptRule, SmscAccount, SmscConfig,
+    BoundSession, DestMatch, Duplicate, Faults, IdStyle, MoSpec, ReceiptOutcome, ReceiptRule, SmscAccount, SmscConfig,
     SmscMessage, SmscStats, SubmitRecord, TestSmsc,
 };
 

@@ -561,6 +561,8 @@ const RECEIPT_RETRY: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone)]
 struct PendingReceipt {
+    /// Set for a mobile-originated message instead of a receipt.
+    mo: Option<Arc<MoSpec>>,
     system_id: Arc<str>,
     resp_id: String,
     text_id: String,
@@ -637,6 +639,8 @@ struct Shared {
     counters: Counters,
     recorder: Mutex<Recorder>,
     receivers: Mutex<Receivers>,
+    /// deliver_sm_resp statuses of mobile-originated messages, by tag, in arrival order.
+    mo_answers: Mutex<Vec<(String, u32)>>,
     sched_tx: mpsc::UnboundedSender<(Instant, Vec<PendingReceipt>)>,
     notify: Notify,
     shutdown: watch::Sender<bool>,
@@ -694,6 +698,40 @@ impl Shared {
     }
 }
 
+/// A mobile-originated deliver_sm the SMSC sends to a bound receiver of a system_id
+/// (held until one binds, sent again after a deliver_sm_resp of ESME_RX_T_APPN or a lost
+/// session, as real SMSCs do).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MoSpec {
+    /// The test's name for it: its answers are recorded under it.
+    pub tag: String,
+    pub source: String,
+    pub destination: String,
+    pub esm_class: u8,
+    pub data_coding: u8,
+    pub short_message: Vec<u8>,
+    /// sar_msg_ref_num, sar_total_segments, sar_segment_seqnum.
+    pub sar: Option<(u16, u8, u8)>,
+}
+
+impl MoSpec {
+    /// A single GSM 7-bit (unpacked) message.
+    pub fn gsm(tag: &str, source: &str, destination: &str, text: &str) -> MoSpec {
+        MoSpec {
+            tag: tag.to_owned(),
+            source: source.to_owned(),
+            destination: destination.to_owned(),
+            esm_class: 0,
+            data_coding: 0,
+            short_message: text::encode(text::Alphabet::Gsm7, text).unwrap_or_default(),
+            sar: None,
+        }
+    }
+}
+
+/// ESME_RX_T_APPN: the ESME cannot take it now; the SMSC sends it again.
+const TEMPORARY_APP_ERROR: u32 = 0x64;
+
 /// The test SMSC. Dropping it shuts it down (see [`TestSmsc::shutdown`] to wait for that).
 pub struct TestSmsc {
     shared: Arc<Shared>,
@@ -746,6 +784,7 @@ async fn start_inner(config: SmscConfig) -> (Arc<Shared>, SocketAddr, tokio::tas
         counters: Counters::default(),
         recorder: Mutex::new(Recorder::default()),
         receivers: Mutex::new(Receivers::default()),
+        mo_answers: Mutex::new(Vec::new()),
         sched_tx,
         notify: Notify::new(),
         shutdown: watch::Sender::new(false),
@@ -894,6 +933,33 @@ impl TestSmsc {
     }
 
     /// Receipts waiting for a receiver to bind.
+    /// Send mobile-originated messages to bound receivers of `system_id` (held until one
+    /// binds).
+    pub fn send_mo(&self, system_id: &str, messages: Vec<MoSpec>) {
+        let system_id: Arc<str> = Arc::from(system_id);
+        let pending = messages
+            .into_iter()
+            .map(|m| PendingReceipt {
+                mo: Some(Arc::new(m)),
+                system_id: system_id.clone(),
+                resp_id: String::new(),
+                text_id: String::new(),
+                source: (0, 0, String::new()),
+                destination: (0, 0, String::new()),
+                state: ReceiptState::Delivered,
+                err: String::new(),
+                submit_unix: 0,
+                excerpt: String::new(),
+            })
+            .collect();
+        self.shared.dispatch(pending);
+    }
+
+    /// deliver_sm_resp statuses of mobile-originated messages so far, by tag, in order.
+    pub fn mo_answers(&self) -> Vec<(String, u32)> {
+        self.shared.mo_answers.lock().clone()
+    }
+
     pub fn held_receipts(&self) -> usize {
         self.shared.receivers.lock().held_count()
     }
@@ -1339,6 +1405,7 @@ impl Session {
                             continue;
                         }
                         batch.receipts.push(PendingReceipt {
+                            mo: None,
                             system_id: system_id.clone().unwrap_or_else(|| Arc::from("")),
                             resp_id: resp_id.clone(),
                             text_id: text_id.clone(),
@@ -1401,6 +1468,16 @@ impl Session {
         let Some(receipt) = self.unacked.remove(&seq) else {
             return;
         };
+        if let Some(mo) = &receipt.mo {
+            let code = u32::from(status);
+            self.shared.mo_answers.lock().push((mo.tag.clone(), code));
+            if code == TEMPORARY_APP_ERROR {
+                let due = Instant::now() + RECEIPT_RETRY;
+                let _ = self.shared.sched_tx.send((due, vec![receipt]));
+            }
+            self.shared.notify.notify_waiters();
+            return;
+        }
         if status == CommandStatus::EsmeRok {
             self.shared.counters.receipts_acked.fetch_add(1, Ordering::Relaxed);
         } else {
@@ -1451,6 +1528,31 @@ impl Session {
         for receipt in receipts {
             let seq = self.next_seq;
             self.next_seq = self.next_seq.wrapping_add(1).max(1);
+            if let Some(mo) = &receipt.mo {
+                let sm = ShortMessage {
+                    source: Address {
+                        ton: 1,
+                        npi: 1,
+                        addr: &mo.source,
+                    },
+                    destination: Address {
+                        ton: 0,
+                        npi: 0,
+                        addr: &mo.destination,
+                    },
+                    esm_class: mo.esm_class,
+                    registered_delivery: 0,
+                    data_coding: mo.data_coding,
+                    short_message: &mo.short_message,
+                    message_payload: None,
+                    sar: mo.sar,
+                };
+                if let Ok(command) = build::deliver_sm(seq, &sm, None) {
+                    self.conn.push(&command);
+                    self.unacked.insert(seq, receipt);
+                }
+                continue;
+            }
             let delivered = receipt.state.is_success();
             let text = ReceiptText {
                 id: receipt.text_id.clone(),

@@ -2,7 +2,7 @@
 //!
 //! `/healthz` (process alive), `/readyz` (stores open and healthy, reconciliation done),
 //! `/metrics` (Prometheus text), `/admin/actors`, `/admin/destinations`, `/admin/profile`,
-//! `/admin/cluster`, `/admin/outbox`, `/admin/config`, `POST /admin/reload`.
+//! `/admin/cluster`, `/admin/outbox`, `/admin/mo`, `/admin/config`, `POST /admin/reload`.
 //! Served on loopback by default; when a token is configured (required for a
 //! non-loopback listen address), `/metrics` and `/admin/*` need
 //! `Authorization: Bearer <token>`, compared in constant time.
@@ -37,6 +37,7 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/admin/profile", get(profile))
         .route("/admin/cluster", get(cluster))
         .route("/admin/outbox", get(outbox))
+        .route("/admin/mo", get(mo))
         .route("/admin/config", get(config))
         .route("/admin/reload", axum::routing::post(reload))
         .with_state(state)
@@ -165,6 +166,24 @@ async fn outbox(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Res
     axum::Json(state.gateway.outbox()).into_response()
 }
 
+/// Inbound messages: `[mo]`, each `[[mo-routes]]` entry with its counts since start,
+/// counts by provider connection, and the multipart parts held in the DLR store.
+async fn mo(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Response {
+    if !authorized(&state, &headers) {
+        return unauthorized();
+    }
+    let held = state
+        .gateway
+        .snapshot()
+        .await
+        .dlr
+        .and_then(|d| d.store)
+        .map(|s| s.inbound_parts);
+    let mut view = serde_json::to_value(state.gateway.mo_view()).unwrap_or_default();
+    view["held_parts"] = json!(held);
+    axum::Json(view).into_response()
+}
+
 /// Which configuration runs: its source, when it was loaded, how many accounts, keys,
 /// routes and destinations — never its content (it holds secrets).
 async fn config(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Response {
@@ -179,6 +198,7 @@ async fn config(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Res
         "accounts": view.accounts,
         "api_keys": view.api_keys,
         "routes": view.routes,
+        "mo_routes": view.mo_routes,
         "destinations": view.destinations,
     }))
     .into_response()

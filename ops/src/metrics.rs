@@ -96,6 +96,7 @@ pub fn publish(s: &Snapshot, actors: &[ActorEntry], ready: bool) {
             metrics::gauge!("sendium_dlr_oldest_pending_receipt_age_seconds")
                 .set(age_seconds(st.oldest_pending_delivery));
             metrics::gauge!("sendium_dlr_unmatched_receipts").set(st.orphans as f64);
+            metrics::gauge!("sendium_mo_held_parts").set(st.inbound_parts as f64);
         }
         metrics::gauge!("sendium_dlr_deliveries_in_flight").set(d.deliveries_in_flight as f64);
         if let Some((held, cap)) = d.reserved {

@@ -40,7 +40,7 @@ pub fn announce_profile(cfg: &Config) {
             if cfg.dlr.backend == DlrBackend::Memory {
                 tracing::warn!(
                     capacity = cfg.dlr.capacity,
-                    "DLR store is in memory: correlations and undelivered receipts are lost on restart"
+                    "DLR store is in memory: correlations and undelivered receipts and inbound messages are lost on restart"
                 );
             }
         }

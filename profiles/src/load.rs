@@ -457,7 +457,7 @@ copy-to = []
         assert_eq!(
             e,
             "unknown key smtp: expected one of sms, dlr, storage, smpp, http, admin, log, \
-             destinations, routes, outbox, shutdown"
+             destinations, routes, mo, mo-routes, outbox, shutdown"
         );
     }
 

@@ -133,6 +133,20 @@ word_enum! {
 }
 
 word_enum! {
+    /// What the provider is answered for an inbound (MO) message no `[[mo-routes]]` entry
+    /// matches.
+    #[derive(Default)]
+    pub enum MoUnrouted {
+        /// Acknowledge it (the message is counted, logged without its text, and dropped):
+        /// the provider does not send it again.
+        #[default]
+        Ack => "ack",
+        /// Refuse it with ESME_RX_R_APPN (a permanent application error).
+        Reject => "reject",
+    }
+}
+
+word_enum! {
     /// Log verbosity.
     #[derive(Default)]
     pub enum LogLevel {
@@ -383,6 +397,10 @@ pub struct Config {
     pub destinations: Vec<DestinationConfig>,
     /// Routing rules, `[[routes]]`, first match wins.
     pub routes: Vec<RouteConfig>,
+    /// Inbound (MO) messages from providers.
+    pub mo: MoConfig,
+    /// Inbound routing rules, `[[mo-routes]]`, first match wins.
+    pub mo_routes: Vec<MoRouteConfig>,
     /// Applications' outbox tables Sendium relays SMS from.
     pub outbox: OutboxConfig,
     /// How a SIGTERM/SIGINT stop drains.
@@ -936,6 +954,59 @@ pub struct DestinationConfig {
 
 fn default_route_account() -> String {
     "*".to_owned()
+}
+
+/// `[mo]`: inbound (mobile-originated) messages.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct MoConfig {
+    /// The answer to a provider for a message no `[[mo-routes]]` entry matches.
+    pub unrouted: MoUnrouted,
+    /// A multipart inbound message still missing parts this long after its first part
+    /// arrived is delivered with the parts it has, marked incomplete (the deadline is
+    /// saved with the parts, so a restart does not extend it).
+    #[serde(deserialize_with = "crate::duration::deserialize")]
+    pub multipart_expiry: Duration,
+}
+
+impl Default for MoConfig {
+    fn default() -> Self {
+        Self {
+            unrouted: MoUnrouted::Ack,
+            multipart_expiry: Duration::from_secs(10 * 60),
+        }
+    }
+}
+
+/// `[[mo-routes]]`: where inbound messages go; see [`crate::MoRouteTable`]. Every
+/// condition given must match; a rule without conditions matches every message.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct MoRouteConfig {
+    /// Used by logs, metrics and `/admin`.
+    pub name: String,
+    /// Leading digits of the number the subscriber wrote to (`+` and a leading `00`
+    /// ignored on both sides, as in `[[routes]]`).
+    #[serde(default)]
+    pub destination_prefix: Option<String>,
+    /// A regular expression the whole number the subscriber wrote to must match
+    /// (anchor it yourself: `^…$`); instead of `destination-prefix`.
+    #[serde(default)]
+    pub destination_regex: Option<String>,
+    /// Only messages from this `[[destinations]]` entry (the provider connection).
+    #[serde(default)]
+    pub from_destination: Option<String>,
+    /// The text's first word, compared ignoring case.
+    #[serde(default)]
+    pub keyword: Option<String>,
+    /// Deliver as `deliver_sm` to a bound receiver or transceiver session of this
+    /// `[[smpp.accounts]]` system-id (held until one binds, within `dlr.retention`).
+    #[serde(default)]
+    pub to_account: Option<String>,
+    /// POST as JSON to this `http://` or `https://` URL, retried with backoff within
+    /// `dlr.retention`.
+    #[serde(default)]
+    pub to_url: Option<String>,
 }
 
 /// `[[routes]]`: one routing rule; see [`crate::RouteTable`].

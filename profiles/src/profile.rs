@@ -108,19 +108,20 @@ pub const OUTBOUND_GUARANTEES: &[(StageBackend, StageBackend, StageBackend, &str
 pub const DLR_GUARANTEES: &[(DlrBackend, &str)] = &[
     (
         DlrBackend::Memory,
-        "receipts are correlated and delivered while running; correlations, retries and \
-         undelivered receipts are lost on restart; receipt-requesting admissions beyond \
-         dlr.capacity are refused",
+        "receipts (and inbound messages) are correlated and delivered while running; \
+         correlations, retries and undelivered receipts and inbound messages are lost on \
+         restart; receipt-requesting admissions beyond dlr.capacity are refused, inbound \
+         messages beyond it are answered with a temporary error",
     ),
     (
         DlrBackend::File,
-        "provider correlations and pending downstream deliveries survive restart \
-         (persistent local volume, single process)",
+        "provider correlations and pending downstream deliveries (receipts and inbound \
+         messages) survive restart (persistent local volume, single process)",
     ),
     (
         DlrBackend::Postgresql,
-        "provider correlations and pending downstream deliveries survive restart \
-         and are shared by every process using the database",
+        "provider correlations and pending downstream deliveries (receipts and inbound \
+         messages) survive restart and are shared by every process using the database",
     ),
     (
         DlrBackend::Disabled,
@@ -372,7 +373,7 @@ mod tests {
     fn table_lists_only_accepted_profiles() {
         let t = guarantee_table();
         assert!(t.contains("| memory/memory/memory | nothing survives (compatibility mode) |"));
-        assert!(t.contains("| memory | receipts are correlated"));
+        assert!(t.contains("| memory | receipts (and inbound messages) are correlated"));
         assert!(t.contains("| disabled | no Sendium-owned"));
         assert!(t.contains("| file/file/file | selected batch and recorded destinations restored |"));
         assert!(t.contains("| postgresql/postgresql/postgresql | selected batch and recorded destinations restored, in one PostgreSQL database |"));

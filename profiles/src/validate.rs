@@ -46,6 +46,7 @@ pub fn validate(cfg: &Config) -> Result<(), ConfigError> {
     v.admin(cfg);
     v.destinations(cfg);
     v.routes(cfg);
+    v.mo(cfg);
     v.outbox(cfg);
     v.nonzero("shutdown.timeout", cfg.shutdown.timeout);
     if let Err(e) = check_supported(&cfg.storage_profile()) {
@@ -499,6 +500,88 @@ impl Validator {
         }
     }
 
+    fn mo(&mut self, cfg: &Config) {
+        self.nonzero("mo.multipart-expiry", cfg.mo.multipart_expiry);
+        if !cfg.mo_routes.is_empty() && cfg.dlr.backend == DlrBackend::Disabled {
+            self.invalid(
+                "mo-routes",
+                "inbound messages are kept by the DLR store until delivered; dlr.backend = \"disabled\" has none (choose memory, file or postgresql)",
+            );
+        }
+        let destinations: Vec<&str> = cfg.destinations.iter().map(|d| d.name.as_str()).collect();
+        let accounts = account_ids(cfg);
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        for (i, r) in cfg.mo_routes.iter().enumerate() {
+            let key = format!("mo-routes[{i}]");
+            self.unique(&mut seen, &format!("{key}.name"), &r.name, i, "the name of mo-routes");
+            if let Some(p) = &r.destination_prefix {
+                let prefix = crate::routing::normalize_address(p);
+                if prefix.is_empty() || !prefix.bytes().all(|b| b.is_ascii_digit()) {
+                    self.value(
+                        format!("{key}.destination-prefix"),
+                        format!("{p:?}"),
+                        "digits, optionally after a leading \"+\" or \"00\"",
+                    );
+                }
+            }
+            if let Some(re) = &r.destination_regex {
+                if r.destination_prefix.is_some() {
+                    self.invalid(
+                        format!("{key}.destination-regex"),
+                        "give destination-prefix or destination-regex, not both",
+                    );
+                }
+                if let Err(e) = regex::Regex::new(re) {
+                    self.value(
+                        format!("{key}.destination-regex"),
+                        format!("{re:?}"),
+                        format!("a regular expression ({})", e.to_string().lines().last().unwrap_or("")),
+                    );
+                }
+            }
+            if let Some(d) = &r.from_destination
+                && !destinations.contains(&d.as_str())
+            {
+                self.value(
+                    format!("{key}.from-destination"),
+                    format!("{d:?}"),
+                    format!("the name of a [[destinations]] entry ({})", list_or_none(&destinations)),
+                );
+            }
+            if let Some(k) = &r.keyword
+                && (k.is_empty() || k.chars().any(char::is_whitespace))
+            {
+                self.value(format!("{key}.keyword"), format!("{k:?}"), "one word");
+            }
+            match (&r.to_account, &r.to_url) {
+                (Some(_), Some(_)) => self.invalid(format!("{key}.to-url"), "give to-account or to-url, not both"),
+                (None, None) => self.missing(
+                    format!("{key}.to-account"),
+                    Some("or to-url: where the messages go".to_owned()),
+                ),
+                (Some(a), None) => {
+                    if !accounts.contains(&a.as_str()) {
+                        self.value(
+                            format!("{key}.to-account"),
+                            format!("{a:?}"),
+                            format!(
+                                "the system-id of an [[smpp.accounts]] entry ({})",
+                                list_or_none(&accounts)
+                            ),
+                        );
+                    }
+                }
+                (None, Some(u)) => {
+                    let ok =
+                        url::Url::parse(u).is_ok_and(|p| matches!(p.scheme(), "http" | "https") && p.host().is_some());
+                    if !ok {
+                        self.value(format!("{key}.to-url"), format!("{u:?}"), "an http:// or https:// URL");
+                    }
+                }
+            }
+        }
+    }
+
     fn targets(&mut self, route: &str, field: &str, names: &[String], destinations: &[&str]) {
         for (j, n) in names.iter().enumerate() {
             let key = format!("{route}.{field}[{j}]");
@@ -582,6 +665,45 @@ system-id = "sendium"
         let p = problems(extra);
         assert_eq!(p.len(), 1, "{p:#?}");
         p.into_iter().next().unwrap_or_default()
+    }
+
+    #[test]
+    fn mo_routes_are_checked_key_by_key() {
+        assert_eq!(
+            problems(
+                "[[mo-routes]]\nname = \"m\"\nkeyword = \"JOIN\"\ndestination-prefix = \"+4470\"\nto-account = \"esme1\"\n[[mo-routes]]\nname = \"n\"\ndestination-regex = \"^8[0-9]{4}$\"\nfrom-destination = \"b\"\nto-url = \"https://app.example/mo\""
+            ),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            one("[[mo-routes]]\nname = \"m\"\nto-account = \"esme9\""),
+            "invalid value \"esme9\" for mo-routes[0].to-account: expected the system-id of an [[smpp.accounts]] entry (one of esme1)"
+        );
+        assert_eq!(
+            one("[[mo-routes]]\nname = \"m\""),
+            "missing required key mo-routes[0].to-account (or to-url: where the messages go)"
+        );
+        assert!(one("[[mo-routes]]\nname = \"m\"\nto-url = \"ftp://x\"").contains("mo-routes[0].to-url"));
+        assert!(
+            one("[[mo-routes]]\nname = \"m\"\ndestination-regex = \"(\"\nto-account = \"esme1\"")
+                .contains("mo-routes[0].destination-regex")
+        );
+        assert!(
+            one("[[mo-routes]]\nname = \"m\"\nfrom-destination = \"zz\"\nto-account = \"esme1\"")
+                .contains("mo-routes[0].from-destination")
+        );
+        assert!(
+            one("[[mo-routes]]\nname = \"m\"\nkeyword = \"two words\"\nto-account = \"esme1\"")
+                .contains("mo-routes[0].keyword")
+        );
+        assert!(
+            one("[dlr]\nbackend = \"disabled\"\n[[mo-routes]]\nname = \"m\"\nto-account = \"esme1\"")
+                .contains("dlr.backend = \"disabled\"")
+        );
+        assert_eq!(
+            one("[mo]\nunrouted = \"drop\""),
+            "invalid value \"drop\" for mo.unrouted: expected one of ack, reject"
+        );
     }
 
     #[test]

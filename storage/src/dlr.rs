@@ -15,6 +15,10 @@
 //!   correlated is kept as an orphan for a while and matched by a later handoff.
 //! * Deliveries are claimed with a lease and an attempt number; a result reported with a
 //!   stale attempt is ignored (fencing).
+//! * Inbound (MO) messages from providers are deliveries too (see [`crate::inbound`]):
+//!   [`DlrWrite::inbound`] stores a routed one, [`DlrWrite::inbound_parts`] holds a
+//!   multipart message's parts until [`DlrStore::due_inbound_groups`] or the step's
+//!   [`DlrWriteOutcome::complete_groups`] says its group is ready to be written.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::Backend;
 use crate::error::DlrError;
 use crate::ids::{MessageId, Timestamp, UnitId};
+use crate::inbound::{InboundGroup, InboundMessage, InboundPart, RoutedInbound};
 use crate::record::Address;
 
 /// Final delivery states a receipt can report.
@@ -54,7 +59,9 @@ pub enum ReplyPath {
     Http { url: String },
 }
 
-/// One submission that is owed a receipt.
+/// One submission that is owed a receipt; for an inbound message, whom it goes to
+/// (`submit_id` is the inbound message's id, `source` the subscriber, `destination` the
+/// number the subscriber wrote to, `submitted_at` its arrival).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ReceiptTarget {
     /// The id this submission was acknowledged with; the receipt carries it.
@@ -124,14 +131,23 @@ pub enum ReceiptMatch {
 #[serde(transparent)]
 pub struct DeliveryId(pub u64);
 
-/// A receipt to deliver downstream, as claimed.
+/// What a delivery carries downstream.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DeliveryContent {
+    /// A receipt: the message's final state.
+    Receipt(ReceiptOutcome),
+    /// An inbound (MO) message.
+    Inbound(Box<InboundMessage>),
+}
+
+/// A receipt or an inbound message to deliver downstream, as claimed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delivery {
     pub id: DeliveryId,
     /// Incremented by every claim; a result must quote it.
     pub attempt: u32,
     pub target: ReceiptTarget,
-    pub outcome: ReceiptOutcome,
+    pub content: DeliveryContent,
     pub created_at: Timestamp,
     /// After this the delivery is given up (dead).
     pub expires_at: Timestamp,
@@ -187,6 +203,8 @@ pub struct DlrStats {
     pub pending_deliveries: u64,
     pub oldest_pending_delivery: Option<Timestamp>,
     pub orphans: u64,
+    /// Parts of multipart inbound messages held until their group is written.
+    pub inbound_parts: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -208,12 +226,23 @@ pub struct DlrRetention {
 }
 
 /// One step of the correlator's writes, batched while the previous step was being
-/// committed: handoffs first, then provider receipts, then delivery results.
+/// committed: handoffs first, then provider receipts, then delivery results, then
+/// inbound parts, then routed inbound messages.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DlrWrite {
     pub handoffs: Vec<Handoff>,
     pub receipts: Vec<ProviderReceipt>,
     pub finishes: Vec<DeliveryFinish>,
+    /// Parts of multipart inbound messages, placed in their groups (see
+    /// [`crate::inbound`]).
+    pub inbound_parts: Vec<InboundPart>,
+    /// Inbound messages to deliver, one delivery each (due at once; claimed in the step
+    /// when `claim_created` asks, like a receipt's). One assembled from a group removes
+    /// the group in the same step, and is not created if the group is gone.
+    pub inbound: Vec<RoutedInbound>,
+    /// Multipart groups to remove without a delivery (no route takes the message),
+    /// after `inbound`; a group already gone is ignored.
+    pub inbound_dropped: Vec<u64>,
     /// Claim the deliveries this step creates for the caller, as [`DlrStore::claim_due`]
     /// would (attempt 1, leased), in the same write. A backend may ignore it (see
     /// [`DlrCapabilities::claims_in_writes`]); the deliveries are then due at once and the
@@ -231,7 +260,12 @@ pub struct ClaimCreated {
 
 impl DlrWrite {
     pub fn is_empty(&self) -> bool {
-        self.handoffs.is_empty() && self.receipts.is_empty() && self.finishes.is_empty()
+        self.handoffs.is_empty()
+            && self.receipts.is_empty()
+            && self.finishes.is_empty()
+            && self.inbound_parts.is_empty()
+            && self.inbound.is_empty()
+            && self.inbound_dropped.is_empty()
     }
 }
 
@@ -243,6 +277,16 @@ pub struct DlrWriteOutcome {
     /// One result per receipt, in order.
     pub receipts: Result<Vec<ReceiptMatch>, DlrError>,
     pub finishes: Result<(), DlrError>,
+    /// The inbound parts and messages: stored (durable as the store is) when `Ok`. The
+    /// provider's acknowledgement waits for it. When `Err`, no part and no message
+    /// without a group was stored (the provider resends them); the writes and drops of
+    /// groups may have been applied all the same (a bounded store applies them because
+    /// they make room), which is harmless: writing a group again creates nothing.
+    pub inbound: Result<(), DlrError>,
+    /// Groups the step's parts made complete, or closed (a conflicting part), as stored
+    /// after the step: the caller writes each as a [`RoutedInbound`] with its `group`.
+    /// Empty when the step failed.
+    pub complete_groups: Vec<InboundGroup>,
     /// Deliveries the step created and claimed for the caller (see
     /// [`DlrWrite::claim_created`]); `claim_due` does not return them until their lease
     /// lapses. Empty when the step failed or the backend does not claim in its writes.
@@ -256,6 +300,8 @@ impl DlrWriteOutcome {
             handoffs: Ok(()),
             receipts: Ok(receipts),
             finishes: Ok(()),
+            inbound: Ok(()),
+            complete_groups: Vec::new(),
             claimed,
         }
     }
@@ -265,7 +311,9 @@ impl DlrWriteOutcome {
         Self {
             handoffs: Err(e.clone()),
             receipts: Err(e.clone()),
-            finishes: Err(e),
+            finishes: Err(e.clone()),
+            inbound: Err(e),
+            complete_groups: Vec::new(),
             claimed: Vec::new(),
         }
     }
@@ -315,7 +363,12 @@ pub trait DlrStore: Send + Sync + 'static {
     ///   same provider ids changes nothing; a repeat with new ids (the branch was
     ///   resubmitted) replaces the expected parts while earlier ids keep matching;
     /// - final provider receipts, matched: one result per receipt, in order;
-    /// - delivery results; results quoting a stale attempt are ignored.
+    /// - delivery results; results quoting a stale attempt are ignored;
+    /// - inbound parts, each placed in its group by the rule in [`crate::inbound`];
+    ///   groups made complete or closed are returned in `complete_groups`;
+    /// - routed inbound messages, one delivery each (a delivery of an assembled group
+    ///   only if the group was still held, and the group removed);
+    /// - dropped groups, removed.
     ///
     /// A backend commits the step together where it can, which is what lets the
     /// correlator keep up: its writes coalesce while one is being committed, so commits
@@ -337,7 +390,17 @@ pub trait DlrStore: Send + Sync + 'static {
     async fn wake_account(&self, account: &str, now: Timestamp) -> Result<u64, DlrError>;
 
     /// Drop correlations, orphans and deliveries past retention, at most `limit` of each.
+    /// An inbound delivery past retention is dead like a receipt's (counted in
+    /// `dead_deliveries`). Multipart groups are never dropped here: past their deadline
+    /// they are due, and the caller writes them, incomplete.
     async fn expire(&self, now: Timestamp, limit: usize) -> Result<ExpiryReport, DlrError>;
+
+    /// Multipart inbound groups due at `now` (complete, closed, or past their deadline),
+    /// at most `limit`: complete and closed ones first, then the others oldest deadline
+    /// first. Those a crash or a lost step left behind, and those whose last part never
+    /// came. Reading changes nothing; the caller writes each as a [`RoutedInbound`] with
+    /// its `group`. Found through an index on the due time, never a scan of every group.
+    async fn due_inbound_groups(&self, now: Timestamp, limit: usize) -> Result<Vec<InboundGroup>, DlrError>;
 
     async fn stats(&self) -> Result<DlrStats, DlrError>;
 }
@@ -349,6 +412,11 @@ pub trait DlrStore: Send + Sync + 'static {
 /// DLR-requesting submission that cannot be given a receipt is refused instead of
 /// accepted silently unreceipted. The DLR store releases a reservation when that receipt
 /// is delivered, skipped (failure-only and delivered) or given up.
+///
+/// Inbound messages share the bound: the store itself reserves one per multipart part it
+/// holds and one per inbound delivery, in the step that stores them (refusing the step's
+/// inbound messages when full), and releases them when the delivery ends or a group's
+/// parts become its one delivery.
 #[derive(Debug)]
 pub struct ReceiptReservations {
     capacity: u64,

@@ -49,8 +49,12 @@ pub enum RecordKind {
     DlrTrack,
     /// A provider receipt not (yet) correlated, with its expiry.
     DlrOrphan,
-    /// A pending downstream receipt delivery (target, outcome, creation and expiry).
+    /// A pending downstream delivery: target, a receipt's outcome or an inbound message
+    /// (minor 1 added the inbound message), creation and expiry.
     DlrDelivery,
+    /// A multipart inbound group held by the file DLR store: its key, deadline, whether
+    /// it is closed, and its parts.
+    DlrInboundGroup,
     /// A frame of the pending stage's admission journal: what one commit changed.
     PendingJournalFrame,
     /// A frame of the router-queue stage in the journal: one `stage` or `release`.
@@ -72,6 +76,7 @@ impl RecordKind {
             RecordKind::DlrTrack => "dlr track",
             RecordKind::DlrOrphan => "dlr orphan receipt",
             RecordKind::DlrDelivery => "dlr delivery",
+            RecordKind::DlrInboundGroup => "dlr inbound group",
             RecordKind::PendingJournalFrame => "pending journal frame",
             RecordKind::RouterQueueJournalFrame => "router-queue journal frame",
             RecordKind::RoutedWorkJournalFrame => "routed-work journal frame",
@@ -89,10 +94,11 @@ impl RecordKind {
             | RecordKind::RoutedUnit
             | RecordKind::DlrTrack
             | RecordKind::DlrOrphan
-            | RecordKind::DlrDelivery
+            | RecordKind::DlrInboundGroup
             | RecordKind::PendingJournalFrame
             | RecordKind::RouterQueueJournalFrame
             | RecordKind::RoutedWorkJournalFrame => (1, 0),
+            RecordKind::DlrDelivery => (1, 1),
         }
     }
 }

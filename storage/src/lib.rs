@@ -21,6 +21,7 @@ pub mod error;
 pub mod failpoint;
 pub mod file;
 pub mod ids;
+pub mod inbound;
 pub mod memory;
 pub mod pending;
 pub mod postgresql;
@@ -34,13 +35,14 @@ mod conformance;
 
 pub use backend::{Backend, StageCapabilities};
 pub use dlr::{
-    ClaimCreated, ClaimScope, Delivery, DeliveryFinish, DeliveryId, DeliveryResult, DlrCapabilities, DlrRetention,
-    DlrState, DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, ExpiryReport, Handoff, HandoffOutcome, ProviderReceipt,
-    ReceiptMatch, ReceiptOutcome, ReceiptReservations, ReceiptTarget, ReplyPath,
+    ClaimCreated, ClaimScope, Delivery, DeliveryContent, DeliveryFinish, DeliveryId, DeliveryResult, DlrCapabilities,
+    DlrRetention, DlrState, DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, ExpiryReport, Handoff, HandoffOutcome,
+    ProviderReceipt, ReceiptMatch, ReceiptOutcome, ReceiptReservations, ReceiptTarget, ReplyPath,
 };
 pub use envelope::{EnvelopeError, RecordKind};
 pub use error::{BackendFailure, DlrError, FailureKind, PendingError, RoutedWorkError, RouterQueueError, StorageError};
 pub use ids::{MessageId, ReadySeq, Timestamp, UnitId};
+pub use inbound::{InboundGroup, InboundGroupKey, InboundMessage, InboundPart, RoutedInbound};
 pub use pending::{
     AdmitOutcome, BlockingPendingWriter, Disposition, PendingCapabilities, PendingStats, PendingStore, ReadyUnit, Unit,
 };

@@ -46,10 +46,19 @@ use sendium_storage::{BranchFailure, Unit};
 
 use crate::context::Shared;
 use crate::directory::Mailbox;
-use crate::dlr_correlator::{ReceiptAcks, ReceiptBatch};
+use crate::dlr_correlator::{InboundBatch, ReceiptAcks, ReceiptBatch};
+use crate::inbound::{self, Arrival, MoEvent};
 use crate::router::{BranchKey, RouterMsg, WorkerOutcome, WorkerResult};
 
 pub use simulator::SimulatorConfig;
+
+/// Inbound messages from one batch of provider events, to store before answering.
+#[derive(Default)]
+struct InboundArrivals {
+    routed: Vec<sendium_storage::RoutedInbound>,
+    parts: Vec<sendium_storage::InboundPart>,
+    acks: Vec<sendium_protocols::smpp::client::DeliverAck>,
+}
 
 /// A branch given to a worker.
 #[derive(Clone, Debug)]
@@ -290,6 +299,10 @@ impl WorkerState {
         let mut receipts = Vec::new();
         let mut acks = Vec::new();
         let mut mo_acks = Vec::new();
+        let mut refused = Vec::new();
+        let mut arrived = InboundArrivals::default();
+        let mo = self.shared.mo.current();
+        let now = sendium_storage::Timestamp::now();
         for ev in events {
             match ev {
                 ClientEvent::Up => {
@@ -317,9 +330,30 @@ impl WorkerState {
                     }
                     receipts::Inbound::Intermediate => mo_acks.push(ack),
                     receipts::Inbound::MobileOriginated => {
-                        metrics::counter!("sendium_mo_messages_ignored_total", "destination" => self.name.clone())
-                            .increment(1);
-                        mo_acks.push(ack);
+                        let counts = self.shared.mo.counts();
+                        counts.add(MoEvent::Received, &self.name, 1);
+                        match inbound::arrival(&mo, &self.name, &pdu, now) {
+                            Arrival::Routed(r) => {
+                                arrived.routed.push(r);
+                                arrived.acks.push(ack);
+                            }
+                            Arrival::Part(p) => {
+                                arrived.parts.push(p);
+                                arrived.acks.push(ack);
+                            }
+                            Arrival::Unrouted => {
+                                counts.add(MoEvent::Unrouted, &self.name, 1);
+                                tracing::info!(destination = %self.name, "inbound message matches no [[mo-routes]] entry");
+                                match mo.unrouted {
+                                    sendium_profiles::MoUnrouted::Ack => mo_acks.push(ack),
+                                    sendium_profiles::MoUnrouted::Reject => refused.push(ack),
+                                }
+                            }
+                            Arrival::Malformed => {
+                                counts.add(MoEvent::Malformed, &self.name, 1);
+                                refused.push(ack);
+                            }
+                        }
                     }
                     receipts::Inbound::Unreadable => {
                         metrics::counter!("sendium_receipts_unreadable_total", "destination" => self.name.clone())
@@ -332,6 +366,20 @@ impl WorkerState {
         if let Provider::Smpp(client) = &self.provider {
             if !mo_acks.is_empty() {
                 client.ack(mo_acks.into_iter().map(|a| (a, 0)).collect());
+            }
+            if !refused.is_empty() {
+                client.ack(refused.into_iter().map(|a| (a, inbound::REJECTED)).collect());
+            }
+            if !arrived.acks.is_empty() {
+                let batch = InboundBatch {
+                    destination: self.name.clone(),
+                    routed: arrived.routed,
+                    parts: arrived.parts,
+                    acks: Some(ReceiptAcks::new(client.acker(), arrived.acks)),
+                };
+                // Acknowledged to the provider once stored; dropped unacknowledged (the
+                // provider sends them again) if the correlator is not running.
+                self.shared.dir.dlr.send(crate::dlr_correlator::DlrMsg::Inbound(batch));
             }
             if !receipts.is_empty() {
                 metrics::counter!("sendium_provider_receipts_total", "destination" => self.name.clone())

@@ -110,6 +110,7 @@ mod tests {
             message_payload: None,
             receipted_message_id: tlv_id.map(str::to_string),
             message_state: state,
+            sar: None,
         }
     }
 

@@ -1,5 +1,6 @@
-//! Downstream receipt delivery: a deliver_sm to a bound receiver/transceiver session of
-//! the originating account, or an HTTP POST to the submission's callback URL.
+//! Downstream delivery of receipts and inbound messages: a deliver_sm to a bound
+//! receiver/transceiver session of the account, or an HTTP POST to the submission's
+//! callback URL (the `[[mo-routes]]` URL for an inbound message).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,7 +14,9 @@ use sendium_protocols::http_client::{BuildError, Config, Error as HttpError, Htt
 
 use sendium_protocols::receipt::{ReceiptText, format_date};
 use sendium_protocols::smpp::server::{DeliverOutcome, OutboundDeliver, SessionRegistry};
-use sendium_storage::{Delivery, DeliveryFinish, DeliveryResult, DlrState, Timestamp};
+use sendium_storage::{
+    Delivery, DeliveryContent, DeliveryFinish, DeliveryResult, DlrState, InboundMessage, ReceiptOutcome, Timestamp,
+};
 
 use crate::address::to_wire;
 use crate::destination_worker::receipts::receipt_state;
@@ -22,31 +25,51 @@ use crate::destination_worker::receipts::receipt_state;
 const ESM_CLASS_RECEIPT: u8 = 0x04;
 
 /// The Appendix B text of a receipt, carrying the id the client was given.
-pub fn receipt_text(d: &Delivery) -> String {
-    let delivered = d.outcome.state == DlrState::Delivered;
+pub fn receipt_text(d: &Delivery, outcome: &ReceiptOutcome) -> String {
+    let delivered = outcome.state == DlrState::Delivered;
     ReceiptText {
         id: d.target.submit_id.to_string(),
         sub: 1,
         dlvrd: u32::from(delivered),
         submit_date: Some(format_date(d.target.submitted_at.as_unix_seconds())),
-        done_date: Some(format_date(d.outcome.done_at.as_unix_seconds())),
-        stat: receipt_state(d.outcome.state),
-        err: d.outcome.error.clone(),
+        done_date: Some(format_date(outcome.done_at.as_unix_seconds())),
+        stat: receipt_state(outcome.state),
+        err: outcome.error.clone(),
         text: String::new(),
     }
     .format()
 }
 
-/// The deliver_sm for a receipt: from the handset back to the original sender.
+/// The deliver_sm for a delivery: a receipt goes from the handset back to the original
+/// sender; an inbound message from the subscriber to the number they wrote to, whole
+/// (an assembled multipart message longer than 254 octets in message_payload).
 pub fn deliver_sm(d: &Delivery) -> OutboundDeliver {
+    match &d.content {
+        DeliveryContent::Receipt(outcome) => OutboundDeliver {
+            source: to_wire(&d.target.destination),
+            destination: to_wire(&d.target.source),
+            esm_class: ESM_CLASS_RECEIPT,
+            data_coding: 0,
+            short_message: receipt_text(d, outcome).into_bytes(),
+            receipted_message_id: Some(d.target.submit_id.to_string()),
+            message_state: Some(receipt_state(outcome.state).message_state()),
+        },
+        DeliveryContent::Inbound(m) => inbound_deliver_sm(m),
+    }
+}
+
+/// esm_class of a plain (mobile-originated) message: default mode, no UDH.
+const ESM_CLASS_MO: u8 = 0x00;
+
+fn inbound_deliver_sm(m: &InboundMessage) -> OutboundDeliver {
     OutboundDeliver {
-        source: to_wire(&d.target.destination),
-        destination: to_wire(&d.target.source),
-        esm_class: ESM_CLASS_RECEIPT,
-        data_coding: 0,
-        short_message: receipt_text(d).into_bytes(),
-        receipted_message_id: Some(d.target.submit_id.to_string()),
-        message_state: Some(receipt_state(d.outcome.state).message_state()),
+        source: to_wire(&m.source),
+        destination: to_wire(&m.destination),
+        esm_class: ESM_CLASS_MO,
+        data_coding: m.data_coding,
+        short_message: m.payload.clone(),
+        receipted_message_id: None,
+        message_state: None,
     }
 }
 
@@ -116,13 +139,18 @@ struct CallbackBody<'a> {
     done_at: String,
 }
 
-/// The JSON body of an HTTP receipt callback, encoded.
+/// The JSON body of an HTTP delivery, encoded: a receipt callback, or an inbound
+/// message (see [`crate::inbound::http_body`]).
 pub fn callback_body(d: &Delivery) -> Vec<u8> {
+    let outcome = match &d.content {
+        DeliveryContent::Receipt(outcome) => outcome,
+        DeliveryContent::Inbound(m) => return crate::inbound::http_body(m),
+    };
     let body = CallbackBody {
         id: d.target.submit_id.to_string(),
-        status: receipt_state(d.outcome.state).stat_text(),
-        error_code: &d.outcome.error,
-        done_at: rfc3339(d.outcome.done_at),
+        status: receipt_state(outcome.state).stat_text(),
+        error_code: &outcome.error,
+        done_at: rfc3339(outcome.done_at),
     };
     // Strings and a fixed struct: encoding cannot fail.
     serde_json::to_vec(&body).unwrap_or_default()
@@ -276,11 +304,11 @@ mod tests {
                 submitted_at: Timestamp(1_764_590_400_000),
                 failure_only: false,
             },
-            outcome: ReceiptOutcome {
+            content: DeliveryContent::Receipt(ReceiptOutcome {
                 state,
                 error: "000".into(),
                 done_at: Timestamp(1_764_590_460_000),
-            },
+            }),
             created_at: Timestamp::now(),
             expires_at: Timestamp::now().saturating_add(Duration::from_secs(60)),
         }
@@ -304,6 +332,34 @@ mod tests {
         assert_eq!(parsed.stat, ReceiptState::Delivered);
         assert_eq!(parsed.dlvrd, 1);
         assert_eq!(parsed.done_date.as_deref(), Some("2512011201"));
+    }
+
+    #[test]
+    fn inbound_deliver_sm_goes_from_the_subscriber_to_the_number_whole() {
+        let message = sendium_storage::InboundMessage {
+            id: MessageId::generate(),
+            from_destination: "up".into(),
+            source: Address::new(1, 1, "447700900001"),
+            destination: Address::new(0, 0, "81234"),
+            data_coding: 8,
+            payload: [0x00, 0x41].repeat(200),
+            received_at: Timestamp(1_764_590_400_000),
+            route: "app".into(),
+            incomplete: false,
+        };
+        let mut d = delivery(DlrState::Delivered);
+        d.content = DeliveryContent::Inbound(Box::new(message.clone()));
+        let pdu = deliver_sm(&d);
+        assert_eq!(pdu.esm_class, 0x00);
+        assert_eq!(
+            (pdu.source.addr.as_str(), pdu.destination.addr.as_str()),
+            ("447700900001", "81234")
+        );
+        assert_eq!((pdu.data_coding, pdu.short_message.len()), (8, 400));
+        assert_eq!((pdu.receipted_message_id, pdu.message_state), (None, None));
+        let v: serde_json::Value = serde_json::from_slice(&callback_body(&d)).unwrap();
+        assert_eq!(v["id"], message.id.to_string());
+        assert_eq!(v["text"], "A".repeat(200));
     }
 
     #[test]

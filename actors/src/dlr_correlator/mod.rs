@@ -7,6 +7,12 @@
 //! within retention), or as an HTTP callback with retries. A provider's receipt is
 //! acknowledged to the provider only after the store took it, so with a durable DLR
 //! store a crash never loses an acknowledged receipt.
+//!
+//! Inbound (MO) messages take the same road (see [`crate::inbound`]): stored in a step,
+//! acknowledged to the provider after it, and delivered like receipts. A multipart
+//! message's parts are held in the store; a step that completes a group, or a tick that
+//! finds groups past their deadline, routes the assembled message and writes it in the
+//! next step.
 
 pub mod deliver;
 
@@ -19,11 +25,13 @@ use sendium_protocols::callback::CallbackTargets;
 use sendium_protocols::smpp::client::{Acker, DeliverAck};
 use sendium_storage::failpoint;
 use sendium_storage::{
-    ClaimCreated, ClaimScope, Delivery, DeliveryFinish, DeliveryResult, DlrCapabilities, DlrStats, DlrStore, DlrWrite,
-    DlrWriteOutcome, Handoff, HandoffOutcome, ProviderReceipt, ReceiptMatch, ReplyPath, Timestamp,
+    ClaimCreated, ClaimScope, Delivery, DeliveryContent, DeliveryFinish, DeliveryId, DeliveryResult, DlrCapabilities,
+    DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, Handoff, HandoffOutcome, InboundGroup, InboundPart, ProviderReceipt,
+    ReceiptMatch, ReplyPath, RoutedInbound, Timestamp,
 };
 
 use crate::context::Shared;
+use crate::inbound::MoEvent;
 use crate::router::{BranchKey, RouterMsg};
 
 /// Provider deliver_sm acknowledgements, sent once the receipts are stored.
@@ -64,9 +72,19 @@ pub struct ReceiptBatch {
     pub acks: Option<ReceiptAcks>,
 }
 
+/// Inbound messages from one destination: whole ones routed, parts to hold.
+pub struct InboundBatch {
+    pub destination: String,
+    pub routed: Vec<RoutedInbound>,
+    pub parts: Vec<InboundPart>,
+    /// Answered once the step storing them committed.
+    pub acks: Option<ReceiptAcks>,
+}
+
 pub enum DlrMsg {
     HandOff(Vec<Handoff>),
     ProviderReceipts(ReceiptBatch),
+    Inbound(InboundBatch),
     /// Claim and deliver due receipts.
     DeliverDue,
     /// An account bound a receiving session: its held receipts are due now.
@@ -103,6 +121,13 @@ pub struct DlrState {
     /// writes claim what they create, its reservation gate.
     caps: DlrCapabilities,
     http: deliver::CallbackClient,
+    /// Inbound messages' HTTP deliveries: their URLs are the operator's `[[mo-routes]]`,
+    /// so the callback address restrictions do not apply.
+    http_inbound: deliver::CallbackClient,
+    /// Inbound deliveries in flight, with their route (for counts by route).
+    inbound_in_flight: HashMap<DeliveryId, String>,
+    /// Multipart groups queued or being written (not asked for again meanwhile).
+    groups_writing: std::collections::HashSet<u64>,
     in_flight: usize,
     deliver_scheduled: bool,
     ticks: u64,
@@ -137,6 +162,10 @@ struct Step {
     write: DlrWrite,
     handed_off: Vec<BranchKey>,
     receipt_batches: Vec<StepReceipts>,
+    /// Inbound batches' acknowledgements, answered after the step.
+    inbound_acks: Vec<ReceiptAcks>,
+    /// Multipart groups the step writes or drops.
+    groups: Vec<u64>,
 }
 
 /// One provider receipt batch's share of a step: where it came from, how many of the
@@ -161,6 +190,10 @@ struct Finished {
 pub struct AppliedStep {
     handed_off: Vec<BranchKey>,
     receipt_batches: Vec<StepReceipts>,
+    inbound_acks: Vec<ReceiptAcks>,
+    /// Routed inbound messages and parts the step stored.
+    inbound: (usize, usize),
+    groups: Vec<u64>,
     finished: Finished,
     /// How many deliveries the step was allowed to claim.
     claim_limit: usize,
@@ -252,7 +285,62 @@ impl DlrState {
     }
 
     fn queue_finishes(&mut self, results: Vec<DeliveryFinish>) {
+        for r in &results {
+            if let Some(route) = self.inbound_in_flight.remove(&r.id) {
+                match r.result {
+                    DeliveryResult::Delivered => self.shared.mo.counts().add(MoEvent::Delivered, &route, 1),
+                    DeliveryResult::Dead => self.shared.mo.counts().add(MoEvent::Dead, &route, 1),
+                    DeliveryResult::Retry { .. } => {}
+                }
+            }
+        }
         self.queued.write.finishes.extend(results);
+        self.write_queued();
+    }
+
+    fn queue_inbound(&mut self, batch: InboundBatch) {
+        for r in &batch.routed {
+            self.shared.mo.counts().add(MoEvent::Routed, &r.message.route, 1);
+        }
+        self.queued.write.inbound.extend(batch.routed);
+        self.queued.write.inbound_parts.extend(batch.parts);
+        if let Some(acks) = batch.acks {
+            self.queued.inbound_acks.push(acks);
+        }
+        self.write_queued();
+    }
+
+    /// Multipart groups the store says are ready: each whole message routed and written
+    /// with its group, or its group dropped when no rule takes the whole message.
+    fn queue_groups(&mut self, groups: Vec<InboundGroup>) {
+        let mo = self.shared.mo.current();
+        for group in groups {
+            if !self.groups_writing.insert(group.no) {
+                continue;
+            }
+            self.queued.groups.push(group.no);
+            match crate::inbound::route_group(&mo, &group) {
+                Some(routed) => {
+                    let counts = self.shared.mo.counts();
+                    counts.add(MoEvent::Routed, &routed.message.route, 1);
+                    if routed.message.incomplete {
+                        counts.add(MoEvent::Incomplete, &routed.message.route, 1);
+                    }
+                    self.queued.write.inbound.push(routed);
+                }
+                None => {
+                    self.shared
+                        .mo
+                        .counts()
+                        .add(MoEvent::Unrouted, &group.key.from_destination, 1);
+                    tracing::info!(
+                        destination = %group.key.from_destination,
+                        "multipart inbound message matches no [[mo-routes]] entry; dropped"
+                    );
+                    self.queued.write.inbound_dropped.push(group.no);
+                }
+            }
+        }
         self.write_queued();
     }
 
@@ -267,7 +355,10 @@ impl DlrState {
             mut write,
             handed_off,
             receipt_batches,
+            inbound_acks,
+            groups,
         } = std::mem::take(&mut self.queued);
+        let inbound = (write.inbound.len(), write.inbound_parts.len());
         // What the step resolves is claimed in the same write where the store can (one
         // statement less per receipt), within what may be in flight: each step writing
         // at once gets its share of the room left.
@@ -316,6 +407,9 @@ impl DlrState {
             shared.dir.dlr.send(DlrMsg::Applied(Box::new(AppliedStep {
                 handed_off,
                 receipt_batches,
+                inbound_acks,
+                inbound,
+                groups,
                 finished,
                 claim_limit: limit,
                 claimed_at,
@@ -330,6 +424,9 @@ impl DlrState {
         let AppliedStep {
             handed_off,
             receipt_batches,
+            inbound_acks,
+            inbound,
+            groups,
             finished:
                 Finished {
                     all: finished,
@@ -340,8 +437,11 @@ impl DlrState {
             claimed_at,
             incarnation,
             ids,
-            outcome,
+            mut outcome,
         } = applied;
+        for no in &groups {
+            self.groups_writing.remove(no);
+        }
         if incarnation == self.incarnation {
             self.writing = self.writing.saturating_sub(1);
             self.claimed_by_writes = self.claimed_by_writes.saturating_sub(claim_limit);
@@ -421,6 +521,33 @@ impl DlrState {
                     }
                 }
             }
+        }
+        if inbound != (0, 0) || !inbound_acks.is_empty() || !groups.is_empty() {
+            match &outcome.inbound {
+                Ok(()) => {
+                    self.shared.health.dlr.ok();
+                    for acks in inbound_acks {
+                        acks.ok();
+                    }
+                    created |= inbound.0 > 0;
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        messages = inbound.0,
+                        parts = inbound.1,
+                        error = %e,
+                        "could not store inbound messages; the provider will resend"
+                    );
+                    self.shared.health.dlr.failed("dlr", e);
+                    for acks in inbound_acks {
+                        acks.fail();
+                    }
+                }
+            }
+        }
+        if !outcome.complete_groups.is_empty() {
+            let ready = std::mem::take(&mut outcome.complete_groups);
+            self.queue_groups(ready);
         }
         if finished > 0 {
             match outcome.finishes {
@@ -518,6 +645,9 @@ impl DlrState {
         let mut http = Vec::new();
         let mut parked = Vec::new();
         for d in claimed {
+            if let DeliveryContent::Inbound(m) = &d.content {
+                self.inbound_in_flight.insert(d.id, m.route.clone());
+            }
             match &d.target.reply {
                 ReplyPath::Smpp => {
                     if self.shared.sessions.receivers(&d.target.account) == 0 {
@@ -550,6 +680,7 @@ impl DlrState {
         if !http.is_empty() {
             let shared = self.shared.clone();
             let client = self.http.clone();
+            let inbound_client = self.http_inbound.clone();
             let slots = self.http_slots.clone();
             // A callback may start only while its claim has time left for a whole attempt:
             // a round of many slow endpoints can outlast the lease, and a lapsed claim may
@@ -560,7 +691,10 @@ impl DlrState {
                 use futures::StreamExt;
                 let mut results = futures::stream::iter(http)
                     .map(|d| {
-                        let client = client.clone();
+                        let client = match d.content {
+                            DeliveryContent::Inbound(_) => inbound_client.clone(),
+                            DeliveryContent::Receipt(_) => client.clone(),
+                        };
                         let slots = slots.clone();
                         async move {
                             // At most HTTP_CONCURRENCY callbacks at once, across rounds.
@@ -614,6 +748,13 @@ impl DlrState {
             // while this actor restarts).
             self.wake_bound_accounts().await;
         }
+        // Multipart inbound groups past their deadline, or left complete by a crash or a
+        // failed step.
+        match self.store.due_inbound_groups(Timestamp::now(), 1_000).await {
+            Ok(groups) if !groups.is_empty() => self.queue_groups(groups),
+            Ok(_) => {}
+            Err(e) => self.shared.health.dlr.failed("dlr", &e),
+        }
         if self.ticks.is_multiple_of(30) {
             match self.store.expire(Timestamp::now(), 10_000).await {
                 Ok(r) => {
@@ -645,11 +786,15 @@ impl Actor for DlrCorrelator {
     async fn pre_start(&self, myself: ActorRef<Self::Msg>, args: DlrArgs) -> Result<DlrState, ActorProcessingErr> {
         args.shared.dir.dlr.install(myself);
         let http = deliver::CallbackClient::new(args.callback_timeout, args.callback_targets)?;
+        let http_inbound = deliver::CallbackClient::new(args.callback_timeout, CallbackTargets::anywhere())?;
         Ok(DlrState {
             shared: args.shared,
             caps: args.store.capabilities(),
             store: args.store,
             http,
+            http_inbound,
+            inbound_in_flight: HashMap::new(),
+            groups_writing: std::collections::HashSet::new(),
             in_flight: 0,
             deliver_scheduled: false,
             ticks: 0,
@@ -687,6 +832,7 @@ impl Actor for DlrCorrelator {
                 state.queue_handoffs(batch);
             }
             DlrMsg::ProviderReceipts(batch) => state.queue_receipts(batch),
+            DlrMsg::Inbound(batch) => state.queue_inbound(batch),
             DlrMsg::DeliverDue => state.deliver_due().await,
             DlrMsg::AccountBound(account) => match state.store.wake_account(&account, Timestamp::now()).await {
                 Ok(n) if n > 0 => state.schedule_delivery(),

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use crate::dlr::{
-    Delivery, DeliveryFinish, DeliveryResult, DlrRetention, DlrState, Handoff, HandoffOutcome, ProviderReceipt,
-    ReceiptOutcome, ReceiptTarget, ReplyPath,
+    Delivery, DeliveryContent, DeliveryFinish, DeliveryResult, DlrRetention, DlrState, Handoff, HandoffOutcome,
+    ProviderReceipt, ReceiptOutcome, ReceiptTarget, ReplyPath,
 };
 use crate::ids::{MessageId, Timestamp, UnitId};
 use crate::record::Address;
@@ -95,5 +95,14 @@ pub(crate) fn receipt(key: &str, state: DlrState) -> ProviderReceipt {
             error: if state == DlrState::Delivered { "000" } else { "045" }.into(),
             done_at: Timestamp::now(),
         },
+    }
+}
+
+/// A receipt delivery's outcome (panics on an inbound delivery: the case expected a
+/// receipt).
+pub(crate) fn outcome_of(d: &Delivery) -> &ReceiptOutcome {
+    match &d.content {
+        DeliveryContent::Receipt(o) => o,
+        DeliveryContent::Inbound(_) => panic!("an inbound delivery where a receipt was expected: {d:?}"),
     }
 }

@@ -136,6 +136,15 @@ macro_rules! dlr_cases {
             dlr::expires_after_retention,
             dlr::a_batched_step_equals_its_parts_in_turn,
             dlr::a_step_may_claim_the_deliveries_it_creates,
+            dlr::an_inbound_message_is_delivered_like_a_receipt,
+            dlr::smpp_inbound_is_scoped_by_account_and_woken_by_a_bind,
+            dlr::a_multipart_message_is_complete_at_its_last_part_and_written_once,
+            dlr::a_retransmitted_part_is_not_stored_twice,
+            dlr::a_conflicting_part_closes_the_open_group_and_opens_another,
+            dlr::due_inbound_groups_are_complete_closed_and_overdue_ones,
+            dlr::a_part_joining_a_group_being_written_is_delivered_with_it,
+            dlr::inbound_deliveries_expire_and_groups_do_not,
+            dlr::a_step_stores_receipts_and_inbound_messages_together,
         );
     };
 }
@@ -224,4 +233,117 @@ async fn memory_dlr_refuses_reservations_beyond_capacity() {
     let gate = store.capabilities().reservations.expect("memory DLR is bounded");
     assert!(gate.try_reserve(2));
     assert!(!gate.try_reserve(1), "a third receipt does not fit");
+}
+
+/// The memory store bounds inbound messages with the receipts: a step whose parts and
+/// messages do not fit is refused as a whole with `Full` (nothing of it stored, so the
+/// provider's resend loses nothing), and it fits again once deliveries finish. Writing a
+/// group never needs room: its parts hand their reservations to its delivery.
+#[tokio::test]
+async fn memory_dlr_refuses_inbound_when_full_and_recovers() {
+    use crate::conformance::dlr::{mo_http, mo_key, mo_message, mo_part, routed, routed_group, store_parts};
+    use crate::dlr::{ClaimScope, DlrWrite};
+    use crate::error::{DlrError, FailureKind};
+
+    let kind = |r: Result<(), DlrError>| match r {
+        Err(DlrError::Backend(f)) => f.kind,
+        Ok(()) => panic!("stored beyond capacity"),
+    };
+    let in_an_hour = Timestamp::now().saturating_add(Duration::from_secs(3600));
+    let store = MemoryFactory.dlr(3, retention()).await;
+    let gate = store.capabilities().reservations.expect("memory DLR is bounded");
+    assert!(gate.try_reserve(1), "a receipt reserved at admission");
+    let key = mo_key(1, 2);
+    store_parts(&*store, vec![mo_part(&key, 1, "a", in_an_hour)]).await;
+    let message = |text: &str| routed("web", mo_http(), mo_message(text), None);
+    let write = |parts, inbound| DlrWrite {
+        inbound_parts: parts,
+        inbound,
+        ..DlrWrite::default()
+    };
+    store.apply(write(vec![], vec![message("one")])).await.inbound.unwrap();
+    assert_eq!(gate.held(), 3);
+
+    // Full: neither a part nor a message is taken, and none of the step is stored.
+    let out = store
+        .apply(write(vec![mo_part(&key, 2, "b", in_an_hour)], vec![message("two")]))
+        .await;
+    assert_eq!(kind(out.inbound), FailureKind::Full);
+    assert!(out.complete_groups.is_empty());
+    let out = store.apply(write(vec![], vec![message("two")])).await;
+    assert_eq!(kind(out.inbound), FailureKind::Full);
+    let st = store.stats().await.unwrap();
+    assert_eq!((st.inbound_parts, st.pending_deliveries, gate.held()), (1, 1, 3));
+    // A retransmission needs no room.
+    store
+        .apply(write(vec![mo_part(&key, 1, "a", in_an_hour)], vec![]))
+        .await
+        .inbound
+        .unwrap();
+
+    // A delivery finished makes room again.
+    let due = store
+        .claim_due(
+            Timestamp::now().saturating_add(Duration::from_secs(1)),
+            Duration::from_secs(30),
+            10,
+            ClaimScope::All,
+        )
+        .await
+        .unwrap();
+    store
+        .apply(DlrWrite {
+            finishes: fixtures::delivered(&due),
+            ..DlrWrite::default()
+        })
+        .await
+        .finishes
+        .unwrap();
+    assert_eq!(gate.held(), 2);
+    let complete = store_parts(&*store, vec![mo_part(&key, 2, "b", in_an_hour)]).await;
+    assert_eq!((complete.len(), gate.held()), (1, 3));
+
+    // Full again, but writing the group needs no room: its two parts become one delivery,
+    // which leaves room for one more message in the same step.
+    let out = store
+        .apply(write(vec![], vec![routed_group(&complete[0]), message("three")]))
+        .await;
+    out.inbound.unwrap();
+    let st = store.stats().await.unwrap();
+    assert_eq!((st.inbound_parts, st.pending_deliveries, gate.held()), (0, 2, 3));
+
+    // Refused, a step still writes its groups (they make room); its messages wait.
+    let other = mo_key(2, 2);
+    let due = store
+        .claim_due(
+            Timestamp::now().saturating_add(Duration::from_secs(1)),
+            Duration::from_secs(30),
+            10,
+            ClaimScope::All,
+        )
+        .await
+        .unwrap();
+    store
+        .apply(DlrWrite {
+            finishes: fixtures::delivered(&due),
+            ..DlrWrite::default()
+        })
+        .await
+        .finishes
+        .unwrap();
+    assert_eq!(gate.held(), 1, "the admission's receipt only");
+    store_parts(&*store, vec![mo_part(&other, 1, "x", in_an_hour)]).await;
+    let complete = store_parts(&*store, vec![mo_part(&other, 2, "y", in_an_hour)]).await;
+    assert_eq!(gate.held(), 3);
+    let out = store
+        .apply(write(
+            vec![],
+            vec![routed_group(&complete[0]), message("four"), message("five")],
+        ))
+        .await;
+    assert_eq!(kind(out.inbound), FailureKind::Full);
+    let st = store.stats().await.unwrap();
+    assert_eq!((st.inbound_parts, st.pending_deliveries, gate.held()), (0, 1, 2));
+    gate.release(1);
+    assert_eq!(gate.held(), 1, "the group's delivery holds one");
 }

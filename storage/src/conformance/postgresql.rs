@@ -66,7 +66,7 @@ mod suite {
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use super::fixtures::{account_target, receipt, retention, unit_handoff};
+use super::fixtures::{account_target, outcome_of, receipt, retention, unit_handoff};
 use crate::dlr::{
     ClaimScope, Delivery, DeliveryFinish, DeliveryResult, DlrState, Handoff, HandoffOutcome, ProviderReceipt,
     ReceiptMatch, ReceiptTarget, ReplyPath,
@@ -424,7 +424,7 @@ async fn survives_a_server_crash_and_is_unavailable_while_down() {
         .await
         .unwrap();
     assert_eq!(due.len(), 1);
-    assert_eq!(due[0].outcome.state, DlrState::Delivered);
+    assert_eq!(outcome_of(&due[0]).state, DlrState::Delivered);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -707,6 +707,238 @@ async fn bench_postgresql_dlr() {
         );
         s.close().await;
     }
+}
+
+// ---------------------------------------------------------------------------------
+// Inbound (MO) messages: restarts, several processes, the schema 4 upgrade.
+// ---------------------------------------------------------------------------------
+
+use crate::conformance::dlr::{mo_http, mo_key, mo_message, mo_part, routed, routed_group, store_parts};
+use crate::dlr::{ClaimCreated, DeliveryContent, DlrWrite};
+use crate::inbound::{InboundGroup, InboundPart};
+
+fn in_an_hour() -> Timestamp {
+    Timestamp::now().saturating_add(Duration::from_secs(3600))
+}
+
+/// Held parts and inbound deliveries (one due, one claimed by its step) are there for a
+/// new store on the same database, as they were.
+#[tokio::test]
+async fn inbound_parts_and_messages_survive_a_new_store() {
+    let url = TestCluster::shared().fresh_database();
+    let a = PostgresDlrStore::connect(&url, 2, retention()).await.unwrap();
+    let (open_key, conflict_key) = (mo_key(1, 3), mo_key(2, 2));
+    store_parts(
+        &a,
+        vec![
+            mo_part(&open_key, 1, "one ", in_an_hour()),
+            mo_part(&open_key, 3, "three", in_an_hour()),
+            mo_part(&conflict_key, 1, "old", in_an_hour()),
+        ],
+    )
+    .await;
+    let closed = store_parts(&a, vec![mo_part(&conflict_key, 1, "new", in_an_hour())]).await;
+    assert_eq!(closed.len(), 1);
+    let due_smpp = routed("esme1", ReplyPath::Smpp, mo_message("due"), None);
+    let claimed_http = routed("web", mo_http(), mo_message("claimed"), None);
+    let out = a
+        .apply(DlrWrite {
+            inbound: vec![claimed_http.clone(), due_smpp.clone()],
+            claim_created: Some(ClaimCreated { lease: LEASE, limit: 1 }),
+            ..DlrWrite::default()
+        })
+        .await;
+    out.inbound.unwrap();
+    assert_eq!(out.claimed.len(), 1);
+    let stats = a.stats().await.unwrap();
+    assert_eq!((stats.inbound_parts, stats.pending_deliveries), (4, 2));
+    a.close().await;
+
+    let b = PostgresDlrStore::connect(&url, 2, retention()).await.unwrap();
+    let st = b.stats().await.unwrap();
+    assert_eq!((st.inbound_parts, st.pending_deliveries), (4, 2));
+    let later = Timestamp::now().saturating_add(Duration::from_secs(1));
+    assert_eq!(b.due_inbound_groups(later, 10).await.unwrap(), closed);
+    let c = b.claim_due(later, LEASE, 10, ClaimScope::All).await.unwrap();
+    assert_eq!(c.len(), 1, "the claimed one is still leased: {c:?}");
+    assert_eq!(
+        (&c[0].target, &c[0].content),
+        (
+            &due_smpp.target(),
+            &DeliveryContent::Inbound(Box::new(due_smpp.message))
+        )
+    );
+    let complete = store_parts(&b, vec![mo_part(&open_key, 2, "two ", in_an_hour())]).await;
+    assert_eq!(complete.len(), 1);
+    assert_eq!(complete[0].assemble("").unwrap().payload, b"one two three");
+}
+
+/// The parts of `groups` messages of `parts` parts each.
+fn parts_of(groups: u16, parts: u8) -> Vec<InboundPart> {
+    let deadline = in_an_hour();
+    (0..groups)
+        .flat_map(|g| (1..=parts).map(move |seq| mo_part(&mo_key(g, parts), seq, &format!("{g}/{seq} "), deadline)))
+        .collect()
+}
+
+/// Two processes receive every part of the same messages (a provider resending to
+/// another session), in opposite orders and concurrent steps: each message ends as one
+/// complete group, reported complete by exactly one step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_processes_placing_one_groups_parts_end_with_one_complete_group() {
+    const GROUPS: u16 = 60;
+    const PARTS: u8 = 4;
+    let (_url, a, b) = two_processes().await;
+    let forward = parts_of(GROUPS, PARTS);
+    let mut backward = forward.clone();
+    backward.reverse();
+    let run = |s: Arc<PostgresDlrStore>, parts: Vec<InboundPart>| {
+        tokio::spawn(async move {
+            let mut reported: Vec<InboundGroup> = Vec::new();
+            for chunk in parts.chunks(7) {
+                reported.extend(store_parts(&*s, chunk.to_vec()).await);
+            }
+            reported
+        })
+    };
+    let (a, b) = (Arc::new(a), Arc::new(b));
+    let ta = run(a.clone(), forward.clone());
+    let tb = run(b.clone(), backward);
+    let mut reported = ta.await.unwrap();
+    reported.extend(tb.await.unwrap());
+    assert_eq!(reported.len(), usize::from(GROUPS), "each complete group reported once");
+    let keys: HashSet<_> = reported.iter().map(|g| g.key.clone()).collect();
+    assert_eq!(keys.len(), usize::from(GROUPS));
+    assert!(reported.iter().all(|g| g.is_complete() && !g.closed), "{reported:?}");
+    let st = a.stats().await.unwrap();
+    assert_eq!(
+        st.inbound_parts,
+        u64::from(GROUPS) * u64::from(PARTS),
+        "no part stored twice"
+    );
+    let due = b
+        .due_inbound_groups(Timestamp::now().saturating_add(Duration::from_secs(1)), 1_000)
+        .await
+        .unwrap();
+    assert_eq!(due.len(), usize::from(GROUPS), "one group per message, none closed");
+    for g in &due {
+        let text = g.assemble("").unwrap().payload;
+        let no = g.key.reference;
+        let expected: String = (1..=PARTS).map(|seq| format!("{no}/{seq} ")).collect();
+        assert_eq!(text, expected.as_bytes());
+    }
+}
+
+/// Two processes write the same complete groups (each told by its own step, or by
+/// `due_inbound_groups`) at once: one delivery per group, every part gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_processes_writing_the_same_groups_create_one_delivery_each() {
+    const GROUPS: u16 = 80;
+    let (_url, a, b) = two_processes().await;
+    let mut complete = Vec::new();
+    for chunk in parts_of(GROUPS, 3).chunks(30) {
+        complete.extend(store_parts(&a, chunk.to_vec()).await);
+    }
+    assert_eq!(complete.len(), usize::from(GROUPS));
+    let forward: Vec<_> = complete.iter().map(routed_group).collect();
+    let mut backward = forward.clone();
+    backward.reverse();
+    let run = |s: Arc<PostgresDlrStore>, messages: Vec<crate::inbound::RoutedInbound>| {
+        tokio::spawn(async move {
+            for chunk in messages.chunks(9) {
+                let out = s
+                    .apply(DlrWrite {
+                        inbound: chunk.to_vec(),
+                        ..DlrWrite::default()
+                    })
+                    .await;
+                out.inbound.unwrap();
+            }
+        })
+    };
+    let (a, b) = (Arc::new(a), Arc::new(b));
+    let ta = run(a.clone(), forward);
+    let tb = run(b.clone(), backward);
+    ta.await.unwrap();
+    tb.await.unwrap();
+    let st = a.stats().await.unwrap();
+    assert_eq!((st.pending_deliveries, st.inbound_parts), (u64::from(GROUPS), 0));
+    let due = b
+        .claim_due(
+            Timestamp::now().saturating_add(Duration::from_secs(1)),
+            LEASE,
+            1_000,
+            ClaimScope::All,
+        )
+        .await
+        .unwrap();
+    let ids: HashSet<_> = due.iter().map(|d| d.target.submit_id).collect();
+    assert_eq!(ids.len(), usize::from(GROUPS), "one delivery per message");
+}
+
+/// A database of schema version 4 with a receipt delivery pending upgrades at connect,
+/// and the delivery is still a receipt.
+#[tokio::test]
+async fn a_schema_4_database_upgrades_and_its_deliveries_are_receipts() {
+    use sqlx::migrate::{Migration, MigrationType, Migrator};
+    use sqlx::{Connection, SqlSafeStr};
+
+    let url = TestCluster::shared().fresh_database();
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let up_to_4 = Migrator::with_migrations(
+        crate::postgresql::migrate::MIGRATIONS
+            .iter()
+            .filter(|(version, _, _)| *version <= 4)
+            .map(|(version, description, sql)| {
+                Migration::new(
+                    *version,
+                    (*description).into(),
+                    MigrationType::Simple,
+                    sql.into_sql_str(),
+                    false,
+                )
+            })
+            .collect(),
+    );
+    up_to_4.run_direct(None, &mut conn, false).await.unwrap();
+    let submit_id = MessageId::generate();
+    let target = format!(
+        r#"{{"v":1,"submit_id":"{submit_id}","account":"esme1","reply":"smpp","source":{{"ton":5,"npi":0,"addr":"Shop"}},"destination":{{"ton":1,"npi":1,"addr":"447700900123"}},"submitted_at":1,"failure_only":false}}"#
+    );
+    let now = i64::try_from(Timestamp::now().0).unwrap();
+    sqlx::query(
+        "INSERT INTO dlr_deliveries (unit, branch, account, smpp, target, state, error, done_at, due_at, created_at,
+                                     expires_at)
+         VALUES ($1, 0, 'esme1', true, $2::jsonb, 2, '000', $3, $3, $3, $3 + 3600000)",
+    )
+    .bind(MessageId::generate().as_uuid())
+    .bind(target)
+    .bind(now)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+
+    let s = PostgresDlrStore::connect(&url, 1, retention()).await.unwrap();
+    let due = s
+        .claim_due(
+            Timestamp::now().saturating_add(Duration::from_secs(1)),
+            LEASE,
+            10,
+            ClaimScope::All,
+        )
+        .await
+        .unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].target.submit_id, submit_id);
+    assert_eq!(outcome_of(&due[0]).state, DlrState::Delivered);
+    assert_eq!(
+        sql_count(&url, "SELECT count(*) FROM _sqlx_migrations").await,
+        crate::postgresql::migrate::MIGRATIONS.len() as i64
+    );
+    // And it stores inbound messages from now on.
+    store_parts(&s, vec![mo_part(&mo_key(1, 2), 1, "a", in_an_hour())]).await;
+    assert_eq!(s.stats().await.unwrap().inbound_parts, 1);
 }
 
 // ---------------------------------------------------------------------------------

@@ -7,6 +7,13 @@
 //! A resolved message's correlations are dropped at once to stay within the bound; a late
 //! duplicate receipt is then absorbed as an orphan, so it still never produces a second
 //! downstream receipt.
+//!
+//! Inbound messages share the bound: each multipart part held and each inbound delivery
+//! takes a reservation in the step that stores it, and a step whose parts and messages
+//! do not fit is refused with `Full` as a whole (the provider is answered with a
+//! temporary error and resends). Writes and drops of groups are applied even then: they
+//! never need room (a written group's parts give their reservations to its delivery),
+//! they make some.
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
@@ -18,12 +25,13 @@ use parking_lot::Mutex;
 
 use crate::backend::Backend;
 use crate::dlr::{
-    ClaimScope, Delivery, DeliveryFinish, DeliveryId, DeliveryResult, DlrCapabilities, DlrRetention, DlrState,
-    DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, ExpiryReport, Handoff, HandoffOutcome, ProviderReceipt,
+    ClaimScope, Delivery, DeliveryContent, DeliveryFinish, DeliveryId, DeliveryResult, DlrCapabilities, DlrRetention,
+    DlrState, DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, ExpiryReport, Handoff, HandoffOutcome, ProviderReceipt,
     ReceiptMatch, ReceiptOutcome, ReceiptReservations, ReceiptTarget, ReplyPath,
 };
-use crate::error::DlrError;
+use crate::error::{BackendFailure, DlrError, FailureKind};
 use crate::ids::{Timestamp, UnitId};
+use crate::inbound::{InboundGroup, InboundGroupKey, InboundPart, RoutedInbound, StepGroups};
 
 type TrackKey = (UnitId, u16);
 type CorrKey = (String, String);
@@ -61,7 +69,7 @@ impl Track {
 #[derive(Debug)]
 struct DeliveryRec {
     target: ReceiptTarget,
-    outcome: ReceiptOutcome,
+    content: DeliveryContent,
     attempt: u32,
     due_at: Timestamp,
     leased_until: Option<Timestamp>,
@@ -83,6 +91,15 @@ struct Inner {
     due: BTreeSet<(Timestamp, DeliveryId)>,
     smpp_by_account: HashMap<String, BTreeSet<DeliveryId>>,
     next_delivery: u64,
+    /// Multipart inbound groups held, by number.
+    groups: BTreeMap<u64, InboundGroup>,
+    /// Each key's open group.
+    open_groups: HashMap<InboundGroupKey, u64>,
+    /// (due time, group number): see [`InboundGroup::due_at`].
+    group_due: BTreeSet<(Timestamp, u64)>,
+    next_group: u64,
+    /// Parts held in `groups`.
+    inbound_parts: u64,
     /// While a step runs with [`DlrWrite::claim_created`]: the deliveries it creates are
     /// claimed for the caller, up to the limit (see [`CreatedClaims`]).
     claim: Option<CreatedClaims>,
@@ -132,6 +149,17 @@ impl Inner {
             }
         }
         Some(rec)
+    }
+
+    /// Remove a multipart group (written or dropped) and its index entries.
+    fn remove_group(&mut self, no: u64) -> Option<InboundGroup> {
+        let g = self.groups.remove(&no)?;
+        self.group_due.remove(&(g.due_at(), no));
+        if self.open_groups.get(&g.key) == Some(&no) {
+            self.open_groups.remove(&g.key);
+        }
+        self.inbound_parts = self.inbound_parts.saturating_sub(g.parts.len() as u64);
+        Some(g)
     }
 
     fn set_due(&mut self, id: DeliveryId, at: Timestamp) {
@@ -233,50 +261,55 @@ impl MemoryDlrStore {
                 self.reservations.release(1);
                 continue;
             }
-            inner.next_delivery += 1;
-            let id = DeliveryId(inner.next_delivery);
-            if target.reply == ReplyPath::Smpp {
-                inner
-                    .smpp_by_account
-                    .entry(target.account.clone())
-                    .or_default()
-                    .insert(id);
-            }
-            let expires_at = now.saturating_add(self.retention.retention);
-            let lease_end = inner
-                .claim
-                .as_ref()
-                .filter(|c| c.claimed.len() < c.limit)
-                .map(|c| c.lease_end);
-            if let Some(claim) = inner.claim.as_mut().filter(|_| lease_end.is_some()) {
-                claim.claimed.push(Delivery {
-                    id,
-                    attempt: 1,
-                    target: target.clone(),
-                    outcome: outcome.clone(),
-                    created_at: now,
-                    expires_at,
-                });
-            }
-            let due_at = lease_end.unwrap_or(now);
-            inner.due.insert((due_at, id));
-            inner.deliveries.insert(
-                id,
-                DeliveryRec {
-                    target,
-                    outcome: outcome.clone(),
-                    attempt: u32::from(lease_end.is_some()),
-                    due_at,
-                    leased_until: lease_end,
-                    created_at: now,
-                    expires_at,
-                },
-            );
+            self.create_delivery(inner, target, DeliveryContent::Receipt(outcome.clone()), now);
         }
+    }
+
+    /// One pending delivery, due at once or claimed for the caller (see [`CreatedClaims`]).
+    fn create_delivery(&self, inner: &mut Inner, target: ReceiptTarget, content: DeliveryContent, now: Timestamp) {
+        inner.next_delivery += 1;
+        let id = DeliveryId(inner.next_delivery);
+        if target.reply == ReplyPath::Smpp {
+            inner
+                .smpp_by_account
+                .entry(target.account.clone())
+                .or_default()
+                .insert(id);
+        }
+        let expires_at = now.saturating_add(self.retention.retention);
+        let lease_end = inner
+            .claim
+            .as_ref()
+            .filter(|c| c.claimed.len() < c.limit)
+            .map(|c| c.lease_end);
+        if let Some(claim) = inner.claim.as_mut().filter(|_| lease_end.is_some()) {
+            claim.claimed.push(Delivery {
+                id,
+                attempt: 1,
+                target: target.clone(),
+                content: content.clone(),
+                created_at: now,
+                expires_at,
+            });
+        }
+        let due_at = lease_end.unwrap_or(now);
+        inner.due.insert((due_at, id));
+        inner.deliveries.insert(
+            id,
+            DeliveryRec {
+                target,
+                content,
+                attempt: u32::from(lease_end.is_some()),
+                due_at,
+                leased_until: lease_end,
+                created_at: now,
+                expires_at,
+            },
+        );
     }
 }
 
-/// The three parts of a step, each under the lock on its own (nothing here is durable,
+/// The receipt parts of a step, each under the lock on its own (nothing here is durable,
 /// so a step need not be one transaction).
 impl MemoryDlrStore {
     fn hand_off(&self, batch: Vec<Handoff>) -> Result<(), DlrError> {
@@ -419,6 +452,126 @@ impl MemoryDlrStore {
     }
 }
 
+/// The inbound part of a step, under the lock at once: parts, then routed messages, then
+/// dropped groups.
+impl MemoryDlrStore {
+    fn inbound(
+        &self,
+        parts: Vec<InboundPart>,
+        messages: Vec<RoutedInbound>,
+        dropped: Vec<u64>,
+    ) -> (Result<(), DlrError>, Vec<InboundGroup>) {
+        if parts.is_empty() && messages.is_empty() && dropped.is_empty() {
+            return (Ok(()), Vec::new());
+        }
+        let now = Timestamp::now();
+        let mut inner = self.inner.lock();
+
+        // Place the parts on copies of their keys' open groups: nothing changes until
+        // the room for them is reserved.
+        let mut keys: Vec<&InboundGroupKey> = parts.iter().map(|p| &p.key).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let open: Vec<InboundGroup> = keys
+            .iter()
+            .filter_map(|k| inner.open_groups.get(*k))
+            .filter_map(|no| inner.groups.get(no).cloned())
+            .collect();
+        let mut step = StepGroups::new(open);
+        for part in parts {
+            step.place(part);
+        }
+
+        // Room: a reservation per part stored and per message without a group. The
+        // groups this step writes or drops give theirs back (a written one keeps one for
+        // its delivery), so what they free before the step counts as room already.
+        let need = (step.stored_parts() + messages.iter().filter(|m| m.group.is_none()).count()) as u64;
+        let mut freed = 0u64;
+        let mut seen = HashSet::new();
+        let removals = messages.iter().filter_map(|m| m.group.map(|no| (no, true)));
+        for (no, routed) in removals.chain(dropped.iter().map(|no| (*no, false))) {
+            if seen.insert(no)
+                && let Some(g) = inner.groups.get(&no)
+            {
+                freed += (g.parts.len() as u64).saturating_sub(u64::from(routed));
+            }
+        }
+        let beyond = need.saturating_sub(freed);
+        let fits = beyond == 0 || self.reservations.try_reserve(beyond);
+        if fits {
+            self.reservations.force_reserve(need - beyond);
+        }
+
+        let mut ready = Vec::new();
+        if fits {
+            let mut numbered = inner.next_group;
+            step.number(|| {
+                numbered += 1;
+                numbered
+            });
+            inner.next_group = numbered;
+            for t in step.into_touched() {
+                if !t.changed() {
+                    continue;
+                }
+                inner.inbound_parts += t.added.len() as u64;
+                if let Some(due) = t.due_before {
+                    inner.group_due.remove(&(due, t.group.no));
+                }
+                inner.group_due.insert((t.group.due_at(), t.group.no));
+                if t.closed_now && inner.open_groups.get(&t.group.key) == Some(&t.group.no) {
+                    inner.open_groups.remove(&t.group.key);
+                }
+                if !t.group.closed {
+                    inner.open_groups.insert(t.group.key.clone(), t.group.no);
+                }
+                if t.ready() {
+                    ready.push(t.group.no);
+                }
+                inner.groups.insert(t.group.no, t.group);
+            }
+        }
+        for m in messages {
+            let target = m.target();
+            let message = match m.group {
+                Some(no) => {
+                    // A written group's parts give their reservations to its delivery.
+                    let Some(g) = inner.remove_group(no) else {
+                        continue;
+                    };
+                    match g.parts.len() as u64 {
+                        0 => self.reservations.force_reserve(1),
+                        n => self.reservations.release(n - 1),
+                    }
+                    g.deliver_as(m.message)
+                }
+                None if !fits => continue,
+                None => m.message,
+            };
+            self.create_delivery(&mut inner, target, DeliveryContent::Inbound(Box::new(message)), now);
+        }
+        for no in dropped {
+            if let Some(g) = inner.remove_group(no) {
+                self.reservations.release(g.parts.len() as u64);
+            }
+        }
+        if !fits {
+            let failure = BackendFailure::new(
+                FailureKind::Full,
+                "memory dlr store",
+                format_args!(
+                    "{} of {} receipts and inbound messages held; no room for {need} more inbound",
+                    self.reservations.held(),
+                    self.reservations.capacity()
+                ),
+            );
+            return (Err(DlrError::from(failure)), Vec::new());
+        }
+        let complete = ready.iter().filter_map(|no| inner.groups.get(no).cloned()).collect();
+        (Ok(()), complete)
+    }
+}
+
 #[async_trait]
 impl DlrStore for MemoryDlrStore {
     fn capabilities(&self) -> DlrCapabilities {
@@ -442,11 +595,14 @@ impl DlrStore for MemoryDlrStore {
         let handoffs = self.hand_off(step.handoffs);
         let receipts = self.record_receipts(step.receipts);
         let finishes = self.finish(step.finishes);
+        let (inbound, complete_groups) = self.inbound(step.inbound_parts, step.inbound, step.inbound_dropped);
         let claimed = self.inner.lock().claim.take().map(|c| c.claimed).unwrap_or_default();
         DlrWriteOutcome {
             handoffs,
             receipts,
             finishes,
+            inbound,
+            complete_groups,
             claimed,
         }
     }
@@ -482,7 +638,7 @@ impl DlrStore for MemoryDlrStore {
                     id,
                     attempt: rec.attempt,
                     target: rec.target.clone(),
-                    outcome: rec.outcome.clone(),
+                    content: rec.content.clone(),
                     created_at: rec.created_at,
                     expires_at: rec.expires_at,
                 });
@@ -563,6 +719,18 @@ impl DlrStore for MemoryDlrStore {
             pending_deliveries: inner.deliveries.len() as u64,
             oldest_pending_delivery: inner.deliveries.first_key_value().map(|(_, r)| r.created_at),
             orphans: inner.orphans.len() as u64,
+            inbound_parts: inner.inbound_parts,
         })
+    }
+
+    async fn due_inbound_groups(&self, now: Timestamp, limit: usize) -> Result<Vec<InboundGroup>, DlrError> {
+        let inner = self.inner.lock();
+        Ok(inner
+            .group_due
+            .iter()
+            .take_while(|(at, _)| *at <= now)
+            .take(limit)
+            .filter_map(|(_, no)| inner.groups.get(no).cloned())
+            .collect())
     }
 }

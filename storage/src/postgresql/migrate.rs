@@ -35,6 +35,7 @@ pub(crate) const MIGRATIONS: &[(i64, &str, &str)] = &[
         "idempotency digest",
         include_str!("../../migrations/0004_idempotency_digest.sql"),
     ),
+    (5, "dlr inbound", include_str!("../../migrations/0005_dlr_inbound.sql")),
 ];
 
 fn migrator() -> Migrator {

@@ -9,7 +9,9 @@
 //! | `dlr_tracks` | handed-off branch (unit, branch): receipt targets (JSONB), expected parts, first failure, `resolved_at`, `expires_at` | PK (unit, branch); (expires_at) |
 //! | `dlr_correlations` | (destination, provider id): a correlation to (unit, branch, part, generation) with that part's final state — or an orphan receipt (unit NULL) | PK (destination, provider_key); (unit, branch); partial (orphan_expires_at) for orphans |
 //! | `dlr_orphans` | view of the orphan rows | — |
-//! | `dlr_deliveries` | pending downstream receipt: target, outcome, `attempt`, `due_at`, `lease_until`, `account`, `expires_at` | PK id; (due_at, id); (expires_at); partial (account) WHERE smpp |
+//! | `dlr_deliveries` | pending downstream delivery: target, a receipt's outcome or an inbound message (JSONB + payload bytea), `attempt`, `due_at`, `lease_until`, `account`, `expires_at` | PK id; (due_at, id); (expires_at); partial (account, due_at, id) WHERE smpp; partial (due_at, id) WHERE NOT smpp |
+//! | `dlr_inbound_groups` | multipart inbound group: key, deadline, `closed`, `due_at` (0 once complete or closed) | PK no; (due_at, no); unique partial key WHERE NOT closed |
+//! | `dlr_inbound_parts` | held part: group, seq, deadline, message (JSONB), payload (bytea) | PK (group_no, seq) |
 //! | `dlr_counters`, `dlr_counter_deltas` | maintained totals for `stats` | — |
 //!
 //! See `docs/postgresql-dlr.md` for the concurrency design and per-operation costs.

@@ -214,6 +214,29 @@ pub struct InboundDeliver {
     pub message_payload: Option<Vec<u8>>,
     pub receipted_message_id: Option<String>,
     pub message_state: Option<u8>,
+    /// The SAR TLVs (sar_msg_ref_num, sar_total_segments, sar_segment_seqnum), when all
+    /// three came.
+    pub sar: Option<(u16, u8, u8)>,
+}
+
+impl InboundDeliver {
+    /// The user data (message_payload if present, else short_message, without any UDH)
+    /// and where the message sits in a multipart message: from the UDH's concatenation
+    /// element (esm_class UDHI) or, failing that, the SAR TLVs.
+    pub fn user_data(&self) -> Result<(Option<crate::multipart::Concat>, &[u8]), crate::multipart::MultipartError> {
+        let data = self.message_payload.as_deref().unwrap_or(&self.short_message);
+        let (udh_concat, user_data) = if self.esm_class & 0x40 != 0 {
+            let (concat, _udh, user_data) = crate::multipart::parse_udh(data)?;
+            (concat, user_data)
+        } else {
+            (None, data)
+        };
+        let sar = match self.sar {
+            Some((reference, total, seq)) => Some(crate::multipart::from_sar(reference, total, seq)?),
+            None => None,
+        };
+        Ok((udh_concat.or(sar), user_data))
+    }
 }
 
 /// Identifies a received deliver_sm so its deliver_sm_resp can be sent later (after the

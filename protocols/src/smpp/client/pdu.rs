@@ -84,6 +84,15 @@ struct InboundTlvs {
     message_payload: Option<Vec<u8>>,
     receipted_message_id: Option<String>,
     message_state: Option<u8>,
+    sar_ref: Option<u16>,
+    sar_total: Option<u8>,
+    sar_seq: Option<u8>,
+}
+
+impl InboundTlvs {
+    fn sar(&self) -> Option<(u16, u8, u8)> {
+        Some((self.sar_ref?, self.sar_total?, self.sar_seq?))
+    }
 }
 
 fn inbound_tlvs(tlvs: &[Tlv]) -> InboundTlvs {
@@ -93,6 +102,9 @@ fn inbound_tlvs(tlvs: &[Tlv]) -> InboundTlvs {
             Some(TlvValue::MessagePayload(payload)) => out.message_payload = Some(payload.value.to_vec()),
             Some(TlvValue::ReceiptedMessageId(id)) => out.receipted_message_id = Some(id.as_str().to_owned()),
             Some(TlvValue::MessageState(state)) => out.message_state = Some(u8::from(*state)),
+            Some(TlvValue::SarMsgRefNum(value)) => out.sar_ref = Some(*value),
+            Some(TlvValue::SarTotalSegments(value)) => out.sar_total = Some(*value),
+            Some(TlvValue::SarSegmentSeqnum(value)) => out.sar_seq = Some(*value),
             _ => {}
         }
     }
@@ -116,6 +128,7 @@ pub fn inbound_deliver(pdu: &DeliverSm) -> InboundDeliver {
         esm_class: u8::from(pdu.esm_class),
         data_coding: u8::from(pdu.data_coding),
         short_message: pdu.short_message().to_vec(),
+        sar: tlvs.sar(),
         message_payload: tlvs.message_payload,
         receipted_message_id: tlvs.receipted_message_id,
         message_state: tlvs.message_state,
@@ -131,6 +144,7 @@ pub fn inbound_data_sm(pdu: &DataSm) -> InboundDeliver {
         esm_class: u8::from(pdu.esm_class),
         data_coding: u8::from(pdu.data_coding),
         short_message: Vec::new(),
+        sar: tlvs.sar(),
         message_payload: tlvs.message_payload,
         receipted_message_id: tlvs.receipted_message_id,
         message_state: tlvs.message_state,

@@ -16,6 +16,9 @@ use crate::smpp::build::{self, Address, BuildError, ReceiptTlvs, ShortMessage};
 use crate::smpp::frame::HEADER_LEN;
 use crate::smpp::time;
 
+/// The most octets `short_message` carries.
+const MAX_SHORT_MESSAGE: usize = 254;
+
 /// esm_class bit 6: the short message starts with a User Data Header.
 const UDHI: u8 = 0x40;
 
@@ -151,6 +154,7 @@ pub(super) fn put_submit_sm_resp(out: &mut BytesMut, seq: u32, status: CommandSt
 
 /// Builds the deliver_sm for `item`, or the status naming the field that cannot be sent.
 pub(super) fn deliver_sm(seq: u32, item: &OutboundDeliver) -> Result<Command, CommandStatus> {
+    let long = item.short_message.len() > MAX_SHORT_MESSAGE;
     let sm = ShortMessage {
         source: Address {
             ton: item.source.ton,
@@ -165,8 +169,10 @@ pub(super) fn deliver_sm(seq: u32, item: &OutboundDeliver) -> Result<Command, Co
         esm_class: item.esm_class,
         registered_delivery: 0,
         data_coding: item.data_coding,
-        short_message: &item.short_message,
-        message_payload: None,
+        // short_message holds at most 254 octets (§5.2.21); a longer message (an
+        // assembled inbound one) goes in message_payload.
+        short_message: if long { &[] } else { &item.short_message },
+        message_payload: long.then_some(item.short_message.as_slice()),
         sar: None,
     };
     let receipt = item.receipted_message_id.as_deref().map(|id| ReceiptTlvs {
@@ -453,10 +459,24 @@ mod tests {
             ..item.clone()
         };
         assert_eq!(deliver_sm(11, &bad).err(), Some(CommandStatus::EsmeRinvdstadr));
+        // Longer than short_message holds: sent in message_payload.
         let long = OutboundDeliver {
-            short_message: vec![0; 300],
+            short_message: vec![7; 300],
+            ..item.clone()
+        };
+        let Some(Pdu::DeliverSm(sm)) = deliver_sm(12, &long).unwrap().pdu().cloned() else {
+            panic!("not a deliver_sm");
+        };
+        assert!(sm.short_message().as_ref().is_empty());
+        assert!(
+            sm.tlvs()
+                .iter()
+                .any(|t| matches!(t.value(), Some(TlvValue::MessagePayload(p)) if p.value.as_ref() == [7u8; 300]))
+        );
+        let too_long = OutboundDeliver {
+            short_message: vec![0; 70_000],
             ..item
         };
-        assert_eq!(deliver_sm(12, &long).err(), Some(CommandStatus::EsmeRinvmsglen));
+        assert_eq!(deliver_sm(13, &too_long).err(), Some(CommandStatus::EsmeRinvmsglen));
     }
 }

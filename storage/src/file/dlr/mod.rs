@@ -1,5 +1,6 @@
-//! The file DLR store (`<dir>/dlr.redb`): provider correlations and pending downstream
-//! receipts that survive a restart, for the database-free single-process deployment.
+//! The file DLR store (`<dir>/dlr.redb`): provider correlations, pending downstream
+//! deliveries (receipts and inbound messages) and the parts of multipart inbound
+//! messages, surviving a restart, for the database-free single-process deployment.
 //!
 //! Its own redb file in the [`DataDir`], so the DLR store has its own namespace and
 //! lifecycle, separate from the SMS stages (and its commits do not queue behind theirs).
@@ -32,17 +33,27 @@
 //! | `correlations` | dest len (4) + dest + provider id | track key (18 bytes) |
 //! | `orphans` | same as `correlations` | orphan envelope: outcome, expiry |
 //! | `orphan_expiry` | expiry ms (8) + orphan key | — |
-//! | `deliveries` | delivery id (u64) | fixed header (attempt, due, lease end, expiry, SMPP account) + delivery envelope (target, outcome, created) |
+//! | `deliveries` | delivery id (u64) | fixed header (attempt, due, lease end, expiry, SMPP account) + delivery envelope (target, a receipt's outcome or an inbound message, created) |
 //! | `due` | due ms (8) + delivery id (8) | — |
 //! | `smpp_by_account` | (account, delivery id) | — (SMPP deliveries after a retry: the only ones a wake can change) |
-//! | `meta` | name | `layout`, `awaiting`, `next_delivery` |
+//! | `inbound_groups` | group number (u64) | group envelope: key, deadline, closed, parts (seq, deadline, message) |
+//! | `inbound_open` | group key (names length-prefixed, reference, total) | the key's open group number |
+//! | `inbound_due` | due ms (8, 0 once complete or closed) + group number (8) | — |
+//! | `meta` | name | `layout`, `awaiting`, `next_delivery`, `next_inbound_group`, `inbound_parts` |
+//!
+//! An inbound delivery is a delivery like a receipt's (claims, retries, scope by SMPP
+//! account, expiry), its record carrying the message instead of an outcome. A file of an
+//! earlier build opens as it is: the inbound tables are created empty, and its delivery
+//! records, which have no message field, decode as receipts.
 //!
 //! Nothing scans: a receipt is a point lookup in `correlations` (per candidate id, best
 //! first), `claim_due` reads the first keys of `due` up to `now`, `wake_account` ranges
 //! over one account's keys of `smpp_by_account`, `expire` reads the first keys of the three
-//! expiry indexes, and `stats` is O(log n): table lengths are kept by redb in each tree's
+//! expiry indexes, `due_inbound_groups` reads the first keys of `inbound_due`, and
+//! `stats` is O(log n): table lengths are kept by redb in each tree's
 //! header (O(1), updated by the same transactions, so they cannot drift), branches still
-//! awaiting receipts are a counter in `meta` updated in the same transactions, and the
+//! awaiting receipts and inbound parts held are counters in `meta` updated in the same
+//! transactions, and the
 //! oldest pending delivery is the first key of `deliveries` — delivery ids come from a
 //! persisted counter, so id order is creation order.
 //!
@@ -60,7 +71,9 @@
 //!
 //! * `hand_off` and `record_receipts`: `Durability::Immediate`. The source SMS is
 //!   completed only after `hand_off` returns, and the provider's `deliver_sm_resp` is sent
-//!   only after `record_receipts` returns; from then on this file is the only copy.
+//!   only after `record_receipts` returns; from then on this file is the only copy. The
+//!   same holds for inbound parts and messages: the step stores them durably before the
+//!   provider's `deliver_sm` is acknowledged.
 //! * `finish`: `Durability::Immediate`. A lost "delivered" would send an acknowledged
 //!   receipt again after a crash, and a lost retry/park would forget the backoff; one
 //!   fsync per result batch is cheap next to the deliveries it reports.
@@ -101,7 +114,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redb::{Durability, ReadableTable, ReadableTableMetadata};
 
-use self::tx::{AWAITING, CORRELATIONS, DELIVERIES, ORPHANS, Tx, decode_delivery};
+use self::records::due_key;
+use self::tx::{
+    AWAITING, CORRELATIONS, DELIVERIES, INBOUND_DUE, INBOUND_GROUPS, INBOUND_PARTS, ORPHANS, Tx, decode_delivery,
+    decode_group,
+};
 use super::engine::db::{Fail, FileOptions, META, StoreFile, blocking, get_counter};
 use super::engine::dir::{DLR_FILE, DataDir};
 use crate::backend::Backend;
@@ -110,6 +127,7 @@ use crate::dlr::{
 };
 use crate::error::{BackendFailure, DlrError};
 use crate::ids::Timestamp;
+use crate::inbound::InboundGroup;
 
 /// SMPP deliveries of one account woken per transaction: an account that was unbound
 /// for a day may have a million parked receipts, and one transaction re-indexing all of
@@ -238,7 +256,28 @@ impl Inner {
                 pending_deliveries: deliveries.len()?,
                 oldest_pending_delivery: oldest,
                 orphans: txn.open_table(ORPHANS)?.len()?,
+                inbound_parts: get_counter(&meta, INBOUND_PARTS)?,
             })
+        })
+    }
+
+    /// The first keys of `inbound_due` up to `now`, each group read by its number.
+    fn due_inbound_groups(&self, now: Timestamp, limit: usize) -> Result<Vec<InboundGroup>, BackendFailure> {
+        self.file.read(|txn| {
+            let due = txn.open_table(INBOUND_DUE)?;
+            let groups = txn.open_table(INBOUND_GROUPS)?;
+            let mut out = Vec::new();
+            for item in due.range::<&[u8; 16]>(..=&due_key(now, u64::MAX))?.take(limit) {
+                let no = records::due_key_id(item?.0.value());
+                let Some(v) = groups.get(no)? else {
+                    return Err(Fail::Invalid {
+                        table: "inbound_due",
+                        detail: format!("group {no} is due but not held"),
+                    });
+                };
+                out.push(decode_group(no, v.value())?.into_group(no));
+            }
+            Ok(out)
         })
     }
 }
@@ -302,12 +341,23 @@ impl DlrStore for FileDlrStore {
                         .map(|r| tx.record_receipt(r, now))
                         .collect::<Result<Vec<_>, _>>()?;
                     tx.finish(step.finishes)?;
-                    Ok((matches, tx.take_claimed()))
+                    let ready = tx.inbound_parts(step.inbound_parts)?;
+                    for m in step.inbound {
+                        tx.inbound(m, now)?;
+                    }
+                    for no in step.inbound_dropped {
+                        tx.drop_group(no)?;
+                    }
+                    let complete = tx.inbound_groups(ready)?;
+                    Ok((matches, tx.take_claimed(), complete))
                 })
             })
             .await;
         match result {
-            Ok((matches, claimed)) => DlrWriteOutcome::committed(matches, claimed),
+            Ok((matches, claimed, complete_groups)) => DlrWriteOutcome {
+                complete_groups,
+                ..DlrWriteOutcome::committed(matches, claimed)
+            },
             Err(e) => DlrWriteOutcome::failed(e),
         }
     }
@@ -343,5 +393,12 @@ impl DlrStore for FileDlrStore {
 
     async fn stats(&self) -> Result<DlrStats, DlrError> {
         self.run(|i| i.stats()).await
+    }
+
+    async fn due_inbound_groups(&self, now: Timestamp, limit: usize) -> Result<Vec<InboundGroup>, DlrError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.run(move |i| i.due_inbound_groups(now, limit)).await
     }
 }

@@ -11,8 +11,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::dlr::{DlrState, ReceiptOutcome, ReceiptTarget, ReplyPath};
+use crate::dlr::{DeliveryContent, DlrState, ReceiptOutcome, ReceiptTarget, ReplyPath};
 use crate::ids::{MessageId, Timestamp, UnitId};
+use crate::inbound::{InboundGroup, InboundGroupKey, InboundMessage, InboundPart};
 use crate::record::Address;
 
 /// A [`ReceiptOutcome`] as stored.
@@ -176,16 +177,225 @@ pub(crate) struct OrphanRecord {
 
 /// The record of a pending delivery: what it delivers. Stored after a
 /// [`DeliveryHeader`] in the `deliveries` value (see [`delivery_value`]).
+///
+/// Exactly one of `outcome` and `inbound` is set. A receipt's record is encoded as it
+/// was before inbound messages existed (`inbound` is left out), and records written
+/// then decode as receipts.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct DeliveryRecord {
     #[serde(rename = "t")]
     pub target: StoredTarget,
-    #[serde(rename = "o")]
-    pub outcome: StoredOutcome,
+    /// A receipt's outcome.
+    #[serde(rename = "o", default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<StoredOutcome>,
+    /// An inbound message (minor version 1).
+    #[serde(rename = "m", default, skip_serializing_if = "Option::is_none")]
+    pub inbound: Option<Box<StoredInbound>>,
     #[serde(rename = "c")]
     pub created_at: Timestamp,
     #[serde(rename = "e")]
     pub expires_at: Timestamp,
+}
+
+impl DeliveryRecord {
+    pub(crate) fn new(
+        target: StoredTarget,
+        content: DeliveryContent,
+        created_at: Timestamp,
+        expires_at: Timestamp,
+    ) -> Self {
+        let (outcome, inbound) = match content {
+            DeliveryContent::Receipt(o) => (Some(o.into()), None),
+            DeliveryContent::Inbound(m) => (None, Some(Box::new(StoredInbound::from(*m)))),
+        };
+        Self {
+            target,
+            outcome,
+            inbound,
+            created_at,
+            expires_at,
+        }
+    }
+
+    /// What it delivers; `None` for a record with neither (or both), which no build
+    /// writes.
+    pub(crate) fn content(&self) -> Option<DeliveryContent> {
+        match (&self.outcome, &self.inbound) {
+            (Some(o), None) => Some(DeliveryContent::Receipt(o.clone().into())),
+            (None, Some(m)) => Some(DeliveryContent::Inbound(Box::new(InboundMessage::from((**m).clone())))),
+            _ => None,
+        }
+    }
+}
+
+/// An [`InboundMessage`] as stored (a delivery's, or a multipart part's).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct StoredInbound {
+    #[serde(rename = "i")]
+    pub id: MessageId,
+    #[serde(rename = "f")]
+    pub from_destination: String,
+    #[serde(rename = "s")]
+    pub source: Address,
+    #[serde(rename = "d")]
+    pub destination: Address,
+    #[serde(rename = "c")]
+    pub data_coding: u8,
+    #[serde(rename = "p", with = "serde_bytes")]
+    pub payload: Vec<u8>,
+    #[serde(rename = "t")]
+    pub received_at: Timestamp,
+    #[serde(rename = "r", default, skip_serializing_if = "String::is_empty")]
+    pub route: String,
+    #[serde(rename = "x", default, skip_serializing_if = "is_false")]
+    pub incomplete: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+impl From<InboundMessage> for StoredInbound {
+    fn from(m: InboundMessage) -> Self {
+        Self {
+            id: m.id,
+            from_destination: m.from_destination,
+            source: m.source,
+            destination: m.destination,
+            data_coding: m.data_coding,
+            payload: m.payload,
+            received_at: m.received_at,
+            route: m.route,
+            incomplete: m.incomplete,
+        }
+    }
+}
+
+impl From<StoredInbound> for InboundMessage {
+    fn from(m: StoredInbound) -> Self {
+        Self {
+            id: m.id,
+            from_destination: m.from_destination,
+            source: m.source,
+            destination: m.destination,
+            data_coding: m.data_coding,
+            payload: m.payload,
+            received_at: m.received_at,
+            route: m.route,
+            incomplete: m.incomplete,
+        }
+    }
+}
+
+/// An [`InboundGroupKey`] as stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct StoredGroupKey {
+    #[serde(rename = "f")]
+    pub from_destination: String,
+    #[serde(rename = "s")]
+    pub source: String,
+    #[serde(rename = "d")]
+    pub destination: String,
+    #[serde(rename = "r")]
+    pub reference: u16,
+    #[serde(rename = "t")]
+    pub total: u8,
+}
+
+impl From<InboundGroupKey> for StoredGroupKey {
+    fn from(k: InboundGroupKey) -> Self {
+        Self {
+            from_destination: k.from_destination,
+            source: k.source,
+            destination: k.destination,
+            reference: k.reference,
+            total: k.total,
+        }
+    }
+}
+
+impl From<StoredGroupKey> for InboundGroupKey {
+    fn from(k: StoredGroupKey) -> Self {
+        Self {
+            from_destination: k.from_destination,
+            source: k.source,
+            destination: k.destination,
+            reference: k.reference,
+            total: k.total,
+        }
+    }
+}
+
+/// One part of a multipart inbound group as stored (its key is the group's).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct StoredPart {
+    #[serde(rename = "q")]
+    pub seq: u8,
+    #[serde(rename = "d")]
+    pub deadline: Timestamp,
+    #[serde(rename = "m")]
+    pub message: StoredInbound,
+}
+
+/// A multipart inbound group, stored under its number in `inbound_groups`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct GroupRecord {
+    #[serde(rename = "k")]
+    pub key: StoredGroupKey,
+    /// The first part's deadline.
+    #[serde(rename = "d")]
+    pub deadline: Timestamp,
+    #[serde(rename = "c", default, skip_serializing_if = "is_false")]
+    pub closed: bool,
+    /// By `seq`.
+    #[serde(rename = "p")]
+    pub parts: Vec<StoredPart>,
+}
+
+impl From<InboundGroup> for GroupRecord {
+    fn from(g: InboundGroup) -> Self {
+        Self {
+            key: g.key.into(),
+            deadline: g.deadline,
+            closed: g.closed,
+            parts: g
+                .parts
+                .into_iter()
+                .map(|p| StoredPart {
+                    seq: p.seq,
+                    deadline: p.deadline,
+                    message: p.message.into(),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl GroupRecord {
+    pub(crate) fn into_group(self, no: u64) -> InboundGroup {
+        let key: InboundGroupKey = self.key.into();
+        InboundGroup {
+            no,
+            parts: self
+                .parts
+                .into_iter()
+                .map(|p| InboundPart {
+                    key: key.clone(),
+                    seq: p.seq,
+                    deadline: p.deadline,
+                    message: p.message.into(),
+                })
+                .collect(),
+            key,
+            deadline: self.deadline,
+            closed: self.closed,
+        }
+    }
+}
+
+/// `inbound_open` key: the group key's stable bytes (see [`InboundGroupKey::to_bytes`]).
+pub(crate) fn inbound_key(k: &InboundGroupKey) -> Vec<u8> {
+    k.to_bytes()
 }
 
 /// Identity of a tracked branch: unit id (16 bytes, UUIDv7) then branch, big-endian.
@@ -381,7 +591,7 @@ pub(crate) fn delivery_value(header: DeliveryHeader, smpp_account: Option<&str>,
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::envelope::{self, RecordKind};
 
@@ -441,17 +651,116 @@ mod tests {
             envelope::decode::<OrphanRecord>(RecordKind::DlrOrphan, &bytes).unwrap(),
             orphan
         );
-        let d = DeliveryRecord {
+        let receipt = DeliveryContent::Receipt(outcome(DlrState::Undeliverable).into());
+        let message = DeliveryContent::Inbound(Box::new(inbound_message()));
+        for content in [receipt, message] {
+            let d = DeliveryRecord::new(target(), content.clone(), Timestamp(1), Timestamp(2));
+            let bytes = envelope::encode(RecordKind::DlrDelivery, &d).unwrap();
+            let back = envelope::decode::<DeliveryRecord>(RecordKind::DlrDelivery, &bytes).unwrap();
+            assert_eq!(back, d);
+            assert_eq!(back.content(), Some(content));
+        }
+        let group = InboundGroup {
+            no: 9,
+            key: InboundGroupKey {
+                from_destination: "up".into(),
+                source: "447700900123".into(),
+                destination: "1234".into(),
+                reference: 513,
+                total: 2,
+            },
+            deadline: Timestamp(40),
+            closed: true,
+            parts: vec![InboundPart {
+                key: InboundGroupKey {
+                    from_destination: "up".into(),
+                    source: "447700900123".into(),
+                    destination: "1234".into(),
+                    reference: 513,
+                    total: 2,
+                },
+                seq: 2,
+                deadline: Timestamp(41),
+                message: inbound_message(),
+            }],
+        };
+        let bytes = envelope::encode(RecordKind::DlrInboundGroup, &GroupRecord::from(group.clone())).unwrap();
+        let back = envelope::decode::<GroupRecord>(RecordKind::DlrInboundGroup, &bytes).unwrap();
+        assert_eq!(back.into_group(9), group);
+    }
+
+    fn inbound_message() -> InboundMessage {
+        InboundMessage {
+            id: MessageId::generate(),
+            from_destination: "up".into(),
+            source: Address::new(1, 1, "447700900123"),
+            destination: Address::new(0, 1, "1234"),
+            data_coding: 8,
+            payload: vec![0, 0x48, 0, 0x69],
+            received_at: Timestamp(3),
+            route: "support".into(),
+            incomplete: true,
+        }
+    }
+
+    /// A delivery record as every build before inbound messages wrote it (minor version
+    /// 0, no message field) decodes as that receipt.
+    #[test]
+    fn a_receipt_record_of_the_earlier_format_decodes_as_a_receipt() {
+        #[derive(Serialize)]
+        struct EarlierDeliveryRecord {
+            #[serde(rename = "t")]
+            target: StoredTarget,
+            #[serde(rename = "o")]
+            outcome: StoredOutcome,
+            #[serde(rename = "c")]
+            created_at: Timestamp,
+            #[serde(rename = "e")]
+            expires_at: Timestamp,
+        }
+        let earlier = EarlierDeliveryRecord {
             target: target(),
-            outcome: outcome(DlrState::Undeliverable),
+            outcome: outcome(DlrState::Delivered),
             created_at: Timestamp(1),
             expires_at: Timestamp(2),
         };
-        let bytes = envelope::encode(RecordKind::DlrDelivery, &d).unwrap();
+        let bytes = earlier_envelope(&earlier);
+        let d = envelope::decode::<DeliveryRecord>(RecordKind::DlrDelivery, &bytes).unwrap();
+        assert_eq!(d.target, earlier.target);
         assert_eq!(
-            envelope::decode::<DeliveryRecord>(RecordKind::DlrDelivery, &bytes).unwrap(),
-            d
+            d.content(),
+            Some(DeliveryContent::Receipt(outcome(DlrState::Delivered).into()))
         );
+        // And a receipt written now is encoded as it was then (bar the minor version).
+        let now = DeliveryRecord::new(
+            earlier.target.clone(),
+            DeliveryContent::Receipt(earlier.outcome.clone().into()),
+            Timestamp(1),
+            Timestamp(2),
+        );
+        let mut current = envelope::encode(RecordKind::DlrDelivery, &now).unwrap();
+        let vm_at = current.windows(3).position(|w| w == [0x62, b'v', b'm']).unwrap() + 3;
+        current[vm_at] = 0;
+        let len = current.len();
+        current.truncate(len - 4);
+        assert_eq!(envelope::seal(current), bytes);
+    }
+
+    /// `value` in an envelope of major 1, minor 0, as the builds before inbound messages
+    /// wrote delivery records.
+    pub(crate) fn earlier_envelope(value: &impl Serialize) -> Vec<u8> {
+        use ciborium::Value;
+        let Value::Map(fields) = Value::serialized(value).unwrap() else {
+            panic!("a record is a map");
+        };
+        let mut map = vec![
+            (Value::Text("v".into()), Value::Integer(1.into())),
+            (Value::Text("vm".into()), Value::Integer(0.into())),
+        ];
+        map.extend(fields);
+        let mut bytes = Vec::new();
+        ciborium::into_writer(&Value::Map(map), &mut bytes).unwrap();
+        envelope::seal(bytes)
     }
 
     #[test]

@@ -16,9 +16,12 @@ use std::time::{Duration, Instant};
 use redb::{Durability, ReadableTable};
 
 use super::records::{corr_key, track_key};
-use super::tx::{CORRELATIONS, DELIVERIES, DUE, ORPHAN_EXPIRY, ORPHANS, SMPP_BY_ACCOUNT, TRACK_EXPIRY, TRACKS};
+use super::tx::{
+    CORRELATIONS, DELIVERIES, DUE, INBOUND_DUE, INBOUND_GROUPS, INBOUND_OPEN, INBOUND_PARTS, NEXT_GROUP, ORPHAN_EXPIRY,
+    ORPHANS, SMPP_BY_ACCOUNT, TRACK_EXPIRY, TRACKS,
+};
 use super::{FileDlrStore, WAKE_BATCH};
-use crate::conformance::fixtures::{handoff, receipt, retention, target};
+use crate::conformance::fixtures::{handoff, outcome_of, receipt, retention, target};
 use crate::conformance::ops::DlrOps as _;
 use crate::dlr::{
     ClaimScope, DeliveryFinish, DeliveryId, DeliveryResult, DlrRetention, DlrState, DlrStore, Handoff, HandoffOutcome,
@@ -84,6 +87,9 @@ fn dump(store: &FileDlrStore) -> String {
             table!(out, txn, DELIVERIES, k => k, v => v);
             table!(out, txn, DUE, k => k, v => v);
             table!(out, txn, SMPP_BY_ACCOUNT, k => k, v => v);
+            table!(out, txn, INBOUND_GROUPS, k => k, v => v);
+            table!(out, txn, INBOUND_OPEN, k => k, v => v);
+            table!(out, txn, INBOUND_DUE, k => k, v => v);
             table!(out, txn, META, k => k, v => v);
             Ok(out)
         })
@@ -206,7 +212,7 @@ async fn check_after_restart(s: &FileDlrStore, w: &Written, claimed_fresh: bool)
     } else {
         assert_eq!(c.len(), 1, "{c:?}");
         assert_eq!((c[0].id.0, c[0].attempt), (w.fresh, 1));
-        assert_eq!(c[0].outcome.state, DlrState::Rejected);
+        assert_eq!(outcome_of(&c[0]).state, DlrState::Rejected);
     }
     // The retried delivery waits for its saved retry time, then continues its attempts.
     let retry_at = Timestamp(w.retried.2);
@@ -715,6 +721,173 @@ fn a_full_disk_fails_closed_and_recovers() {
         assert_eq!(st.awaiting_receipts, 1, "the refused handoff left nothing behind");
         let m = s.record_receipts(vec![bench_receipt(0, 0)]).await.unwrap();
         assert!(matches!(m[0], ReceiptMatch::Matched { resolved: true, .. }));
+    });
+}
+
+/// Held parts (an open group, a closed one and the group its conflicting part opened),
+/// an inbound delivery due and one claimed by its step survive a reopen as they were;
+/// group numbers continue after the stored counter.
+#[test]
+fn inbound_parts_and_messages_survive_a_reopen() {
+    use crate::conformance::dlr::{mo_http, mo_key, mo_message, mo_part, routed, store_parts};
+    use crate::dlr::{ClaimCreated, DeliveryContent, DlrWrite};
+
+    let tmp = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let (dir, s) = open(tmp.path());
+        let deadline = Timestamp::now().saturating_add(Duration::from_secs(3600));
+        let (open_key, conflict_key) = (mo_key(1, 3), mo_key(2, 2));
+        store_parts(
+            &s,
+            vec![
+                mo_part(&open_key, 1, "one ", deadline),
+                mo_part(&open_key, 3, "three", deadline),
+                mo_part(&conflict_key, 1, "old", deadline),
+            ],
+        )
+        .await;
+        let closed = store_parts(&s, vec![mo_part(&conflict_key, 1, "new", deadline)]).await;
+        assert_eq!(closed.len(), 1);
+        let due_smpp = routed("esme1", ReplyPath::Smpp, mo_message("due"), None);
+        let out = s
+            .apply(DlrWrite {
+                inbound: vec![due_smpp.clone()],
+                ..DlrWrite::default()
+            })
+            .await;
+        out.inbound.unwrap();
+        let claimed_http = routed("web", mo_http(), mo_message("claimed"), None);
+        let out = s
+            .apply(DlrWrite {
+                inbound: vec![claimed_http.clone()],
+                claim_created: Some(ClaimCreated { lease: LEASE, limit: 1 }),
+                ..DlrWrite::default()
+            })
+            .await;
+        out.inbound.unwrap();
+        assert_eq!(out.claimed.len(), 1);
+        let stats = s.stats().await.unwrap();
+        assert_eq!((stats.inbound_parts, stats.pending_deliveries), (4, 2));
+        let before = dump(&s);
+        drop(s);
+        drop(dir);
+
+        let (_dir, s) = open(tmp.path());
+        assert_eq!(dump(&s), before, "every table, entry by entry");
+        assert_eq!(s.stats().await.unwrap(), stats);
+        let later = Timestamp::now().saturating_add(Duration::from_secs(1));
+        assert_eq!(s.due_inbound_groups(later, 10).await.unwrap(), closed);
+        let c = s.claim_due(later, LEASE, 10, ClaimScope::All).await.unwrap();
+        assert_eq!(c.len(), 1, "the claimed one is still leased: {c:?}");
+        assert_eq!(
+            c[0].content,
+            DeliveryContent::Inbound(Box::new(due_smpp.message.clone()))
+        );
+        assert_eq!(c[0].target, due_smpp.target());
+        s.finish(vec![done(c[0].id, c[0].attempt, DeliveryResult::Delivered)])
+            .await
+            .unwrap();
+        let after_lease = later.saturating_add(LEASE).saturating_add(Duration::from_secs(1));
+        let c = s.claim_due(after_lease, LEASE, 10, ClaimScope::All).await.unwrap();
+        assert_eq!(c.len(), 1);
+        assert_eq!(
+            (c[0].attempt, &c[0].content),
+            (2, &DeliveryContent::Inbound(Box::new(claimed_http.message)))
+        );
+        // The open group takes its last part; the conflict's group another.
+        let complete = store_parts(&s, vec![mo_part(&open_key, 2, "two ", deadline)]).await;
+        assert_eq!(complete.len(), 1);
+        assert_eq!(complete[0].assemble("").unwrap().payload, b"one two three");
+        let next = store_parts(&s, vec![mo_part(&mo_key(3, 2), 1, "x", deadline)]).await;
+        assert!(next.is_empty());
+        let highest = s
+            .file()
+            .read(|txn| Ok(txn.open_table(INBOUND_GROUPS)?.last()?.map(|(k, _)| k.value())))
+            .unwrap();
+        assert_eq!(
+            highest,
+            Some(4),
+            "numbers continue after the three groups before the reopen"
+        );
+    });
+}
+
+/// A `dlr.redb` of the build before inbound messages (no inbound tables or counters,
+/// delivery records of minor version 0) opens, and its deliveries are receipts.
+#[test]
+fn a_file_of_the_earlier_build_opens_and_its_deliveries_are_receipts() {
+    use super::records::{DeliveryRecord, StoredOutcome, StoredTarget, parse_delivery};
+    use super::tx::decode_delivery;
+
+    #[derive(serde::Serialize)]
+    struct EarlierDeliveryRecord {
+        #[serde(rename = "t")]
+        target: StoredTarget,
+        #[serde(rename = "o")]
+        outcome: StoredOutcome,
+        #[serde(rename = "c")]
+        created_at: Timestamp,
+        #[serde(rename = "e")]
+        expires_at: Timestamp,
+    }
+
+    let tmp = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let (dir, s) = open(tmp.path());
+        s.hand_off(vec![handoff(&["e1"], vec![target(ReplyPath::Smpp)])])
+            .await
+            .unwrap();
+        s.record_receipts(vec![receipt("e1", DlrState::Delivered)])
+            .await
+            .unwrap();
+        // Make it the earlier build's file.
+        s.file()
+            .write(Durability::Immediate, |txn| {
+                let mut t = txn.open_table(DELIVERIES)?;
+                let value = t.get(1u64)?.unwrap().value().to_vec();
+                let (_, rec): (_, DeliveryRecord) = decode_delivery(1, &value)?;
+                let p = parse_delivery(&value).unwrap();
+                let earlier = super::records::tests::earlier_envelope(&EarlierDeliveryRecord {
+                    target: rec.target,
+                    outcome: rec.outcome.unwrap(),
+                    created_at: rec.created_at,
+                    expires_at: rec.expires_at,
+                });
+                let mut rewritten = value[..value.len() - p.record.len()].to_vec();
+                rewritten.extend_from_slice(&earlier);
+                t.insert(1u64, rewritten.as_slice())?;
+                drop(t);
+                txn.delete_table(INBOUND_GROUPS)?;
+                txn.delete_table(INBOUND_OPEN)?;
+                txn.delete_table(INBOUND_DUE)?;
+                let mut meta = txn.open_table(META)?;
+                meta.remove(NEXT_GROUP)?;
+                meta.remove(INBOUND_PARTS)?;
+                Ok(((), true))
+            })
+            .unwrap();
+        drop(s);
+        drop(dir);
+
+        let (_dir, s) = open(tmp.path());
+        let st = s.stats().await.unwrap();
+        assert_eq!((st.pending_deliveries, st.inbound_parts), (1, 0));
+        let c = s
+            .claim_due(
+                Timestamp::now().saturating_add(Duration::from_secs(1)),
+                LEASE,
+                10,
+                ClaimScope::All,
+            )
+            .await
+            .unwrap();
+        assert_eq!(c.len(), 1);
+        assert_eq!(outcome_of(&c[0]).state, DlrState::Delivered);
+        // And it takes inbound parts from now on.
+        let key = crate::conformance::dlr::mo_key(1, 2);
+        let part = crate::conformance::dlr::mo_part(&key, 1, "a", Timestamp::now());
+        crate::conformance::dlr::store_parts(&s, vec![part]).await;
+        assert_eq!(s.stats().await.unwrap().inbound_parts, 1);
     });
 }
 

@@ -3,6 +3,8 @@
 //! [`MemoryDlrStore`](crate::memory::MemoryDlrStore)); the differences are only what a
 //! durable, unbounded store can afford, listed in the [module docs](super).
 
+mod inbound;
+
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -14,8 +16,8 @@ use super::records::{
     track_key, track_name, track_of_expiry_key, track_unit,
 };
 use crate::dlr::{
-    ClaimScope, Delivery, DeliveryFinish, DeliveryId, DeliveryResult, DlrRetention, ExpiryReport, Handoff,
-    HandoffOutcome, ProviderReceipt, ReceiptMatch, ReplyPath,
+    ClaimScope, Delivery, DeliveryContent, DeliveryFinish, DeliveryId, DeliveryResult, DlrRetention, ExpiryReport,
+    Handoff, HandoffOutcome, ProviderReceipt, ReceiptMatch, ReplyPath,
 };
 use crate::envelope::{self, RecordKind};
 use crate::file::engine::db::{Fail, META, check_layout, get_counter};
@@ -29,8 +31,13 @@ pub(crate) const ORPHAN_EXPIRY: TableDefinition<&[u8], ()> = TableDefinition::ne
 pub(crate) const DELIVERIES: TableDefinition<u64, &[u8]> = TableDefinition::new("deliveries");
 pub(crate) const DUE: TableDefinition<&[u8; 16], ()> = TableDefinition::new("due");
 pub(crate) const SMPP_BY_ACCOUNT: TableDefinition<(&str, u64), ()> = TableDefinition::new("smpp_by_account");
+#[cfg(test)]
+pub(crate) use self::inbound::INBOUND_OPEN;
+pub(crate) use self::inbound::{INBOUND_DUE, INBOUND_GROUPS, INBOUND_PARTS, NEXT_GROUP, decode_group};
 
-/// Table layout version of `dlr.redb`.
+/// Table layout version of `dlr.redb`. The inbound tables came without a new layout: a
+/// file of an earlier build gets them (empty) at its next open, and its delivery records
+/// decode as receipts.
 pub(crate) const LAYOUT: u64 = 1;
 /// Meta counter: branches not yet resolved (the `tracks` table also holds resolved ones).
 pub(crate) const AWAITING: &str = "awaiting";
@@ -52,6 +59,7 @@ pub(crate) fn init(txn: &WriteTransaction) -> Result<(), Fail> {
     let deliveries = txn.open_table(DELIVERIES)?;
     let due = txn.open_table(DUE)?;
     txn.open_table(SMPP_BY_ACCOUNT)?;
+    inbound::init(txn)?;
     let meta = txn.open_table(META)?;
     for entry in [tracks.first()?, tracks.last()?].into_iter().flatten() {
         decode_track(entry.0.value(), entry.1.value())?;
@@ -107,8 +115,31 @@ fn decode_orphan(key: &[u8], bytes: &[u8]) -> Result<OrphanRecord, Fail> {
 /// Decode a whole `deliveries` value: its header, SMPP account and record.
 pub(crate) fn decode_delivery(id: u64, value: &[u8]) -> Result<(DeliveryHeader, DeliveryRecord), Fail> {
     let v = delivery_parts(id, value)?;
-    let rec = envelope::decode(RecordKind::DlrDelivery, v.record).map_err(|e| Fail::record("deliveries", id, e))?;
+    let rec: DeliveryRecord =
+        envelope::decode(RecordKind::DlrDelivery, v.record).map_err(|e| Fail::record("deliveries", id, e))?;
+    if rec.outcome.is_some() == rec.inbound.is_some() {
+        return Err(Fail::Invalid {
+            table: "deliveries",
+            detail: format!("key {id}: a delivery carries either a receipt or an inbound message"),
+        });
+    }
     Ok((v.header, rec))
+}
+
+/// A delivery as the contract hands it out.
+fn delivery_of(id: u64, attempt: u32, rec: DeliveryRecord) -> Result<Delivery, Fail> {
+    let content = rec.content().ok_or_else(|| Fail::Invalid {
+        table: "deliveries",
+        detail: format!("key {id}: a delivery carries either a receipt or an inbound message"),
+    })?;
+    Ok(Delivery {
+        id: DeliveryId(id),
+        attempt,
+        target: rec.target.into(),
+        content,
+        created_at: rec.created_at,
+        expires_at: rec.expires_at,
+    })
 }
 
 /// Parse a `deliveries` value's header; a malformed one is corruption.
@@ -146,6 +177,10 @@ pub(crate) struct Tx<'t> {
     due: Table<'t, &'static [u8; 16], ()>,
     by_account: Table<'t, (&'static str, u64), ()>,
     meta: Table<'t, &'static str, u64>,
+    txn: &'t WriteTransaction,
+    /// The inbound tables and counters, opened by the first inbound write of the
+    /// transaction (a step of receipts alone does not pay for them).
+    inbound: Option<inbound::InboundTables<'t>>,
     awaiting: u64,
     next_delivery: u64,
     counters_dirty: bool,
@@ -181,6 +216,8 @@ impl<'t> Tx<'t> {
             due: txn.open_table(DUE)?,
             by_account: txn.open_table(SMPP_BY_ACCOUNT)?,
             meta,
+            txn,
+            inbound: None,
             awaiting,
             next_delivery,
             counters_dirty: false,
@@ -228,6 +265,11 @@ impl<'t> Tx<'t> {
         if self.counters_dirty {
             self.meta.insert(AWAITING, self.awaiting)?;
             self.meta.insert(NEXT_DELIVERY, self.next_delivery)?;
+            self.changed = true;
+        }
+        if let Some(t) = self.inbound.as_ref().filter(|t| t.counters_dirty) {
+            self.meta.insert(NEXT_GROUP, t.next_group)?;
+            self.meta.insert(INBOUND_PARTS, t.parts)?;
             self.changed = true;
         }
         Ok(self.changed)
@@ -441,7 +483,7 @@ impl<'t> Tx<'t> {
             if target.failure_only && outcome.state.is_success() {
                 continue;
             }
-            self.create_delivery(target, outcome.clone(), now)?;
+            self.create_delivery(target, DeliveryContent::Receipt(outcome.clone().into()), now)?;
         }
         Ok(())
     }
@@ -527,7 +569,7 @@ impl<'t> Tx<'t> {
 
     // ---- deliveries -------------------------------------------------------------------
 
-    fn create_delivery(&mut self, target: StoredTarget, outcome: StoredOutcome, now: Timestamp) -> Result<(), Fail> {
+    fn create_delivery(&mut self, target: StoredTarget, content: DeliveryContent, now: Timestamp) -> Result<(), Fail> {
         self.next_delivery += 1;
         let id = self.next_delivery;
         let expires_at = now.saturating_add(self.retention.retention);
@@ -553,26 +595,18 @@ impl<'t> Tx<'t> {
                 indexed: false,
             },
         };
-        let rec = DeliveryRecord {
-            target,
-            outcome,
-            created_at: now,
-            expires_at,
-        };
+        let claimed = lease_end.is_some() && self.claim.is_some();
+        let rec = DeliveryRecord::new(target, content, now, expires_at);
         let record = encode(RecordKind::DlrDelivery, "deliveries", id, &rec)?;
         let account = smpp.then_some(rec.target.account.as_str());
         self.deliveries
             .insert(id, delivery_value(header, account, &record).as_slice())?;
         self.due.insert(&due_key(header.due_at, id), ())?;
-        if let Some(claim) = self.claim.as_mut().filter(|_| lease_end.is_some()) {
-            claim.claimed.push(Delivery {
-                id: DeliveryId(id),
-                attempt: header.attempt,
-                target: rec.target.into(),
-                outcome: rec.outcome.into(),
-                created_at: rec.created_at,
-                expires_at: rec.expires_at,
-            });
+        if claimed {
+            let d = delivery_of(id, header.attempt, rec)?;
+            if let Some(claim) = self.claim.as_mut() {
+                claim.claimed.push(d);
+            }
         }
         self.counters_dirty = true;
         self.changed = true;
@@ -695,14 +729,7 @@ impl<'t> Tx<'t> {
                     detail: format!("delivery {id} is due but has no record"),
                 });
             };
-            out.push(Delivery {
-                id: DeliveryId(id),
-                attempt: header.attempt,
-                target: rec.target.into(),
-                outcome: rec.outcome.into(),
-                created_at: rec.created_at,
-                expires_at: rec.expires_at,
-            });
+            out.push(delivery_of(id, header.attempt, rec)?);
         }
         Ok(out)
     }

@@ -1,6 +1,6 @@
-//! Pending downstream receipts (`dlr_deliveries`): decoding a delivery row, and one
-//! statement each to claim due deliveries, finish claimed ones and wake an SMPP
-//! account's.
+//! Pending downstream deliveries (`dlr_deliveries`: receipts and inbound messages):
+//! decoding a delivery row, and one statement each to claim due deliveries, finish
+//! claimed ones and wake an SMPP account's.
 //!
 //! A claim increments `attempt` and moves `due_at` to the lease end, so a crashed
 //! deliverer's claim lapses by itself, and a result is applied only to the attempt it
@@ -12,35 +12,53 @@ use std::time::Duration;
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 
-use super::records::{StoredTarget, ms, plus, state_of, ts};
+use super::records::{StoredInbound, StoredTarget, ms, plus, state_of, ts};
 use super::{OpError, PostgresDlrStore};
-use crate::dlr::{ClaimScope, Delivery, DeliveryFinish, DeliveryId, DeliveryResult, ReceiptOutcome};
+use crate::dlr::{ClaimScope, Delivery, DeliveryContent, DeliveryFinish, DeliveryId, DeliveryResult, ReceiptOutcome};
 use crate::ids::Timestamp;
 
 /// Rows `wake_account` updates per statement.
 const WAKE_BATCH: i64 = 10_000;
 
 impl PostgresDlrStore {
+    /// A delivery from a row of `id, attempt, target::text AS target, state, error,
+    /// done_at, inbound::text AS inbound, inbound_payload, created_at, expires_at`, as
+    /// every statement returning deliveries names them.
     pub(super) fn delivery_of(&self, row: &PgRow) -> Result<Delivery, OpError> {
         let id: i64 = row.try_get("id")?;
         let attempt: i32 = row.try_get("attempt")?;
         let target: String = row.try_get("target")?;
-        let code: i16 = row.try_get("state")?;
         let stored: StoredTarget = serde_json::from_str(&target)
             .map_err(|e| self.corrupt(format_args!("delivery {id}: receipt target: {e}")))?;
-        let target = stored.into_target().map_err(|(kind, detail)| {
+        let located = |(kind, detail): (_, String)| {
             OpError::Failure(self.loc.failure(kind, format_args!("delivery {id}: {detail}")))
-        })?;
-        let state = state_of(code).ok_or_else(|| self.corrupt(format_args!("delivery {id}: state {code}")))?;
+        };
+        let target = stored.into_target().map_err(located)?;
+        let inbound: Option<String> = row.try_get("inbound")?;
+        let content = match inbound {
+            Some(json) => {
+                let payload: Vec<u8> = row
+                    .try_get::<Option<Vec<u8>>, _>("inbound_payload")?
+                    .unwrap_or_default();
+                DeliveryContent::Inbound(Box::new(StoredInbound::decode(&json, payload).map_err(located)?))
+            }
+            None => {
+                let code: Option<i16> = row.try_get("state")?;
+                let state = code
+                    .and_then(state_of)
+                    .ok_or_else(|| self.corrupt(format_args!("delivery {id}: state {code:?}")))?;
+                DeliveryContent::Receipt(ReceiptOutcome {
+                    state,
+                    error: row.try_get::<Option<String>, _>("error")?.unwrap_or_default(),
+                    done_at: ts(row.try_get::<Option<i64>, _>("done_at")?.unwrap_or(0)),
+                })
+            }
+        };
         Ok(Delivery {
             id: DeliveryId(u64::try_from(id).unwrap_or(0)),
             attempt: u32::try_from(attempt).unwrap_or(0),
             target,
-            outcome: ReceiptOutcome {
-                state,
-                error: row.try_get("error")?,
-                done_at: ts(row.try_get("done_at")?),
-            },
+            content,
             created_at: ts(row.try_get("created_at")?),
             expires_at: ts(row.try_get("expires_at")?),
         })
@@ -65,7 +83,8 @@ impl PostgresDlrStore {
 UPDATE dlr_deliveries d SET attempt = d.attempt + 1, due_at = $2, lease_until = $2
  WHERE d.id = ANY(ARRAY(SELECT id FROM dlr_deliveries WHERE due_at <= $1
                          ORDER BY due_at, id LIMIT $3 FOR UPDATE SKIP LOCKED))
-RETURNING d.id, d.attempt, d.target::text AS target, d.state, d.error, d.done_at, d.created_at, d.expires_at",
+RETURNING d.id, d.attempt, d.target::text AS target, d.state, d.error, d.done_at, d.inbound::text AS inbound,
+          d.inbound_payload, d.created_at, d.expires_at",
                 )
                 .bind(now)
                 .bind(plus(now, lease))
@@ -86,7 +105,8 @@ UPDATE dlr_deliveries d SET attempt = d.attempt + 1, due_at = $2, lease_until = 
               (SELECT id FROM dlr_deliveries WHERE smpp AND account = ANY($4) AND due_at <= $1
                 ORDER BY due_at, id LIMIT $3)))
         ORDER BY due_at, id LIMIT $3 FOR UPDATE SKIP LOCKED))
-RETURNING d.id, d.attempt, d.target::text AS target, d.state, d.error, d.done_at, d.created_at, d.expires_at",
+RETURNING d.id, d.attempt, d.target::text AS target, d.state, d.error, d.done_at, d.inbound::text AS inbound,
+          d.inbound_payload, d.created_at, d.expires_at",
                 )
                 .bind(now)
                 .bind(plus(now, lease))

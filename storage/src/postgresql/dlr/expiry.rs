@@ -1,6 +1,7 @@
 //! Expiry and stats: `expire` drops what is past retention, at most `limit` of each
-//! kind per call, and folds the counter deltas; `stats` reads the counters in one
-//! statement.
+//! kind per call (inbound deliveries die like receipts'; multipart groups are never
+//! expired: past their deadline they are due and written by the caller), and folds the
+//! counter deltas; `stats` reads the counters in one statement.
 //!
 //! Rows are picked with `FOR UPDATE SKIP LOCKED`, so `expire` never waits on the hot
 //! path and never deletes a track a handoff or receipt is working on.
@@ -72,9 +73,11 @@ gone_correlations AS (
 ), fold AS (
     UPDATE dlr_counters c
        SET awaiting = c.awaiting + s.awaiting, correlations = c.correlations + s.correlations,
-           orphans = c.orphans + s.orphans, deliveries = c.deliveries + s.deliveries
+           orphans = c.orphans + s.orphans, deliveries = c.deliveries + s.deliveries,
+           inbound_parts = c.inbound_parts + s.inbound_parts
       FROM (SELECT COALESCE(sum(awaiting), 0) AS awaiting, COALESCE(sum(correlations), 0) AS correlations,
-                   COALESCE(sum(orphans), 0) AS orphans, COALESCE(sum(deliveries), 0) AS deliveries
+                   COALESCE(sum(orphans), 0) AS orphans, COALESCE(sum(deliveries), 0) AS deliveries,
+                   COALESCE(sum(inbound_parts), 0) AS inbound_parts
               FROM folded) s
      WHERE c.id = 1
 )
@@ -102,10 +105,11 @@ SELECT (c.awaiting + COALESCE(d.awaiting, 0))::int8 AS awaiting,
        (c.correlations + COALESCE(d.correlations, 0))::int8 AS correlations,
        (c.orphans + COALESCE(d.orphans, 0))::int8 AS orphans,
        (c.deliveries + COALESCE(d.deliveries, 0))::int8 AS deliveries,
+       (c.inbound_parts + COALESCE(d.inbound_parts, 0))::int8 AS inbound_parts,
        (SELECT created_at FROM dlr_deliveries ORDER BY expires_at LIMIT 1) AS oldest
   FROM dlr_counters c,
        (SELECT sum(awaiting) AS awaiting, sum(correlations) AS correlations, sum(orphans) AS orphans,
-               sum(deliveries) AS deliveries FROM dlr_counter_deltas) d
+               sum(deliveries) AS deliveries, sum(inbound_parts) AS inbound_parts FROM dlr_counter_deltas) d
  WHERE c.id = 1",
         )
         .fetch_one(&self.pool)
@@ -119,6 +123,7 @@ SELECT (c.awaiting + COALESCE(d.awaiting, 0))::int8 AS awaiting,
             // (read from the expiry index; no index on created_at just for this).
             oldest_pending_delivery: row.try_get::<Option<i64>, _>("oldest")?.map(ts),
             orphans: n("orphans")?,
+            inbound_parts: n("inbound_parts")?,
         })
     }
 }

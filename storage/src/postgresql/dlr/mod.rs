@@ -22,11 +22,14 @@
 //! * `handoff.rs`: handoffs of a step.
 //! * `receipts.rs`: provider receipts of a step: matched, recorded once, or orphaned.
 //! * `deliveries.rs`: claiming, finishing and waking deliveries.
+//! * `inbound.rs`: inbound messages of a step: multipart parts in their groups, routed
+//!   messages as deliveries, groups written; due groups.
 //! * `expiry.rs`: expiry and stats.
 
 mod deliveries;
 mod expiry;
 mod handoff;
+mod inbound;
 mod receipts;
 mod records;
 mod rounds;
@@ -54,6 +57,7 @@ use crate::dlr::{
 };
 use crate::error::{BackendFailure, DlrError, FailureKind};
 use crate::ids::Timestamp;
+use crate::inbound::InboundGroup;
 
 /// Connection settings of a [`PostgresDlrStore`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -227,6 +231,14 @@ impl DlrStore for PostgresDlrStore {
         self.timed(async { self.done(self.stats_op().await) }).await
     }
 
+    async fn due_inbound_groups(&self, now: Timestamp, limit: usize) -> Result<Vec<InboundGroup>, DlrError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.timed(async { self.done(self.due_inbound_groups_op(now, limit).await) })
+            .await
+    }
+
     /// The whole step in one transaction: one commit (one WAL flush) for everything the
     /// correlator gathered meanwhile, instead of one per kind of write.
     async fn apply(&self, step: DlrWrite) -> DlrWriteOutcome {
@@ -255,6 +267,7 @@ impl DlrStore for PostgresDlrStore {
         };
         let receipts: Vec<Rcpt> = step.receipts.iter().map(Rcpt::of).collect();
         let finishes = step.finishes;
+        let (parts, messages, dropped) = (step.inbound_parts, step.inbound, step.inbound_dropped);
         let now = ms(Timestamp::now());
         let result = self
             .timed(async {
@@ -265,12 +278,16 @@ impl DlrStore for PostgresDlrStore {
                     self.hand_off_tx(tx, &hands, now, &mut claim).await?;
                     let matches = self.record_receipts_tx(tx, &receipts, now, &mut claim).await?;
                     self.finish_tx(tx, &finishes).await?;
-                    (matches, claim.claimed)
+                    let ready = self.inbound_tx(tx, &parts, &messages, &dropped, now, &mut claim).await?;
+                    (matches, claim.claimed, ready)
                 })
             })
             .await;
         match result {
-            Ok((matches, claimed)) => DlrWriteOutcome::committed(matches, claimed),
+            Ok((matches, claimed, complete_groups)) => DlrWriteOutcome {
+                complete_groups,
+                ..DlrWriteOutcome::committed(matches, claimed)
+            },
             Err(e) => DlrWriteOutcome::failed(e),
         }
     }

@@ -14,6 +14,7 @@ use uuid::Uuid;
 use crate::dlr::{DlrState, ReceiptTarget, ReplyPath};
 use crate::error::FailureKind;
 use crate::ids::{MessageId, Timestamp};
+use crate::inbound::{InboundGroupKey, InboundMessage};
 use crate::record::Address;
 
 pub(super) fn ms(t: Timestamp) -> i64 {
@@ -79,6 +80,20 @@ struct StoredAddress {
     addr: String,
 }
 
+impl StoredAddress {
+    fn of(a: &Address) -> Self {
+        Self {
+            ton: a.ton,
+            npi: a.npi,
+            addr: a.addr.clone(),
+        }
+    }
+
+    fn into_address(self) -> Address {
+        Address::new(self.ton, self.npi, self.addr)
+    }
+}
+
 const TARGET_VERSION: u32 = 1;
 
 impl StoredTarget {
@@ -136,3 +151,77 @@ impl StoredTarget {
 pub(super) fn targets_json(targets: &[ReceiptTarget]) -> Result<String, serde_json::Error> {
     serde_json::to_string(&targets.iter().map(StoredTarget::of).collect::<Vec<_>>())
 }
+
+/// Stored shape of an [`InboundMessage`] without its payload (JSONB; the payload is a
+/// `bytea` column beside it). Its own type, like [`StoredTarget`]; `v` is the major
+/// version.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct StoredInbound {
+    v: u32,
+    id: Uuid,
+    from_destination: String,
+    source: StoredAddress,
+    destination: StoredAddress,
+    data_coding: u8,
+    received_at: u64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    route: String,
+    #[serde(default)]
+    incomplete: bool,
+}
+
+const INBOUND_VERSION: u32 = 1;
+
+impl StoredInbound {
+    pub(super) fn of(m: &InboundMessage) -> Self {
+        Self {
+            v: INBOUND_VERSION,
+            id: m.id.as_uuid(),
+            from_destination: m.from_destination.clone(),
+            source: StoredAddress::of(&m.source),
+            destination: StoredAddress::of(&m.destination),
+            data_coding: m.data_coding,
+            received_at: m.received_at.0,
+            route: m.route.clone(),
+            incomplete: m.incomplete,
+        }
+    }
+
+    pub(super) fn json(m: &InboundMessage) -> Result<String, serde_json::Error> {
+        serde_json::to_string(&Self::of(m))
+    }
+
+    /// The message, from its stored JSON and payload.
+    pub(super) fn decode(json: &str, payload: Vec<u8>) -> Result<InboundMessage, (FailureKind, String)> {
+        let s: Self =
+            serde_json::from_str(json).map_err(|e| (FailureKind::Corrupt, format!("inbound message: {e}")))?;
+        if s.v != INBOUND_VERSION {
+            return Err((
+                FailureKind::UnsupportedVersion,
+                format!("inbound message version {} (this Sendium reads {INBOUND_VERSION})", s.v),
+            ));
+        }
+        Ok(InboundMessage {
+            id: MessageId::from_uuid(s.id),
+            from_destination: s.from_destination,
+            source: s.source.into_address(),
+            destination: s.destination.into_address(),
+            data_coding: s.data_coding,
+            payload,
+            received_at: Timestamp(s.received_at),
+            route: s.route,
+            incomplete: s.incomplete,
+        })
+    }
+}
+
+/// The second key of a group key's transaction lock (its first is
+/// [`INBOUND_LOCK_CLASS`]): the CRC-32 of its stable bytes. Two keys sharing a hash only
+/// wait for each other.
+pub(super) fn group_lock(key: &InboundGroupKey) -> i32 {
+    i32::from_be_bytes(crate::envelope::crc32(&key.to_bytes()).to_be_bytes())
+}
+
+/// Advisory lock class of inbound group keys ("SDMO"), apart from the stages' ("SEND")
+/// and from sqlx's one-key migration lock.
+pub(super) const INBOUND_LOCK_CLASS: i32 = 0x5344_4D4F;

@@ -176,7 +176,8 @@ WITH x AS (
      ORDER BY c.unit, c.branch, c.n
     RETURNING id, attempt, target, state, error, done_at, created_at, expires_at
 )
-SELECT id, attempt, target::text AS target, state, error, done_at, created_at, expires_at
+SELECT id, attempt, target::text AS target, state, error, done_at, NULL::text AS inbound,
+       NULL::bytea AS inbound_payload, created_at, expires_at
   FROM d WHERE attempt = 1";
 
 impl PostgresDlrStore {
@@ -241,8 +242,8 @@ impl PostgresDlrStore {
 
 /// What a transaction may still claim of the deliveries it creates, and what it did.
 pub(super) struct ClaimBudget {
-    left: i64,
-    lease_until: i64,
+    pub(super) left: i64,
+    pub(super) lease_until: i64,
     pub(super) claimed: Vec<Delivery>,
 }
 
