@@ -74,7 +74,9 @@ async fn a_corrupt_or_truncated_store_stops_startup_naming_the_file() {
         let mut b = bytes.clone();
         match damage {
             "header" => b[..64].iter_mut().for_each(|x| *x ^= 0x5A),
-            _ => b.truncate(bytes.len() / 3),
+            // Into the file's first page: how much of a longer file is in use depends on
+            // how far the killed process got, and a cut through unused space is no damage.
+            _ => b.truncate(bytes.len().min(4096) / 3),
         }
         std::fs::write(&pending, &b).unwrap();
         let mut again = builder(&file_config(FFF), smsc.port(), dir.path()).spawn();
