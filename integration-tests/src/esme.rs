@@ -843,6 +843,11 @@ impl TestEsme {
         self.inner.receipts.lock().clone()
     }
 
+    /// How many mobile-originated deliver_sm were received so far.
+    pub fn mo_count(&self) -> usize {
+        self.inner.mo.lock().len()
+    }
+
     /// Mobile-originated deliver_sm received so far.
     pub fn mo_messages(&self) -> Vec<MoMessage> {
         self.inner.mo.lock().clone()

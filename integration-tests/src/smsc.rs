@@ -955,6 +955,11 @@ impl TestSmsc {
         self.shared.dispatch(pending);
     }
 
+    /// How many deliver_sm_resp to mobile-originated messages came so far.
+    pub fn mo_answer_count(&self) -> usize {
+        self.shared.mo_answers.lock().len()
+    }
+
     /// deliver_sm_resp statuses of mobile-originated messages so far, by tag, in order.
     pub fn mo_answers(&self) -> Vec<(String, u32)> {
         self.shared.mo_answers.lock().clone()

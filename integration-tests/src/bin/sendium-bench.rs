@@ -29,6 +29,7 @@
 //!               [--trickle-rate 1000] [--trickle-seconds 20]
 //!               [--flood] [--flood-messages 100000] [--flood-pairs 5]
 //!               [--http] [--http-messages 200000] [--http-clients 50]
+//!               [--mo] [--mo-messages 100000]
 //! ```
 //!
 //! The outbox phase (`bench/outbox.rs`) runs after the profiles of each round: by
@@ -36,7 +37,9 @@
 //! (`bench/flood.rs`) runs with `--flood` (alone without `--profile`). The HTTP phase
 //! (`bench/http_phase.rs`: `POST /v1/messages` with and without `callback_url`, on the
 //! memory and file-file-file+dlr-file profiles; msgs/s and the gateway's CPU per message)
-//! runs by default, or alone with `--http` and no `--profile`.
+//! runs by default, or alone with `--http` and no `--profile`. The inbound phase
+//! (`bench/mo.rs`: mobile-originated messages from the test SMSC to a bound ESME, on the
+//! memory and file-file-file+dlr-file profiles) likewise, or alone with `--mo`.
 //!
 //! The gateway binary is `$SENDIUM_BIN`, else `sendium` next to this executable (so
 //! `./target/release/sendium-bench` uses `./target/release/sendium`). Build both with
@@ -65,6 +68,8 @@ use serde_json::{Value, json};
 mod flood;
 #[path = "../bench/http_phase.rs"]
 mod http_phase;
+#[path = "../bench/mo.rs"]
+mod mo;
 #[path = "../bench/outbox.rs"]
 mod outbox;
 
@@ -77,6 +82,7 @@ const USAGE: &str = "usage: sendium-bench [--profile NAME]... [--include-unsuppo
                      [--trickle-rate 1000] [--trickle-seconds 20]
                      [--flood] [--flood-messages 100000] [--flood-pairs 5]
                      [--http] [--http-messages 200000] [--http-clients 50]
+                     [--mo] [--mo-messages 100000]
 
 Runs the release sendium binary ($SENDIUM_BIN, else next to this executable) per storage
 profile against the test SMSC, driven by the load generator: phase 1 at full speed
@@ -97,7 +103,11 @@ The HTTP phase (run by default, or alone with --http and no --profile): POST /v1
 from --http-clients keep-alive connections, --http-messages per row, without and with a
 callback_url (to a sink in the bench), on the memory and file-file-file+dlr-file
 profiles: msgs/s until every message is done (its callback back, or without one its
-submit_sm answered), the gateway's CPU µs per message over that window, 202 p50/p99.";
+submit_sm answered), the gateway's CPU µs per message over that window, 202 p50/p99.
+The inbound phase (run by default, or alone with --mo and no --profile): --mo-messages
+deliver_sm from the test SMSC, routed by one [[mo-routes]] entry to a bound receiver,
+on the memory and file-file-file+dlr-file profiles: msgs/s from the first sent to the
+last received, and the gateway's CPU µs per message.";
 
 /// The ESME account the load generator binds with; with several gateway processes, the
 /// load generator of process `i` binds as account `i` (system id and password), so each
@@ -304,6 +314,8 @@ struct Options {
     http: bool,
     http_messages: u64,
     http_clients: usize,
+    mo: bool,
+    mo_messages: u64,
 }
 
 fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
@@ -340,6 +352,8 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
         // A row takes 4-20 s on the 2-core VM: 200,000 messages at 10,000-50,000 msgs/s.
         http_messages: 200_000,
         http_clients: 50,
+        mo: false,
+        mo_messages: 100_000,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -402,6 +416,8 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
             "--http" => o.http = true,
             "--http-messages" => o.http_messages = num(flag, value()?)?,
             "--http-clients" => o.http_clients = num(flag, value()?)?,
+            "--mo" => o.mo = true,
+            "--mo-messages" => o.mo_messages = num(flag, value()?)?,
             "--markdown" => o.markdown = true,
             "--json" => o.json = true,
             "--list" => {
@@ -417,7 +433,14 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
         if inline.is_some()
             && matches!(
                 flag,
-                "--include-unsupported" | "--show-config" | "--markdown" | "--json" | "--outbox" | "--flood" | "--http"
+                "--include-unsupported"
+                    | "--show-config"
+                    | "--markdown"
+                    | "--json"
+                    | "--outbox"
+                    | "--flood"
+                    | "--http"
+                    | "--mo"
             )
         {
             return Err(format!("{flag} takes no value"));
@@ -435,17 +458,18 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
     if o.flood_messages == 0 || o.flood_pairs == 0 {
         return Err("--flood-messages and --flood-pairs must be at least 1".into());
     }
-    if o.http_messages == 0 || o.http_clients == 0 {
-        return Err("--http-messages and --http-clients must be at least 1".into());
+    if o.http_messages == 0 || o.http_clients == 0 || o.mo_messages == 0 {
+        return Err("--http-messages, --http-clients and --mo-messages must be at least 1".into());
     }
     // No --profile: every profile, the outbox and the HTTP phases, or the outbox, flood or
     // HTTP phase alone.
-    if o.profiles.is_empty() && (o.outbox || o.flood || o.http) {
+    if o.profiles.is_empty() && (o.outbox || o.flood || o.http || o.mo) {
         return Ok(Some(o));
     }
     if o.profiles.is_empty() {
         o.outbox = true;
         o.http = true;
+        o.mo = true;
         o.profiles = PROFILES
             .iter()
             .filter(|p| p.supported || o.include_unsupported)
@@ -2032,6 +2056,7 @@ fn main() {
     let mut outbox_runs = Vec::new();
     let mut flood_runs = Vec::new();
     let mut http_runs = Vec::new();
+    let mut mo_runs = Vec::new();
     let rounds = bench.opts.rounds;
     for round in 1..=rounds {
         for profile in &bench.opts.profiles {
@@ -2056,11 +2081,18 @@ fn main() {
                 run
             }));
         }
+        if bench.opts.mo {
+            mo_runs.extend(bench.run_mo(round).into_iter().map(|mut run| {
+                run.round = (rounds > 1).then_some(round);
+                run
+            }));
+        }
     }
     let failed = rows.iter().any(|r| r.failed)
         || outbox_runs.iter().any(|r| r.failed)
         || flood_runs.iter().any(|r| r.failed)
-        || http_runs.iter().any(|r| r.failed);
+        || http_runs.iter().any(|r| r.failed)
+        || mo_runs.iter().any(|r| r.failed);
     let http_settings = http_phase::settings(
         bench.opts.http_clients,
         bench.opts.http_messages,
@@ -2071,6 +2103,7 @@ fn main() {
         let mut out = json_output(&rows, &ctx);
         out["outbox"] = Value::Array(outbox_runs.iter().map(outbox::OutboxRun::json).collect());
         out["flood"] = Value::Array(flood_runs.iter().map(flood::FloodRun::json).collect());
+        out["mo"] = Value::Array(mo_runs.iter().map(mo::MoRun::json).collect());
         if bench.opts.http {
             out["http"] = json!({
                 "settings": http_settings,
@@ -2106,6 +2139,13 @@ fn main() {
                     )
                 );
             }
+        }
+        if !mo_runs.is_empty() {
+            println!("\nInbound phase:\n");
+            print!(
+                "{}",
+                md_table(&mo::HEADERS, mo_runs.iter().map(mo::MoRun::cells), |i| i >= 2)
+            );
         }
         if !flood_runs.is_empty() {
             println!("\nFlood phase:\n");
@@ -2164,6 +2204,13 @@ fn main() {
                     )
                 );
             }
+        }
+        if !mo_runs.is_empty() {
+            println!("\nInbound phase:");
+            print!(
+                "{}",
+                text_grid(&mo::HEADERS, mo_runs.iter().map(mo::MoRun::cells).collect(), |i| i >= 2)
+            );
         }
         if !flood_runs.is_empty() {
             println!("\nFlood phase:");
