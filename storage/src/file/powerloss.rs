@@ -36,11 +36,12 @@ use super::{DataDir, FileDlrStore, FilePendingStore, FileRoutedWorkStore, FileRo
 use crate::conformance::fixtures::{delivered, receipt, retention, routed_to, target, unit_handoff};
 use crate::conformance::ops::{DlrOps as _, PendingOps as _, RoutedWorkOps as _, RouterQueueOps as _};
 use crate::conformance::record;
-use crate::dlr::{ClaimScope, DlrState, DlrStore, ReceiptMatch, ReplyPath};
+use crate::dlr::{ClaimScope, DlrState, DlrStore, DlrWrite, ReceiptMatch, ReplyPath};
 use crate::ids::{MessageId, ReadySeq, Timestamp, UnitId};
+use crate::inbound::{InboundGroupKey, InboundMessage, InboundPart, RoutedInbound};
 use crate::memory::PendingLimits;
 use crate::pending::PendingStore;
-use crate::record::PendingRecord;
+use crate::record::{Address, PendingRecord};
 use crate::routed_work::{BranchDone, BranchOutcome, RoutedUnit, RoutedWorkStore};
 use crate::router_queue::{RouterQueueStore, StagedUnit};
 
@@ -354,11 +355,26 @@ struct Message {
     submit_id: Option<MessageId>,
 }
 
+/// An inbound message the DLR store was given: a whole one (`parts` empty), or a
+/// two-part one (named by its first part's id) whose parts were stored one round apart
+/// and written as one delivery once complete.
+#[derive(Default)]
+struct Inbound {
+    /// The whole message stored, or (multipart) the group written as its delivery.
+    stored: Option<Op>,
+    /// Multipart: each part's store, by position.
+    parts: Vec<(Op, MessageId)>,
+    /// Its delivery finished (delivered).
+    finished: Option<Op>,
+}
+
 #[derive(Default)]
 struct Ledger {
     admissions: Vec<(Op, Vec<UnitId>)>,
     messages: BTreeMap<UnitId, Message>,
     manifests: Vec<(Op, Manifest)>,
+    /// By the id their delivery carries.
+    inbound: BTreeMap<MessageId, Inbound>,
 }
 
 struct Stores {
@@ -511,6 +527,10 @@ async fn workload(s: &Stores, disk: &CrashDisk, rounds: usize) -> Ledger {
                 ledger.messages.get_mut(id).unwrap().released = Some(op);
             }
         }
+        // Inbound messages: a whole one each round, and a two-part one whose first part
+        // comes in even rounds and second in odd ones; the completed group is written as
+        // one delivery by the next step.
+        inbound_round(s, disk, &mut ledger, r).await;
         // Three rounds ago: the receipts were delivered to the ESME.
         if r >= 3 {
             let claimed = s
@@ -538,6 +558,9 @@ async fn workload(s: &Stores, disk: &CrashDisk, rounds: usize) -> Ledger {
                 if let Some(id) = by_submit.get(&d.target.submit_id) {
                     ledger.messages.get_mut(id).unwrap().finished = Some(op);
                 }
+                if let Some(m) = ledger.inbound.get_mut(&d.target.submit_id) {
+                    m.finished = Some(op);
+                }
             }
         }
         if r == rounds / 2 {
@@ -555,6 +578,90 @@ async fn workload(s: &Stores, disk: &CrashDisk, rounds: usize) -> Ledger {
         }
     }
     ledger
+}
+
+/// One round's inbound step (see the workload).
+async fn inbound_round(s: &Stores, disk: &CrashDisk, ledger: &mut Ledger, r: usize) {
+    let now = Timestamp::now();
+    let message = |source: String, payload: &[u8]| InboundMessage {
+        id: MessageId::generate(),
+        from_destination: "up".into(),
+        source: Address::new(1, 1, source),
+        destination: Address::new(0, 0, "81234"),
+        data_coding: 0,
+        payload: payload.to_vec(),
+        received_at: now,
+        route: String::new(),
+        incomplete: false,
+    };
+    let routed = |m: InboundMessage, group: Option<u64>| RoutedInbound {
+        account: "esme1".into(),
+        reply: ReplyPath::Smpp,
+        message: m,
+        group,
+    };
+    let whole = message(format!("4479{r:04}"), format!("inbound {r}").as_bytes());
+    let part = InboundPart {
+        key: InboundGroupKey {
+            from_destination: "up".into(),
+            source: "447700900001".into(),
+            destination: "81234".into(),
+            reference: u16::try_from(r / 2).unwrap_or(u16::MAX),
+            total: 2,
+        },
+        seq: if r.is_multiple_of(2) { 1 } else { 2 },
+        deadline: now.saturating_add(Duration::from_secs(3600)),
+        message: message("447700900001".into(), format!("part {r}").as_bytes()),
+    };
+    let write = DlrWrite {
+        inbound: vec![routed(whole.clone(), None)],
+        inbound_parts: vec![part.clone()],
+        ..DlrWrite::default()
+    };
+    let issued = disk.syncs();
+    let outcome = s.dlr.apply(write).await;
+    outcome.inbound.expect("inbound stored");
+    let op = Op {
+        issued,
+        acked: Some(disk.syncs()),
+    };
+    ledger.inbound.insert(
+        whole.id,
+        Inbound {
+            stored: Some(op),
+            ..Inbound::default()
+        },
+    );
+    if part.seq == 1 {
+        ledger.inbound.insert(
+            part.message.id,
+            Inbound {
+                parts: vec![(op, part.message.id)],
+                ..Inbound::default()
+            },
+        );
+    }
+    for group in outcome.complete_groups {
+        let Some(first) = group.parts.first().map(|p| p.message.id) else {
+            continue;
+        };
+        if let Some(entry) = ledger.inbound.get_mut(&first) {
+            entry.parts.push((op, part.message.id));
+        }
+        let assembled = group.assemble("").expect("a complete group has parts");
+        let write = DlrWrite {
+            inbound: vec![routed(assembled, Some(group.no))],
+            ..DlrWrite::default()
+        };
+        let issued = disk.syncs();
+        s.dlr.apply(write).await.inbound.expect("group written");
+        if let Some(entry) = ledger.inbound.get_mut(&first) {
+            entry.stored = Some(Op {
+                issued,
+                acked: Some(disk.syncs()),
+            });
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------
@@ -672,6 +779,33 @@ async fn check_image(path: &Path, ledger: &Ledger, k: u64) -> Result<(), String>
             }
             if deliveries.contains(&submit) && !may(m.receipt, k) {
                 wrong.push(format!("dlr {id}: receipt delivery present before the receipt came"));
+            }
+        }
+    }
+    // Inbound: an acknowledged message waits for its delivery; an acknowledged part
+    // waits in its group until the group's delivery was written.
+    let held: std::collections::HashSet<MessageId> = s
+        .dlr
+        .due_inbound_groups(Timestamp::now().saturating_add(Duration::from_secs(7200)), 100_000)
+        .await
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .flat_map(|g| g.parts.into_iter().map(|p| p.message.id))
+        .collect();
+    for (id, m) in &ledger.inbound {
+        let delivered = deliveries.contains(id);
+        if must(m.stored, k) && !may(m.finished, k) && !delivered {
+            wrong.push(format!("inbound {id}: acknowledged message to deliver lost"));
+        }
+        if delivered && !may(m.stored, k) {
+            wrong.push(format!("inbound {id}: delivery present before it was stored"));
+        }
+        for (op, part) in &m.parts {
+            if op.must_hold(k) && !may(m.stored, k) && !held.contains(part) {
+                wrong.push(format!("inbound part {part}: acknowledged part lost"));
+            }
+            if held.contains(part) && (!op.may_hold(k) || must(m.stored, k)) {
+                wrong.push(format!("inbound part {part}: held outside the time it was stored"));
             }
         }
     }
