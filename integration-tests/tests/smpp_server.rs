@@ -162,3 +162,52 @@ async fn enquire_link_and_unbind() {
     assert_eq!(esme.unbind().await.unwrap(), CommandStatus::EsmeRok);
     assert!(esme.wait_closed(Duration::from_secs(5)).await);
 }
+
+/// `data_sm` from an ESME (as node-smpp and other clients send it, the text in
+/// message_payload) is admitted like `submit_sm`, answered with `data_sm_resp` carrying
+/// the id, reaches the provider, and its receipt comes back as a `deliver_sm` quoting
+/// that id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_sm_is_submitted_and_its_receipt_comes_back() {
+    use rusmpp::Pdu;
+    use rusmpp::tlvs::MessageSubmissionRequestTlvValue;
+    use rusmpp::types::{AnyOctetString, COctetString};
+    use rusmpp::values::{MessagePayload, RegisteredDelivery};
+    use sendium_integration_tests::Command;
+
+    let smsc = smsc().await;
+    let gw = gateway(&memory_config(), &smsc).await;
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
+        .await
+        .unwrap();
+    let dsm = rusmpp::pdus::DataSm::builder()
+        .source_addr(COctetString::from_static_slice(b"Shop\0").unwrap())
+        .destination_addr(COctetString::from_static_slice(b"447700900555\0").unwrap())
+        .registered_delivery(RegisteredDelivery::from(1))
+        .tlvs(vec![MessageSubmissionRequestTlvValue::MessagePayload(
+            MessagePayload::new(AnyOctetString::from_static_slice(b"sent as a data sm")),
+        )])
+        .build();
+    let seq = esme.next_seq();
+    let resp = esme
+        .request(&Command::new(CommandStatus::EsmeRok, seq, dsm))
+        .await
+        .unwrap();
+    let command = resp.command.unwrap();
+    assert_eq!(
+        (command.id(), command.status()),
+        (CommandId::DataSmResp, CommandStatus::EsmeRok)
+    );
+    let Some(Pdu::DataSmResp(r)) = command.pdu() else {
+        panic!("not a data_sm_resp");
+    };
+    let id = r.message_id().as_str().to_owned();
+    assert_eq!(id.len(), 36, "a message id: {id:?}");
+    assert!(smsc.wait_messages(1, WAIT).await);
+    let sent = smsc.messages_to("447700900555");
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].text, "sent as a data sm");
+    let receipts = esme.wait_receipts(1, WAIT).await;
+    assert_eq!(receipts.len(), 1);
+    assert_eq!(receipts[0].message_id(), Some(id.as_str()));
+}

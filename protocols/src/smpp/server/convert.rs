@@ -1,12 +1,13 @@
-//! Pure conversions of the server's hot path: a decoded submit_sm into an
+//! Pure conversions of the server's hot path: a decoded submit_sm or data_sm into an
 //! [`InboundSubmit`] (or the status refusing it), an [`OutboundDeliver`] into a deliver_sm,
 //! and a submit_sm_resp written straight into the output buffer.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::{BufMut, BytesMut};
-use rusmpp::pdus::SubmitSm;
-use rusmpp::tlvs::TlvValue;
+use rusmpp::pdus::{DataSm, DataSmResp, SubmitSm};
+use rusmpp::tlvs::{Tlv, TlvValue};
+use rusmpp::types::COctetString;
 use rusmpp::{Command, CommandId, CommandStatus};
 
 use super::{InboundSubmit, OutboundDeliver};
@@ -40,14 +41,86 @@ fn now_ms() -> u64 {
 /// [`inbound_submit`] with the clock passed in; it is only read when the submit has a
 /// validity_period, which keeps it off the common path.
 fn inbound_submit_at(sm: &SubmitSm, now_ms: impl FnOnce() -> u64) -> Result<InboundSubmit, CommandStatus> {
-    let destination = sm.destination_addr.as_str();
+    inbound(
+        Fields {
+            service_type: sm.service_type.value().as_str(),
+            source: SmppAddress {
+                ton: u8::from(sm.source_addr_ton),
+                npi: u8::from(sm.source_addr_npi),
+                addr: sm.source_addr.as_str().to_owned(),
+            },
+            destination: (
+                u8::from(sm.dest_addr_ton),
+                u8::from(sm.dest_addr_npi),
+                sm.destination_addr.as_str(),
+            ),
+            esm_class: u8::from(sm.esm_class),
+            protocol_id: sm.protocol_id,
+            priority_flag: u8::from(sm.priority_flag),
+            registered_delivery: u8::from(sm.registered_delivery),
+            data_coding: u8::from(sm.data_coding),
+            short_message: sm.short_message().as_ref(),
+            tlvs: sm.tlvs(),
+            validity_period: sm.validity_period.as_str(),
+        },
+        now_ms,
+    )
+}
+
+/// A data_sm (§4.7.1) as a submission: its user data is in message_payload (a data_sm
+/// has no short_message), and it has no protocol_id, priority or validity_period.
+pub(super) fn inbound_data_sm(dsm: &DataSm) -> Result<InboundSubmit, CommandStatus> {
+    inbound(
+        Fields {
+            service_type: dsm.service_type.value().as_str(),
+            source: SmppAddress {
+                ton: u8::from(dsm.source_addr_ton),
+                npi: u8::from(dsm.source_addr_npi),
+                addr: dsm.source_addr.as_str().to_owned(),
+            },
+            destination: (
+                u8::from(dsm.dest_addr_ton),
+                u8::from(dsm.dest_addr_npi),
+                dsm.destination_addr.as_str(),
+            ),
+            esm_class: u8::from(dsm.esm_class),
+            protocol_id: 0,
+            priority_flag: 0,
+            registered_delivery: u8::from(dsm.registered_delivery),
+            data_coding: u8::from(dsm.data_coding),
+            short_message: &[],
+            tlvs: dsm.tlvs(),
+            validity_period: "",
+        },
+        now_ms,
+    )
+}
+
+/// What a submit_sm and a data_sm share.
+struct Fields<'a> {
+    service_type: &'a str,
+    source: SmppAddress,
+    /// ton, npi, address.
+    destination: (u8, u8, &'a str),
+    esm_class: u8,
+    protocol_id: u8,
+    priority_flag: u8,
+    registered_delivery: u8,
+    data_coding: u8,
+    short_message: &'a [u8],
+    tlvs: &'a [Tlv],
+    validity_period: &'a str,
+}
+
+fn inbound(f: Fields<'_>, now_ms: impl FnOnce() -> u64) -> Result<InboundSubmit, CommandStatus> {
+    let (dest_ton, dest_npi, destination) = f.destination;
     if destination.is_empty() {
         return Err(CommandStatus::EsmeRinvdstadr);
     }
 
     let mut payload = None;
     let (mut sar_ref, mut sar_total, mut sar_seq) = (None, None, None);
-    for tlv in sm.tlvs() {
+    for tlv in f.tlvs {
         match tlv.value() {
             Some(TlvValue::MessagePayload(value)) => payload = Some(value.value.as_ref()),
             Some(TlvValue::SarMsgRefNum(value)) => sar_ref = Some(*value),
@@ -57,14 +130,14 @@ fn inbound_submit_at(sm: &SubmitSm, now_ms: impl FnOnce() -> u64) -> Result<Inbo
         }
     }
 
-    let short_message: &[u8] = sm.short_message().as_ref();
+    let short_message = f.short_message;
     let data = match payload {
         Some(_) if !short_message.is_empty() => return Err(CommandStatus::EsmeRinvmsglen),
         Some(payload) => payload,
         None => short_message,
     };
 
-    let esm_class = u8::from(sm.esm_class);
+    let esm_class = f.esm_class;
     let (udh_concat, user_data) = if esm_class & UDHI != 0 {
         let (concat, _udh, user_data) = multipart::parse_udh(data).map_err(udh_status)?;
         (concat, user_data)
@@ -80,7 +153,7 @@ fn inbound_submit_at(sm: &SubmitSm, now_ms: impl FnOnce() -> u64) -> Result<Inbo
         _ => return Err(CommandStatus::EsmeRinvtlvval),
     };
 
-    let validity_period = sm.validity_period.as_str();
+    let validity_period = f.validity_period;
     let validity = if validity_period.is_empty() {
         None
     } else {
@@ -88,22 +161,18 @@ fn inbound_submit_at(sm: &SubmitSm, now_ms: impl FnOnce() -> u64) -> Result<Inbo
     };
 
     Ok(InboundSubmit {
-        service_type: sm.service_type.value().as_str().to_owned(),
-        source: SmppAddress {
-            ton: u8::from(sm.source_addr_ton),
-            npi: u8::from(sm.source_addr_npi),
-            addr: sm.source_addr.as_str().to_owned(),
-        },
+        service_type: f.service_type.to_owned(),
+        source: f.source,
         destination: SmppAddress {
-            ton: u8::from(sm.dest_addr_ton),
-            npi: u8::from(sm.dest_addr_npi),
+            ton: dest_ton,
+            npi: dest_npi,
             addr: destination.to_owned(),
         },
         esm_class: esm_class & !UDHI,
-        protocol_id: sm.protocol_id,
-        priority_flag: u8::from(sm.priority_flag),
-        registered_delivery: u8::from(sm.registered_delivery),
-        data_coding: u8::from(sm.data_coding),
+        protocol_id: f.protocol_id,
+        priority_flag: f.priority_flag,
+        registered_delivery: f.registered_delivery,
+        data_coding: f.data_coding,
         user_data: user_data.to_vec(),
         // A concatenation element in the UDH describes the octets actually sent; it wins
         // over SAR TLVs (which are still validated above).
@@ -149,6 +218,23 @@ pub(super) fn put_submit_sm_resp(out: &mut BytesMut, seq: u32, status: CommandSt
     out.put_u32(seq);
     out.put_slice(message_id.as_bytes());
     out.put_u8(0);
+    true
+}
+
+/// Appends a data_sm_resp (§4.7.2) carrying `message_id` (empty when refused) to `out`.
+/// Returns false (and writes nothing) when `message_id` is not a valid message_id.
+pub(super) fn put_data_sm_resp(out: &mut BytesMut, seq: u32, status: CommandStatus, message_id: &str) -> bool {
+    if !valid_message_id(message_id) {
+        return false;
+    }
+    let mut resp = DataSmResp::builder();
+    if !message_id.is_empty() {
+        match <COctetString<1, 65> as std::str::FromStr>::from_str(message_id) {
+            Ok(id) => resp = resp.message_id(id),
+            Err(_) => return false,
+        }
+    }
+    crate::smpp::frame::encode(&Command::new(status, seq, resp.build()), out);
     true
 }
 

@@ -178,6 +178,8 @@ struct Closing {
 struct Slot {
     seq: u32,
     refused: Option<CommandStatus>,
+    /// Answered with data_sm_resp (a data_sm) instead of submit_sm_resp.
+    data_sm: bool,
 }
 
 /// A handler batch that completed.
@@ -773,7 +775,8 @@ impl Session {
         let seq = command.sequence_number();
         let id = command.id();
         match (id, command.pdu()) {
-            (CommandId::SubmitSm, Some(Pdu::SubmitSm(sm))) => self.on_submit(seq, sm),
+            (CommandId::SubmitSm, Some(Pdu::SubmitSm(sm))) => self.on_submit(seq, convert::inbound_submit(sm), false),
+            (CommandId::DataSm, Some(Pdu::DataSm(dsm))) => self.on_submit(seq, convert::inbound_data_sm(dsm), true),
             (CommandId::BindTransmitter, Some(Pdu::BindTransmitter(bind))) => self.on_bind(
                 BindKind::Transmitter,
                 seq,
@@ -955,10 +958,12 @@ impl Session {
         }
     }
 
-    fn on_submit(&mut self, seq: u32, sm: &rusmpp::pdus::SubmitSm) {
+    /// A submit_sm, or a data_sm (`data_sm`), read into `submit`: the window, the
+    /// account's rate and the pipeline treat both alike; only the answer differs.
+    fn on_submit(&mut self, seq: u32, submit: Result<InboundSubmit, CommandStatus>, data_sm: bool) {
         let may_submit = self.closing.is_none() && self.bound.as_ref().is_some_and(|b| b.kind.can_transmit());
         let refused = if may_submit {
-            match convert::inbound_submit(sm) {
+            match submit {
                 Ok(submit) => {
                     self.submits.push(submit);
                     None
@@ -968,7 +973,7 @@ impl Session {
         } else {
             Some(CommandStatus::EsmeRinvbndsts)
         };
-        self.slots.push(Slot { seq, refused });
+        self.slots.push(Slot { seq, refused, data_sm });
     }
 
     /// Applies the window and the account's token bucket to the read's submits and hands
@@ -1041,11 +1046,16 @@ impl Session {
         }
         let mut replies = replies.unwrap_or_default().into_iter();
         for slot in slots {
+            let answer = if slot.data_sm {
+                convert::put_data_sm_resp
+            } else {
+                convert::put_submit_sm_resp
+            };
             let status = match slot.refused {
                 Some(status) => status,
                 None => match replies.next() {
                     Some(SubmitReply::Accepted(id)) => {
-                        if convert::put_submit_sm_resp(&mut self.out, slot.seq, CommandStatus::EsmeRok, &id) {
+                        if answer(&mut self.out, slot.seq, CommandStatus::EsmeRok, &id) {
                             continue;
                         }
                         tracing::error!("submit handler returned an id that is not a valid message_id");
@@ -1060,7 +1070,7 @@ impl Session {
                 },
             };
             self.errors.count(status);
-            convert::put_submit_sm_resp(&mut self.out, slot.seq, status, "");
+            answer(&mut self.out, slot.seq, status, "");
         }
     }
 }

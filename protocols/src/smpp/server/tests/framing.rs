@@ -73,7 +73,6 @@ async fn unknown_and_unsupported_commands_get_rinvcmdid() {
 
     // The other SMPP requests Sendium does not implement, and MC-only ones.
     let others: Vec<Pdu> = vec![
-        rusmpp::pdus::DataSm::default().into(),
         rusmpp::pdus::CancelSm::default().into(),
         rusmpp::pdus::ReplaceSm::default().into(),
         rusmpp::pdus::SubmitMulti::default().into(),

@@ -36,6 +36,64 @@ async fn submit_is_answered_with_the_handlers_id() {
     );
 }
 
+/// A data_sm (§4.7.1) with its text in message_payload.
+fn data_sm(destination: &'static [u8], payload: &'static [u8]) -> rusmpp::pdus::DataSm {
+    rusmpp::pdus::DataSm::builder()
+        .source_addr(COctetString::from_static_slice(b"Shop\0").unwrap())
+        .destination_addr(COctetString::from_static_slice(destination).unwrap())
+        .registered_delivery(rusmpp::values::RegisteredDelivery::from(1))
+        .tlvs(vec![MessageSubmissionRequestTlvValue::MessagePayload(
+            MessagePayload::new(AnyOctetString::from_static_slice(payload)),
+        )])
+        .build()
+}
+
+#[tokio::test]
+async fn data_sm_is_admitted_like_submit_sm_and_answered_with_data_sm_resp() {
+    let server = start(config(), FakeHandler::new()).await;
+    let mut esme = server.bound(BindKind::Transceiver).await;
+    let seq = esme.next_seq();
+    esme.send(&Command::new(
+        CommandStatus::EsmeRok,
+        seq,
+        data_sm(b"447700900123\0", b"by data_sm"),
+    ))
+    .await;
+    let resp = esme.recv().await;
+    assert_eq!(
+        (resp.id(), resp.sequence_number(), resp.status()),
+        (CommandId::DataSmResp, seq, CommandStatus::EsmeRok)
+    );
+    let Some(Pdu::DataSmResp(r)) = resp.pdu() else {
+        panic!("not a data_sm_resp: {resp:?}");
+    };
+    assert_eq!(r.message_id().as_str(), "id-1");
+    let submits = server.handler.submits();
+    assert_eq!(submits.len(), 1);
+    assert_eq!(submits[0].user_data, b"by data_sm");
+    assert_eq!(submits[0].destination.addr, "447700900123");
+    assert_eq!(submits[0].registered_delivery, 1);
+
+    // Refused: a data_sm_resp with the status and no id, as for submit_sm.
+    let seq = esme.next_seq();
+    esme.send(&Command::new(CommandStatus::EsmeRok, seq, data_sm(b"\0", b"x")))
+        .await;
+    let resp = esme.recv().await;
+    assert_eq!(
+        (resp.id(), resp.sequence_number(), resp.status()),
+        (CommandId::DataSmResp, seq, CommandStatus::EsmeRinvdstadr)
+    );
+    server.handler.set_mode(Mode::Refuse(0x14));
+    let seq = esme.next_seq();
+    esme.send(&Command::new(CommandStatus::EsmeRok, seq, data_sm(b"1\0", b"x")))
+        .await;
+    let resp = esme.recv().await;
+    assert_eq!(
+        (resp.id(), resp.status()),
+        (CommandId::DataSmResp, CommandStatus::EsmeRmsgqful)
+    );
+}
+
 #[tokio::test]
 async fn refusals_from_the_handler_carry_its_status_and_no_id() {
     let server = start(config(), FakeHandler::new()).await;
