@@ -94,6 +94,7 @@ pub fn smpp_accounts(smpp: &SmppConfig) -> Vec<Account> {
             password: a.password.expose().to_string(),
             max_binds: a.max_binds,
             max_tps: a.max_tps,
+            allowed_ips: a.allowed_ips.clone(),
         })
         .collect()
 }
@@ -106,6 +107,7 @@ pub fn http_access(cfg: &Config, http: &HttpConfig) -> (Vec<ApiKey>, HashMap<Str
         .map(|k| ApiKey {
             key: k.key.expose().to_string(),
             account: k.account.clone(),
+            allowed_ips: k.allowed_ips.clone(),
         })
         .collect();
     let max_tps = cfg

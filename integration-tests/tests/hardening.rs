@@ -382,3 +382,61 @@ async fn an_idempotency_key_reused_for_another_message_is_refused_and_a_retry_is
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(smsc.messages().len(), 1, "one message went out");
 }
+
+/// `allowed-ips` on an SMPP account and on an API key: a bind or request from another
+/// address is refused (ESME_RBINDFAIL, 403) and counted, whatever its credentials; from
+/// a listed address (or network) it goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_ips_lock_accounts_and_api_keys_to_their_addresses() {
+    let smsc = smsc().await;
+    let locked = r#"
+[[smpp.accounts]]
+system-id = "locked"
+password = "pw"
+allowed-ips = ["127.0.0.2", "127.3.0.0/16"]
+"#;
+    let key = r#"
+[[http.api-keys]]
+key = "key-locked"
+account = "esme1"
+allowed-ips = ["127.0.0.2"]
+"#;
+    let config = [SMPP, locked, HTTP, key, ADMIN, UPSTREAM, DEFAULT_ROUTE].concat();
+    let gw = gateway(&config, &smsc).await;
+    let smpp = SocketAddr::from((Ipv4Addr::LOCALHOST, gw.smpp_addr().port()));
+    let http = SocketAddr::from((Ipv4Addr::LOCALHOST, gw.http_addr().port()));
+    let ok = 0;
+    let bindfail = 0x0D;
+    assert_eq!(
+        bind_status(Ipv4Addr::new(127, 0, 0, 2), smpp, "locked", "pw").await,
+        Some(ok)
+    );
+    assert_eq!(
+        bind_status(Ipv4Addr::new(127, 3, 9, 9), smpp, "locked", "pw").await,
+        Some(ok)
+    );
+    assert_eq!(
+        bind_status(Ipv4Addr::new(127, 0, 0, 9), smpp, "locked", "pw").await,
+        Some(bindfail),
+        "a listed account binding from elsewhere"
+    );
+    assert_eq!(
+        bind_status(Ipv4Addr::new(127, 0, 0, 9), smpp, "esme1", "secret").await,
+        Some(ok),
+        "an account without allowed-ips binds from anywhere"
+    );
+    assert_eq!(http_status(Ipv4Addr::new(127, 0, 0, 2), http, "key-locked").await, 202);
+    assert_eq!(http_status(Ipv4Addr::new(127, 0, 0, 9), http, "key-locked").await, 403);
+    assert_eq!(http_status(Ipv4Addr::new(127, 0, 0, 9), http, "key-1").await, 202);
+    assert!(
+        wait_metric(&gw, "sendium_auth_address_refused_total", "listener=\"smpp\"", |v| v
+            == 1.0)
+        .await
+    );
+    assert!(
+        wait_metric(&gw, "sendium_auth_address_refused_total", "listener=\"http\"", |v| v
+            == 1.0)
+        .await
+    );
+    assert!(!gw.log().contains("\"pw\""), "no password in the log");
+}

@@ -299,6 +299,22 @@ fn deserialize_networks<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<ipnet::Ip
         .collect()
 }
 
+/// What `allowed-ips` takes.
+const ADDRESSES_EXPECTED: &str = "an IP address or a network in CIDR form, e.g. \"192.0.2.7\" or \"10.0.0.0/8\"";
+
+/// `allowed-ips`: networks, or single addresses (a /32 or /128 network).
+fn deserialize_addresses<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<ipnet::IpNet>, D::Error> {
+    let raw: Vec<String> = Deserialize::deserialize(d)?;
+    raw.iter()
+        .map(|v| {
+            let v = v.trim();
+            v.parse::<ipnet::IpNet>()
+                .or_else(|_| v.parse::<IpAddr>().map(ipnet::IpNet::from))
+                .map_err(|_| de::Error::custom(value_error_message(format_args!("{v:?}"), ADDRESSES_EXPECTED)))
+        })
+        .collect()
+}
+
 /// A type that a configuration count can be.
 trait WholeNumber: TryFrom<u64> {
     const MAX: u64;
@@ -696,6 +712,10 @@ pub struct SmppAccount {
     #[serde(default = "default_max_binds")]
     #[serde(deserialize_with = "whole_number")]
     pub max_binds: u32,
+    /// Addresses binds may come from (addresses or CIDR networks); empty = any. A bind
+    /// from elsewhere gets `ESME_RBINDFAIL`.
+    #[serde(default, deserialize_with = "deserialize_addresses")]
+    pub allowed_ips: Vec<ipnet::IpNet>,
 }
 
 /// `[http]`: the HTTP submission API.
@@ -753,6 +773,10 @@ pub struct ApiKey {
     /// The `[[smpp.accounts]]` system-id the submissions belong to (for
     /// routing, receipts and limits).
     pub account: String,
+    /// Addresses requests with this key may come from; empty = any. A request from
+    /// elsewhere gets 403.
+    #[serde(default, deserialize_with = "deserialize_addresses")]
+    pub allowed_ips: Vec<ipnet::IpNet>,
 }
 
 /// `[outbox]`
@@ -1060,6 +1084,7 @@ mod tests {
             password: s,
             max_tps: 0,
             max_binds: 4,
+            allowed_ips: Vec::new(),
         };
         assert!(!format!("{a:?}").contains("hunter2"));
     }

@@ -668,6 +668,25 @@ system-id = "sendium"
     }
 
     #[test]
+    fn allowed_ips_take_addresses_and_networks() {
+        let cfg = load_str(&format!(
+            "{BASE}\n[http]\n[[http.api-keys]]\nkey = \"k\"\naccount = \"esme1\"\nallowed-ips = [\"192.0.2.7\", \"2001:db8::/32\"]"
+        ))
+        .unwrap();
+        let k = &cfg.http.as_ref().unwrap().api_keys[0];
+        assert_eq!(
+            k.allowed_ips,
+            vec!["192.0.2.7/32".parse().unwrap(), "2001:db8::/32".parse().unwrap()]
+        );
+        let p = problems("[[smpp.accounts]]\nsystem-id = \"x\"\npassword = \"p\"\nallowed-ips = [\"10.0.0.0/33\"]");
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].contains("smpp.accounts") && p[0].contains("allowed-ips") && p[0].contains("CIDR"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
     fn mo_routes_are_checked_key_by_key() {
         assert_eq!(
             problems(

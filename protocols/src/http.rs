@@ -16,7 +16,7 @@
 //! API key belongs to an SMPP account: routing, receipts and limits are the account's.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,11 +33,32 @@ use subtle::ConstantTimeEq;
 use crate::auth_guard::{AuthGuard, Verdict};
 pub use crate::callback::CallbackTargets;
 
+/// Why a request's API key admits nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyRefusal {
+    /// Missing, malformed or unknown.
+    Invalid,
+    /// Valid, but the key's `allowed-ips` do not include the request's address.
+    Address,
+}
+
+/// An IPv4-mapped IPv6 address as its IPv4 address, so allow-lists written as IPv4 match
+/// a dual-stack listener's peers.
+fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
 /// An API key and the account it submits as.
 #[derive(Clone)]
 pub struct ApiKey {
     pub key: String,
     pub account: String,
+    /// Addresses requests with this key may come from; empty = any. A request from
+    /// elsewhere is refused with 403.
+    pub allowed_ips: Vec<ipnet::IpNet>,
 }
 
 impl std::fmt::Debug for ApiKey {
@@ -201,16 +222,29 @@ fn error(status: StatusCode, message: &str, field: Option<&str>) -> Response {
 impl Ingress {
     /// The account of a bearer key. Every key is compared, in constant time, so the
     /// answer's timing says nothing about which keys exist.
-    fn account(&self, headers: &HeaderMap) -> Option<String> {
-        let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-        let presented = value.strip_prefix("Bearer ")?.trim().as_bytes();
+    /// The account of the request's API key (every key compared in constant time), or
+    /// why there is none.
+    fn account(&self, headers: &HeaderMap, peer: Option<IpAddr>) -> Result<String, KeyRefusal> {
+        let presented = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or(KeyRefusal::Invalid)?
+            .trim()
+            .as_bytes();
         let mut found = None;
         for k in &self.access.0.read().keys {
             if bool::from(k.key.as_bytes().ct_eq(presented)) && found.is_none() {
-                found = Some(k.account.clone());
+                let allowed = k.allowed_ips.is_empty()
+                    || peer.is_some_and(|ip| k.allowed_ips.iter().any(|net| net.contains(&canonical_ip(ip))));
+                found = Some(if allowed {
+                    Ok(k.account.clone())
+                } else {
+                    Err(KeyRefusal::Address)
+                });
             }
         }
-        found
+        found.unwrap_or(Err(KeyRefusal::Invalid))
     }
 
     fn admit_rate(&self, account: &str) -> bool {
@@ -382,7 +416,21 @@ async fn submit(State(state): State<Arc<Ingress>>, req: Request) -> Response {
         )
             .into_response();
     }
-    let Some(account) = state.account(&headers) else {
+    let account = match state.account(&headers, ip) {
+        Ok(account) => Some(account),
+        Err(KeyRefusal::Address) => {
+            metrics::counter!("sendium_auth_address_refused_total", "listener" => "http").increment(1);
+            metrics::counter!("sendium_http_requests_total", "status" => "403").increment(1);
+            tracing::warn!(peer = ?ip, "HTTP request refused: the API key's allowed-ips do not include the peer");
+            return error(
+                StatusCode::FORBIDDEN,
+                "this API key is not accepted from this address (allowed-ips)",
+                None,
+            );
+        }
+        Err(KeyRefusal::Invalid) => None,
+    };
+    let Some(account) = account else {
         metrics::counter!("sendium_http_requests_total", "status" => "401").increment(1);
         if let Some(ip) = ip {
             metrics::counter!("sendium_auth_failures_total", "listener" => "http").increment(1);

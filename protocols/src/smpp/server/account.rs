@@ -2,6 +2,7 @@
 //! and the per-account token bucket shared by all of the account's sessions.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -96,6 +97,8 @@ pub(super) struct AccountState {
     pub(super) name: Arc<str>,
     max_binds: AtomicU32,
     secret: RwLock<Secret>,
+    /// Empty: any address.
+    allowed_ips: RwLock<Vec<ipnet::IpNet>>,
     binds: AtomicU32,
     bucket: Mutex<Option<Bucket>>,
 }
@@ -106,6 +109,7 @@ impl AccountState {
             name: Arc::from(account.system_id.as_str()),
             max_binds: AtomicU32::new(account.max_binds),
             secret: RwLock::new(Secret::new(account.password.as_bytes())),
+            allowed_ips: RwLock::new(account.allowed_ips.clone()),
             binds: AtomicU32::new(0),
             bucket: Mutex::new((account.max_tps > 0).then(|| Bucket::new(account.max_tps, now))),
         }
@@ -115,6 +119,7 @@ impl AccountState {
     fn update(&self, account: &Account, now: Instant) {
         self.max_binds.store(account.max_binds, Ordering::Release);
         *self.secret.write() = Secret::new(account.password.as_bytes());
+        *self.allowed_ips.write() = account.allowed_ips.clone();
         let mut bucket = self.bucket.lock();
         let rate = f64::from(account.max_tps);
         if bucket.as_ref().map_or(0.0, |b| b.rate) != rate {
@@ -151,6 +156,33 @@ impl BindSlot {
 impl Drop for BindSlot {
     fn drop(&mut self) {
         self.account.binds.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Why a bind was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum BindRefusal {
+    /// Credentials or limits: answered with this status.
+    Status(CommandStatus),
+    /// The account does not accept binds from this address (ESME_RBINDFAIL).
+    Address,
+}
+
+impl BindRefusal {
+    pub(super) fn status(self) -> CommandStatus {
+        match self {
+            BindRefusal::Status(s) => s,
+            BindRefusal::Address => CommandStatus::EsmeRbindfail,
+        }
+    }
+}
+
+/// An IPv4-mapped IPv6 address as its IPv4 address, so `allowed-ips` written as IPv4
+/// match a dual-stack listener's peers.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
     }
 }
 
@@ -235,19 +267,26 @@ impl Accounts {
     ///
     /// Unknown system_id → ESME_RINVSYSID, wrong password → ESME_RINVPASWD (the password is
     /// compared in constant time, against a dummy for an unknown id), no free slot →
-    /// ESME_RBINDFAIL.
-    pub(super) fn bind(&self, system_id: &str, password: &[u8]) -> Result<BindSlot, CommandStatus> {
+    /// ESME_RBINDFAIL. An account with `allowed-ips` refuses a bind from any other
+    /// address with ESME_RBINDFAIL ([`BindRefusal::Address`]), whatever its password.
+    pub(super) fn bind(&self, system_id: &str, password: &[u8], peer: IpAddr) -> Result<BindSlot, BindRefusal> {
         let by_id = self.by_id.read();
         let account = by_id.get(system_id);
+        if let Some(account) = account {
+            let allowed = account.allowed_ips.read();
+            if !allowed.is_empty() && !allowed.iter().any(|net| net.contains(&canonical(peer))) {
+                return Err(BindRefusal::Address);
+            }
+        }
         let password_ok = bool::from(match account {
             Some(account) => account.secret.read().matches(password),
             None => self.dummy.matches(password),
         });
         let Some(account) = account else {
-            return Err(CommandStatus::EsmeRinvsysid);
+            return Err(BindRefusal::Status(CommandStatus::EsmeRinvsysid));
         };
         if !password_ok {
-            return Err(CommandStatus::EsmeRinvpaswd);
+            return Err(BindRefusal::Status(CommandStatus::EsmeRinvpaswd));
         }
         let max = account.max_binds.load(Ordering::Acquire);
         account
@@ -255,7 +294,7 @@ impl Accounts {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |bound| {
                 (bound < max).then_some(bound + 1)
             })
-            .map_err(|_| CommandStatus::EsmeRbindfail)?;
+            .map_err(|_| BindRefusal::Status(CommandStatus::EsmeRbindfail))?;
         Ok(BindSlot {
             account: account.clone(),
         })
@@ -278,7 +317,34 @@ mod tests {
             password: pw.into(),
             max_binds,
             max_tps,
+            allowed_ips: Vec::new(),
         }
+    }
+
+    const LOCAL: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+    #[test]
+    fn allowed_ips_refuse_other_addresses_before_the_password() {
+        let mut a = account("esme1", "pw", 4, 0);
+        a.allowed_ips = vec!["10.0.0.0/8".parse().unwrap(), "192.0.2.7/32".parse().unwrap()];
+        let accounts = Accounts::new(&[a, account("open", "pw", 1, 0)]);
+        let from = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(accounts.bind("esme1", b"pw", from("10.1.2.3")).is_ok());
+        assert!(accounts.bind("esme1", b"pw", from("192.0.2.7")).is_ok());
+        assert!(
+            accounts.bind("esme1", b"pw", from("::ffff:10.9.9.9")).is_ok(),
+            "IPv4-mapped"
+        );
+        assert_eq!(
+            accounts.bind("esme1", b"pw", from("192.0.2.8")).err(),
+            Some(BindRefusal::Address)
+        );
+        assert_eq!(accounts.bind("esme1", b"bad", LOCAL).err(), Some(BindRefusal::Address));
+        assert_eq!(BindRefusal::Address.status(), CommandStatus::EsmeRbindfail);
+        assert!(
+            accounts.bind("open", b"pw", from("203.0.113.1")).is_ok(),
+            "no list: any address"
+        );
     }
 
     #[test]
@@ -299,14 +365,23 @@ mod tests {
     #[test]
     fn bind_statuses_and_slots() {
         let accounts = Accounts::new(&[account("esme1", "pw", 2, 0)]);
-        assert_eq!(accounts.bind("nobody", b"pw").err(), Some(CommandStatus::EsmeRinvsysid));
-        assert_eq!(accounts.bind("esme1", b"bad").err(), Some(CommandStatus::EsmeRinvpaswd));
-        let first = accounts.bind("esme1", b"pw").unwrap();
-        let second = accounts.bind("esme1", b"pw").unwrap();
-        assert_eq!(accounts.bind("esme1", b"pw").err(), Some(CommandStatus::EsmeRbindfail));
+        assert_eq!(
+            accounts.bind("nobody", b"pw", LOCAL).err().map(BindRefusal::status),
+            Some(CommandStatus::EsmeRinvsysid)
+        );
+        assert_eq!(
+            accounts.bind("esme1", b"bad", LOCAL).err().map(BindRefusal::status),
+            Some(CommandStatus::EsmeRinvpaswd)
+        );
+        let first = accounts.bind("esme1", b"pw", LOCAL).unwrap();
+        let second = accounts.bind("esme1", b"pw", LOCAL).unwrap();
+        assert_eq!(
+            accounts.bind("esme1", b"pw", LOCAL).err().map(BindRefusal::status),
+            Some(CommandStatus::EsmeRbindfail)
+        );
         assert_eq!(accounts.get("esme1").unwrap().bound_sessions(), 2);
         drop(first);
-        let third = accounts.bind("esme1", b"pw").unwrap();
+        let third = accounts.bind("esme1", b"pw", LOCAL).unwrap();
         assert_eq!(third.account().name.as_ref(), "esme1");
         drop((second, third));
         assert_eq!(accounts.get("esme1").unwrap().bound_sessions(), 0);
@@ -315,7 +390,10 @@ mod tests {
     #[test]
     fn zero_max_binds_refuses_every_bind() {
         let accounts = Accounts::new(&[account("esme1", "pw", 0, 0)]);
-        assert_eq!(accounts.bind("esme1", b"pw").err(), Some(CommandStatus::EsmeRbindfail));
+        assert_eq!(
+            accounts.bind("esme1", b"pw", LOCAL).err().map(BindRefusal::status),
+            Some(CommandStatus::EsmeRbindfail)
+        );
     }
 
     #[test]
@@ -346,25 +424,31 @@ mod tests {
     #[test]
     fn a_reload_adds_changes_and_removes_accounts_keeping_bound_slots() {
         let book = AccountBook::new(&[account("esme1", "pw", 2, 0), account("old", "pw", 1, 0)]);
-        let slot = book.accounts().bind("esme1", b"pw").unwrap();
+        let slot = book.accounts().bind("esme1", b"pw", LOCAL).unwrap();
         let removed = book.replace(&[account("esme1", "new", 1, 0), account("fresh", "f", 1, 0)]);
         assert_eq!(removed, vec!["old".to_owned()]);
         assert_eq!(
-            book.accounts().bind("old", b"pw").err(),
+            book.accounts().bind("old", b"pw", LOCAL).err().map(BindRefusal::status),
             Some(CommandStatus::EsmeRinvsysid)
         );
         assert_eq!(
-            book.accounts().bind("esme1", b"pw").err(),
+            book.accounts()
+                .bind("esme1", b"pw", LOCAL)
+                .err()
+                .map(BindRefusal::status),
             Some(CommandStatus::EsmeRinvpaswd)
         );
         // The bound session keeps its slot, and counts against the new limit of 1.
         assert_eq!(
-            book.accounts().bind("esme1", b"new").err(),
+            book.accounts()
+                .bind("esme1", b"new", LOCAL)
+                .err()
+                .map(BindRefusal::status),
             Some(CommandStatus::EsmeRbindfail)
         );
         drop(slot);
-        assert!(book.accounts().bind("esme1", b"new").is_ok());
-        assert!(book.accounts().bind("fresh", b"f").is_ok());
+        assert!(book.accounts().bind("esme1", b"new", LOCAL).is_ok());
+        assert!(book.accounts().bind("fresh", b"f", LOCAL).is_ok());
         assert_eq!(book.len(), 2);
         assert_eq!(format!("{book:?}"), "AccountBook([\"esme1\", \"fresh\"])");
     }

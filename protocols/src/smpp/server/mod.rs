@@ -130,6 +130,9 @@ pub struct Account {
     pub max_binds: u32,
     /// submit_sm per second across the account's sessions; above it ESME_RTHROTTLED. 0 = unlimited.
     pub max_tps: u32,
+    /// Addresses a bind may come from; empty = any. A bind from elsewhere gets
+    /// ESME_RBINDFAIL before its password is looked at.
+    pub allowed_ips: Vec<ipnet::IpNet>,
 }
 
 #[derive(Debug, Clone)]

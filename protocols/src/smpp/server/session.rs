@@ -30,7 +30,7 @@ use super::budget::UnboundTicket;
 use crate::auth_guard::Verdict;
 use tracing::Instrument;
 
-use super::account::{AccountBook, AccountState, BindSlot};
+use super::account::{AccountBook, AccountState, BindRefusal, BindSlot};
 use super::convert;
 use super::metrics::{self, PduTally};
 use super::registry::{self, ChunkReply, DELIVER_QUEUE, DeliverChunk, Registration};
@@ -875,7 +875,15 @@ impl Session {
             );
             Err(CommandStatus::EsmeRbindfail)
         } else {
-            self.shared.accounts.accounts().bind(system_id, password)
+            match self.shared.accounts.accounts().bind(system_id, password, ip) {
+                Ok(slot) => Ok(slot),
+                Err(BindRefusal::Address) => {
+                    ::metrics::counter!("sendium_auth_address_refused_total", "listener" => "smpp").increment(1);
+                    tracing::warn!(system_id, peer = %ip, "SMPP bind refused: the account's allowed-ips do not include the peer");
+                    Err(CommandStatus::EsmeRbindfail)
+                }
+                Err(refusal) => Err(refusal.status()),
+            }
         };
         match &admitted {
             Ok(_) => guard.succeeded(ip, Some(system_id)),

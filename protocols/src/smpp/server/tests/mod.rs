@@ -47,12 +47,14 @@ pub(super) fn accounts() -> Vec<Account> {
             password: "secret".into(),
             max_binds: 4,
             max_tps: 0,
+            allowed_ips: Vec::new(),
         },
         Account {
             system_id: "esme2".into(),
             password: "pw2".into(),
             max_binds: 1,
             max_tps: 0,
+            allowed_ips: Vec::new(),
         },
     ]
 }
