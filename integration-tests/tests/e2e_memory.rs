@@ -262,22 +262,8 @@ async fn unroutable_message_fails_with_a_receipt() {
 async fn copy_to_delivers_each_branch() {
     let primary = smsc().await;
     let copy = smsc().await;
-    let config = [
-        SMPP,
-        HTTP,
-        ADMIN,
-        UPSTREAM,
-        &UPSTREAM
-            .replace("\"upstream\"", "\"archive\"")
-            .replace("{smsc_port}", "{copy_port}"),
-        "[[routes]]\nname = \"default\"\nto = [\"upstream\"]\ncopy-to = [\"archive\"]\n",
-    ]
-    .concat();
-    let gw = sendium_integration_tests::GatewayProcess::builder(&config)
-        .smsc_port(primary.port())
-        .var("copy_port", &copy.port().to_string())
-        .start()
-        .await;
+    let routes = "[[routes]]\nname = \"default\"\nto = [\"upstream\"]\ncopy-to = [\"archive\"]\n";
+    let gw = with_second_upstream("archive", &copy, routes, &primary).await;
     let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
         .await
         .unwrap();
@@ -392,4 +378,61 @@ async fn message_payload_over_a_transmitter_receiver_destination() {
     let receipts = esme.wait_receipts(1, WAIT).await;
     assert_eq!(receipts[0].message_id(), Some(resp.message_id.as_str()));
     assert_eq!(receipts[0].state(), Some(ReceiptState::Delivered));
+}
+
+/// `[[routes]]` on the text and the sender: one-time codes (a `text-regex`) and a bank's
+/// sender (`source-prefix`) go to their own provider, everything else to the default.
+#[tokio::test]
+async fn routes_match_the_text_and_the_sender() {
+    let default = smsc().await;
+    let otp = smsc().await;
+    let routes = [
+        "[[routes]]\nname = \"codes\"\ntext-regex = \"(?i)\\\\bcode\\\\b\"\nto = [\"otp\"]\n",
+        "[[routes]]\nname = \"bank\"\nsource-prefix = \"BANK\"\nto = [\"otp\"]\n",
+        "[[routes]]\nname = \"default\"\nto = [\"upstream\"]\n",
+    ]
+    .concat();
+    let gw = with_second_upstream("otp", &otp, &routes, &default).await;
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
+        .await
+        .unwrap();
+    for spec in [
+        SubmitSpec::gsm("Shop", "447700900601", "Your code is 1234"),
+        SubmitSpec::gsm("BANKUK", "447700900602", "balance"),
+        SubmitSpec::gsm("Shop", "447700900603", "hello"),
+    ] {
+        assert!(esme.submit(&spec).await.unwrap().is_ok());
+    }
+    assert!(otp.wait_messages(2, WAIT).await);
+    assert!(default.wait_messages(1, WAIT).await);
+    let mut to_otp: Vec<String> = otp.messages().into_iter().map(|m| m.destination).collect();
+    to_otp.sort();
+    assert_eq!(to_otp, vec!["447700900601", "447700900602"]);
+    assert_eq!(default.messages()[0].destination, "447700900603");
+}
+
+/// The memory gateway with `upstream` at `first` and a second SMPP destination `name`
+/// at `second`, routed by `routes`.
+async fn with_second_upstream(
+    name: &str,
+    second: &sendium_integration_tests::TestSmsc,
+    routes: &str,
+    first: &sendium_integration_tests::TestSmsc,
+) -> sendium_integration_tests::GatewayProcess {
+    let config = [
+        SMPP,
+        HTTP,
+        ADMIN,
+        UPSTREAM,
+        &UPSTREAM
+            .replace("\"upstream\"", &format!("\"{name}\""))
+            .replace("{smsc_port}", "{second_port}"),
+        routes,
+    ]
+    .concat();
+    sendium_integration_tests::GatewayProcess::builder(&config)
+        .smsc_port(first.port())
+        .var("second_port", &second.port().to_string())
+        .start()
+        .await
 }

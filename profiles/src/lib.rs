@@ -36,5 +36,5 @@ pub use profile::{
     DLR_GUARANTEES, Guarantee, IMPLEMENTED_DLR, IMPLEMENTED_OUTBOUND, OUTBOUND_GUARANTEES, StorageProfile,
     check_supported, documented_guarantee, guarantee_table, implemented_profiles,
 };
-pub use routing::{Route, RouteTable, normalize_address};
+pub use routing::{Route, RouteQuery, RouteTable, normalize_address};
 pub use validate::{MAX_COMMAND_LENGTH, MIN_COMMAND_LENGTH, validate};

@@ -303,7 +303,7 @@ mod tests {
         assert_eq!(c.destinations[0].kind, DestinationKind::Simulator);
         assert_eq!(c.destinations[0].dlr_delay_ms, 100);
         let table = RouteTable::from_config(&c);
-        let r = table.resolve("demo", "+447700900123").unwrap();
+        let r = table.resolve(&crate::RouteQuery::new("demo", "+447700900123")).unwrap();
         assert_eq!(r.name, "default");
         assert_eq!(r.to, vec!["simulator".to_owned()]);
         validate(&c).unwrap();

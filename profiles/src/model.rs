@@ -1046,6 +1046,21 @@ pub struct RouteConfig {
     /// ignored on both sides); `""` matches every number.
     #[serde(default)]
     pub destination_prefix: String,
+    /// A regular expression the whole destination address must match (anchor it:
+    /// `^…$`).
+    #[serde(default)]
+    pub destination_regex: Option<String>,
+    /// Leading characters of the sender address (`+` and a leading `00` ignored as
+    /// for destinations); `""` matches every sender.
+    #[serde(default)]
+    pub source_prefix: String,
+    /// A regular expression the sender address must match.
+    #[serde(default)]
+    pub source_regex: Option<String>,
+    /// A regular expression the message's text must match (read only when some rule
+    /// has one; binary messages never match).
+    #[serde(default)]
+    pub text_regex: Option<String>,
     /// First reachable destination; the rest are failover.
     pub to: Vec<String>,
     /// Extra branches (fan-out), each delivered and tracked separately.

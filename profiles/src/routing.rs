@@ -8,13 +8,108 @@
 //! on both the address and the configured prefix (the address itself is not
 //! rewritten; this is for matching only).
 //!
+//! A rule may also match on the sender (`source-prefix`, `source-regex`), on the
+//! whole destination address (`destination-regex`) and on the text (`text-regex`,
+//! read only when some rule has one; bodies are never logged). Regular expressions
+//! are compiled once, when the configuration is loaded or reloaded.
+//!
 //! `resolve` runs for every message, so the table is compiled once: prefixes
 //! go into a byte trie whose nodes list the rules ending there in file order.
 //! A lookup walks the address once — cost proportional to the address length
 //! plus the few rules sharing a prefix, not to the number of rules — and
 //! allocates nothing.
 
+use regex::Regex;
+
 use crate::model::{Config, RouteConfig};
+
+/// What a message is routed by.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteQuery<'a> {
+    /// The submitting account's system-id.
+    pub account: &'a str,
+    /// The sender address as submitted.
+    pub source: &'a str,
+    /// The destination address as submitted.
+    pub destination: &'a str,
+    /// The decoded text; needed only when [`RouteTable::needs_text`] (`None` for
+    /// binary data, which no `text-regex` matches).
+    pub text: Option<&'a str>,
+}
+
+impl<'a> RouteQuery<'a> {
+    /// A query by account and destination only (no sender, no text).
+    pub fn new(account: &'a str, destination: &'a str) -> Self {
+        Self {
+            account,
+            source: "",
+            destination,
+            text: None,
+        }
+    }
+}
+
+/// A rule's conditions beyond its account and destination prefix.
+#[derive(Debug, Clone, Default)]
+struct Conditions {
+    /// Normalised like addresses (see [`normalize_address`]).
+    source_prefix: Option<String>,
+    source_regex: Option<Regex>,
+    destination_regex: Option<Regex>,
+    text_regex: Option<Regex>,
+    /// A regular expression did not compile (a configuration that skipped validation):
+    /// the rule never matches.
+    broken: bool,
+}
+
+impl Conditions {
+    fn of(rc: &RouteConfig) -> Self {
+        let mut broken = false;
+        let mut compile = |re: &Option<String>| match re.as_deref().map(Regex::new) {
+            Some(Ok(re)) => Some(re),
+            Some(Err(_)) => {
+                broken = true;
+                None
+            }
+            None => None,
+        };
+        let source_regex = compile(&rc.source_regex);
+        let destination_regex = compile(&rc.destination_regex);
+        let text_regex = compile(&rc.text_regex);
+        Conditions {
+            source_prefix: (!rc.source_prefix.is_empty()).then(|| normalize_address(&rc.source_prefix).to_owned()),
+            source_regex,
+            destination_regex,
+            text_regex,
+            broken,
+        }
+    }
+
+    fn hold(&self, q: &RouteQuery<'_>) -> bool {
+        if self.broken {
+            return false;
+        }
+        if let Some(p) = &self.source_prefix
+            && !normalize_address(q.source).starts_with(p.as_str())
+        {
+            return false;
+        }
+        if self.source_regex.as_ref().is_some_and(|re| !re.is_match(q.source)) {
+            return false;
+        }
+        if self
+            .destination_regex
+            .as_ref()
+            .is_some_and(|re| !re.is_match(q.destination))
+        {
+            return false;
+        }
+        match &self.text_regex {
+            Some(re) => q.text.is_some_and(|t| re.is_match(t)),
+            None => true,
+        }
+    }
+}
 
 /// What a matching rule sends a message to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +143,10 @@ pub struct RouteTable {
     routes: Vec<Route>,
     /// Per rule: `None` for `*`, else the one account it applies to.
     accounts: Vec<Option<Box<str>>>,
+    /// Per rule: its other conditions.
+    conditions: Vec<Conditions>,
+    /// Some rule has a `text-regex`.
+    needs_text: bool,
     /// Node 0 is the root (the empty prefix).
     nodes: Vec<Node>,
 }
@@ -65,6 +164,8 @@ impl RouteTable {
         let mut table = RouteTable {
             routes: Vec::with_capacity(routes.len()),
             accounts: Vec::with_capacity(routes.len()),
+            conditions: Vec::with_capacity(routes.len()),
+            needs_text: routes.iter().any(|r| r.text_regex.is_some()),
             nodes: vec![Node::default()],
         };
         for (idx, rc) in routes.iter().enumerate() {
@@ -75,6 +176,7 @@ impl RouteTable {
                 to: rc.to.clone(),
                 copy_to: rc.copy_to.clone(),
             });
+            table.conditions.push(Conditions::of(rc));
             table.accounts.push(if rc.account == "*" {
                 None
             } else {
@@ -112,9 +214,15 @@ impl RouteTable {
         node
     }
 
-    /// The first rule, in file order, whose account and prefix match.
-    pub fn resolve(&self, account: &str, destination_addr: &str) -> Option<&Route> {
-        let addr = normalize_address(destination_addr).as_bytes();
+    /// Whether some rule matches on the text: callers decode it only then.
+    pub fn needs_text(&self) -> bool {
+        self.needs_text
+    }
+
+    /// The first rule, in file order, whose conditions all hold.
+    pub fn resolve(&self, q: &RouteQuery<'_>) -> Option<&Route> {
+        let account = q.account;
+        let addr = normalize_address(q.destination).as_bytes();
         let mut best: Option<u32> = None;
         let mut node = self.nodes.first();
         let mut depth = 0usize;
@@ -123,11 +231,12 @@ impl RouteTable {
                 if best.is_some_and(|b| rule >= b) {
                     break;
                 }
-                let applies = match self.accounts.get(rule as usize) {
+                let account_ok = match self.accounts.get(rule as usize) {
                     Some(None) => true,
                     Some(Some(only)) => **only == *account,
                     None => false,
                 };
+                let applies = account_ok && self.conditions.get(rule as usize).is_some_and(|c| c.hold(q));
                 if applies {
                     best = Some(rule);
                     break;
@@ -172,11 +281,57 @@ mod tests {
             destination_prefix: prefix.into(),
             to: to.iter().map(|s| (*s).to_owned()).collect(),
             copy_to: vec![],
+            destination_regex: None,
+            source_prefix: String::new(),
+            source_regex: None,
+            text_regex: None,
         }
     }
 
     fn name<'a>(t: &'a RouteTable, account: &str, addr: &str) -> Option<&'a str> {
-        t.resolve(account, addr).map(|r| r.name.as_str())
+        t.resolve(&RouteQuery::new(account, addr)).map(|r| r.name.as_str())
+    }
+
+    #[test]
+    fn rules_match_on_sender_destination_regex_and_text() {
+        let with = |name: &str, f: &dyn Fn(&mut RouteConfig)| {
+            let mut r = rc(name, "*", "", &["a"]);
+            f(&mut r);
+            r
+        };
+        let t = RouteTable::new(&[
+            with("otp", &|r| r.text_regex = Some(r"(?i)\bcode\b".into())),
+            with("bank", &|r| r.source_prefix = "BANK".into()),
+            with("short", &|r| r.source_regex = Some(r"^[0-9]{5}$".into())),
+            with("fr", &|r| r.destination_regex = Some(r"^\+?33[67]".into())),
+            with("rest", &|_| {}),
+        ]);
+        assert!(t.needs_text());
+        let q = |source: &'static str, destination: &'static str, text: Option<&'static str>| RouteQuery {
+            account: "esme1",
+            source,
+            destination,
+            text,
+        };
+        let name = |q: RouteQuery<'_>| t.resolve(&q).map(|r| r.name.clone());
+        assert_eq!(
+            name(q("Shop", "447700900123", Some("your CODE is 1234"))).as_deref(),
+            Some("otp")
+        );
+        assert_eq!(
+            name(q("BANKXYZ", "447700900123", Some("hello"))).as_deref(),
+            Some("bank")
+        );
+        assert_eq!(name(q("12345", "447700900123", None)).as_deref(), Some("short"));
+        assert_eq!(name(q("Shop", "+33612345678", None)).as_deref(), Some("fr"));
+        assert_eq!(name(q("Shop", "33512345678", Some("codes"))).as_deref(), Some("rest"));
+        // A rule whose expression does not compile never matches.
+        let broken = RouteTable::new(&[with("bad", &|r| r.text_regex = Some("(".into())), with("ok", &|_| {})]);
+        assert_eq!(
+            broken.resolve(&q("a", "1", Some("("))).map(|r| r.name.as_str()),
+            Some("ok")
+        );
+        assert!(!RouteTable::new(&[with("x", &|_| {})]).needs_text());
     }
 
     #[test]
@@ -203,7 +358,7 @@ mod tests {
             rc("esme1-uk", "esme1", "44", &["premium"]),
             rc("uk", "*", "44", &["cheap"]),
         ]);
-        let r = t.resolve("esme1", "447700900123").unwrap();
+        let r = t.resolve(&RouteQuery::new("esme1", "447700900123")).unwrap();
         assert_eq!(r.name, "esme1-uk");
         assert_eq!(r.to, vec!["premium".to_owned()]);
         assert_eq!(name(&t, "esme2", "447700900123"), Some("uk"));
@@ -239,7 +394,7 @@ mod tests {
         assert_eq!(name(&t, "esme2", "33612345678"), None);
         assert_eq!(name(&t, "esme2", ""), None);
         assert_eq!(name(&t, "esme2", "4"), None);
-        assert!(RouteTable::new(&[]).resolve("a", "1").is_none());
+        assert!(RouteTable::new(&[]).resolve(&RouteQuery::new("a", "1")).is_none());
         assert!(RouteTable::new(&[]).is_empty());
     }
 
@@ -286,7 +441,7 @@ mod tests {
                         && normalize_address(&addr).starts_with(normalize_address(&r.destination_prefix))
                 });
                 assert_eq!(
-                    table.resolve(account, &addr).map(|r| r.name.as_str()),
+                    table.resolve(&RouteQuery::new(account, &addr)).map(|r| r.name.as_str()),
                     expected.map(|r| r.name.as_str()),
                     "{routes:?} {account} {addr}"
                 );

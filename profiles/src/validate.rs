@@ -482,6 +482,28 @@ impl Validator {
                     "digits, optionally after a leading \"+\" or \"00\" (\"\" matches every number)",
                 );
             }
+            for (field, re) in [
+                ("destination-regex", &r.destination_regex),
+                ("source-regex", &r.source_regex),
+                ("text-regex", &r.text_regex),
+            ] {
+                if let Some(re) = re
+                    && let Err(e) = regex::Regex::new(re)
+                {
+                    self.value(
+                        format!("{key}.{field}"),
+                        format!("{re:?}"),
+                        format!("a regular expression ({})", e.to_string().lines().last().unwrap_or("")),
+                    );
+                }
+            }
+            if r.source_prefix.chars().any(char::is_whitespace) {
+                self.value(
+                    format!("{key}.source-prefix"),
+                    format!("{:?}", r.source_prefix),
+                    "the leading characters of a sender address, without spaces",
+                );
+            }
             if r.to.is_empty() {
                 self.invalid(format!("{key}.to"), "must name at least one destination");
             }
@@ -683,6 +705,21 @@ system-id = "sendium"
         assert!(
             p[0].contains("smpp.accounts") && p[0].contains("allowed-ips") && p[0].contains("CIDR"),
             "{p:?}"
+        );
+    }
+
+    #[test]
+    fn route_regexes_must_compile() {
+        assert_eq!(
+            problems(
+                "[[routes]]\nname = \"r\"\nto = [\"a\"]\nsource-prefix = \"BANK\"\nsource-regex = \"^[0-9]+$\"\ndestination-regex = \"^33\"\ntext-regex = \"(?i)code\""
+            ),
+            Vec::<String>::new()
+        );
+        let p = one("[[routes]]\nname = \"r\"\nto = [\"a\"]\ntext-regex = \"(\"");
+        assert!(
+            p.starts_with("invalid value \"(\" for routes[0].text-regex: expected a regular expression"),
+            "{p}"
         );
     }
 

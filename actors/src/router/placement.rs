@@ -237,9 +237,8 @@ impl RouterState {
         let Some(first) = t.unit.parts.first() else {
             return recorded;
         };
-        self.routes
-            .current()
-            .resolve(&first.account, &first.destination.addr)
+        let routes = self.routes.current();
+        super::plan::resolve(&routes, &t.unit, first)
             .map(|r| r.to.iter().filter_map(|d| configured(d)).collect())
             .unwrap_or_default()
     }

@@ -1,10 +1,33 @@
 //! Routing a unit: which branches it gets and where each may go, and whom its receipt
 //! is owed to. Pure functions of the route table and the unit.
 
-use sendium_profiles::RouteTable;
+use sendium_profiles::{RouteQuery, RouteTable};
 use sendium_storage::{
     Branch, BranchKind, Channel, Disposition, ReceiptTarget, ReplyPath, RoutedUnit, Timestamp, Unit,
 };
+
+/// The route of a unit whose first part is `first`: the message's text is decoded only
+/// when some rule matches on it.
+pub(super) fn resolve<'t>(
+    routes: &'t RouteTable,
+    unit: &Unit,
+    first: &sendium_storage::PendingRecord,
+) -> Option<&'t sendium_profiles::Route> {
+    let text = routes.needs_text().then(|| text_of(unit)).flatten();
+    routes.resolve(&RouteQuery {
+        account: &first.account,
+        source: &first.source.addr,
+        destination: &first.destination.addr,
+        text: text.as_deref(),
+    })
+}
+
+/// The text of a unit's parts joined, decoded; `None` for binary data.
+fn text_of(unit: &Unit) -> Option<String> {
+    let first = unit.parts.first()?;
+    let bytes: Vec<u8> = unit.parts.iter().flat_map(|p| p.payload.iter().copied()).collect();
+    sendium_protocols::text::decode(first.data_coding, &bytes).ok()
+}
 
 /// Every branch routing gives a unit: the primary route with its failover targets and
 /// each copied route, or — no route matched, or its multipart group expired — one primary
@@ -12,7 +35,7 @@ use sendium_storage::{
 pub(super) fn plan(routes: &RouteTable, unit: &Unit) -> RoutedUnit {
     let first = unit.parts.first();
     let (route, branches) = match (unit.disposition, first) {
-        (Disposition::Deliver, Some(p)) => match routes.resolve(&p.account, &p.destination.addr) {
+        (Disposition::Deliver, Some(p)) => match resolve(routes, unit, p) {
             Some(r) => {
                 let mut branches = vec![Branch {
                     no: 0,
