@@ -11,6 +11,7 @@
 //! HTTP answer of any status, or a timeout, says the provider is reachable.
 
 pub mod outcome;
+pub mod receipts;
 pub mod render;
 
 use std::collections::VecDeque;
