@@ -130,6 +130,7 @@ async fn a_client_error_ends_with_a_rejectd_receipt() {
     assert_eq!(receipts.len(), 1, "{receipts:?}");
     assert_eq!(receipts[0].message_id(), Some(resp.message_id.as_str()));
     assert_eq!(receipts[0].stat, Some(ReceiptState::Rejected));
+    assert_eq!(receipts[0].err.as_deref(), Some("400"), "err carries the HTTP status");
     assert_eq!(provider.requests().len(), 1, "a 400 is not retried");
 }
 
