@@ -327,7 +327,10 @@ impl Gateway {
                     auth: auth_guard.clone(),
                     body_timeout: http.body_timeout,
                 },
-                Arc::new(HttpIngress::new(shared.clone())),
+                Arc::new(HttpIngress::new(
+                    shared.clone(),
+                    crate::provider_receipts::ProviderReceipts::new(cfg),
+                )),
             );
             let limits = ListenerLimits {
                 max_connections: usize::try_from(http.max_connections).unwrap_or(1024),

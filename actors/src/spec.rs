@@ -213,7 +213,7 @@ pub fn callback_targets(cfg: &Config) -> CallbackTargets {
     CallbackTargets::new(cfg.http.as_ref().map(|h| h.callback_allow.clone()).unwrap_or_default())
 }
 
-fn wire_id_format(f: IdFormat) -> WireIdFormat {
+pub(crate) fn wire_id_format(f: IdFormat) -> WireIdFormat {
     match f {
         IdFormat::Auto => WireIdFormat::Auto,
         IdFormat::Hex => WireIdFormat::Hex,

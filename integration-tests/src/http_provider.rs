@@ -121,6 +121,34 @@ impl FakeProvider {
     }
 }
 
+/// How a posted receipt proves it comes from the provider.
+#[derive(Debug, Clone, Copy)]
+pub enum Proof<'a> {
+    None,
+    Token(&'a str),
+    /// `X-Sendium-Signature: sha256=<hex>` keyed by this secret.
+    Hmac(&'a str),
+}
+
+/// Posts `body` to the gateway's receipt endpoint for `destination`, as a provider
+/// would; the status the gateway answered.
+pub async fn post_receipt(gateway: SocketAddr, destination: &str, body: &str, proof: Proof<'_>) -> u16 {
+    let signature;
+    let headers: Vec<(&str, &str)> = match proof {
+        Proof::None => vec![],
+        Proof::Token(t) => vec![("X-Sendium-Receipt-Token", t)],
+        Proof::Hmac(secret) => {
+            let mac = sendium_protocols::http_provider::receipts::hmac_sha256(secret.as_bytes(), body.as_bytes());
+            signature = format!("sha256={}", mac.iter().map(|b| format!("{b:02x}")).collect::<String>());
+            vec![("X-Sendium-Signature", signature.as_str())]
+        }
+    };
+    let path = format!("/v1/providers/{destination}/receipts");
+    crate::http::post_json(gateway, &path, &headers, body)
+        .await
+        .map_or(0, |r| r.status)
+}
+
 async fn accept_loop(listener: TcpListener, state: Arc<(Mutex<State>, Notify)>) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {

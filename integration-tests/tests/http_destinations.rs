@@ -10,7 +10,7 @@ mod support;
 
 use std::time::Duration;
 
-use sendium_integration_tests::http_provider::{Answer, FakeProvider};
+use sendium_integration_tests::http_provider::{Answer, FakeProvider, Proof, post_receipt};
 use sendium_integration_tests::{
     Alphabet, BindKind, GatewayBuilder, GatewayProcess, ReceiptState, SubmitSpec, TestEsme,
 };
@@ -223,4 +223,62 @@ async fn whole_sends_one_request_and_split_one_per_part() {
     assert_eq!(joined, text);
     let refs: std::collections::HashSet<String> = s.iter().filter_map(|r| field(&r.form(), "ref")).collect();
     assert_eq!(refs.len(), 3, "each part has its own id");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posted_receipts_are_authenticated_and_matched() {
+    let provider = FakeProvider::start().await;
+    let receipts = "receipt-secret = \"rs-1\"\nreceipt-signature = \"hmac-sha256\"\n\
+                    receipt-status = { delivered = \"DELIVRD\", queued = \"ENROUTE\" }\n\
+                    receipt-id-pointer = \"/message_id\"\nreceipt-status-pointer = \"/status\"\n";
+    let config = [
+        SMPP,
+        HTTP,
+        ADMIN,
+        &http_destination("h", "h_port", receipts),
+        "\n[[routes]]\nname = \"default\"\nto = [\"h\"]\n",
+    ]
+    .concat();
+    let gw = builder(&config)
+        .var("h_port", &provider.addr().port().to_string())
+        .start()
+        .await;
+    let esme = esme(&gw).await;
+    let resp = esme
+        .submit(&SubmitSpec::gsm("Shop", "447700900127", "receipt please").dlr())
+        .await
+        .unwrap();
+    assert!(resp.is_ok());
+    assert!(provider.wait_requests(1, WAIT).await);
+    let id = provider.requests()[0].message_id.clone().unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let body = format!("{{\"message_id\":\"{id}\",\"status\":\"delivered\"}}");
+    assert_eq!(
+        post_receipt(gw.http_addr(), "h", &body, Proof::Hmac("wrong")).await,
+        401
+    );
+    assert_eq!(post_receipt(gw.http_addr(), "h", &body, Proof::None).await, 401);
+    assert_eq!(
+        post_receipt(gw.http_addr(), "h", &body, Proof::Token("rs-1")).await,
+        401
+    );
+    assert_eq!(
+        post_receipt(gw.http_addr(), "nope", &body, Proof::Hmac("rs-1")).await,
+        404
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(esme.receipts().is_empty(), "a refused receipt was recorded");
+    let queued = format!("[{{\"message_id\":\"{id}\",\"status\":\"queued\"}}]");
+    assert_eq!(
+        post_receipt(gw.http_addr(), "h", &queued, Proof::Hmac("rs-1")).await,
+        200
+    );
+    let odd = format!("{{\"message_id\":\"{id}\",\"status\":\"weird\"}}");
+    assert_eq!(post_receipt(gw.http_addr(), "h", &odd, Proof::Hmac("rs-1")).await, 400);
+    assert_eq!(post_receipt(gw.http_addr(), "h", &body, Proof::Hmac("rs-1")).await, 200);
+    let got = esme.wait_receipts(1, WAIT).await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].message_id(), Some(resp.message_id.as_str()));
+    assert_eq!(got[0].stat, Some(ReceiptState::Delivered));
+    assert!(!gw.log().contains("rs-1"), "the receipt secret reached the log");
 }
