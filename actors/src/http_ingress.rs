@@ -14,11 +14,11 @@ use crate::ingress::{self, Admission, Refusal};
 
 pub struct HttpIngress {
     shared: Arc<Shared>,
-    receipts: crate::provider_receipts::ProviderReceipts,
+    receipts: Arc<crate::provider_receipts::ProviderReceipts>,
 }
 
 impl HttpIngress {
-    pub fn new(shared: Arc<Shared>, receipts: crate::provider_receipts::ProviderReceipts) -> Self {
+    pub fn new(shared: Arc<Shared>, receipts: Arc<crate::provider_receipts::ProviderReceipts>) -> Self {
         Self { shared, receipts }
     }
 }

@@ -6,6 +6,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use parking_lot::RwLock;
+
 use axum::http::{HeaderMap, StatusCode};
 use sendium_profiles::{Config, DestinationKind, ReceiptSignature, ReceiptState};
 use sendium_protocols::http_provider::receipts::{self, Signature};
@@ -25,35 +27,47 @@ struct ReceiptSettings {
     id_format: IdFormat,
 }
 
-/// The receipt settings of every HTTP destination that has a `receipt-secret`.
+/// The receipt settings of every HTTP destination that has a `receipt-secret`, swapped
+/// whole by a reload.
 pub struct ProviderReceipts {
-    by_destination: HashMap<String, ReceiptSettings>,
+    by_destination: RwLock<Arc<HashMap<String, ReceiptSettings>>>,
 }
 
 impl ProviderReceipts {
     pub fn new(cfg: &Config) -> Self {
-        let by_destination = cfg
-            .destinations
-            .iter()
-            .filter(|d| d.kind == DestinationKind::Http && !d.receipt_key.is_empty())
-            .map(|d| {
-                let settings = ReceiptSettings {
-                    secret: d.receipt_key.clone(),
-                    signature: match d.receipt_signature {
-                        ReceiptSignature::Token => Signature::Token,
-                        ReceiptSignature::HmacSha256 => Signature::HmacSha256,
-                    },
-                    status: d.receipt_status.iter().map(|(k, v)| (k.clone(), *v)).collect(),
-                    id_pointer: d.receipt_id_pointer.clone().unwrap_or_default(),
-                    status_pointer: d.receipt_status_pointer.clone().unwrap_or_default(),
-                    id_format: crate::spec::wire_id_format(d.id_format),
-                };
-                (d.name.clone(), settings)
-            })
-            .collect();
-        Self { by_destination }
+        Self {
+            by_destination: RwLock::new(Arc::new(settings(cfg))),
+        }
     }
 
+    /// A reload's destinations: receipts posted from now on are checked against them.
+    pub fn replace(&self, cfg: &Config) {
+        *self.by_destination.write() = Arc::new(settings(cfg));
+    }
+}
+
+fn settings(cfg: &Config) -> HashMap<String, ReceiptSettings> {
+    cfg.destinations
+        .iter()
+        .filter(|d| d.kind == DestinationKind::Http && !d.receipt_key.is_empty())
+        .map(|d| {
+            let settings = ReceiptSettings {
+                secret: d.receipt_key.clone(),
+                signature: match d.receipt_signature {
+                    ReceiptSignature::Token => Signature::Token,
+                    ReceiptSignature::HmacSha256 => Signature::HmacSha256,
+                },
+                status: d.receipt_status.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+                id_pointer: d.receipt_id_pointer.clone().unwrap_or_default(),
+                status_pointer: d.receipt_status_pointer.clone().unwrap_or_default(),
+                id_format: crate::spec::wire_id_format(d.id_format),
+            };
+            (d.name.clone(), settings)
+        })
+        .collect()
+}
+
+impl ProviderReceipts {
     /// The answer to one posted body (see the module docs): 404 for a destination that
     /// takes no receipts, 401 without valid proof, 400 for a body that cannot be read or
     /// a status word the table does not list, 503 when the store refused, else 200.
@@ -64,7 +78,8 @@ impl ProviderReceipts {
         headers: &HeaderMap,
         body: &[u8],
     ) -> StatusCode {
-        let Some(s) = self.by_destination.get(destination) else {
+        let all = self.by_destination.read().clone();
+        let Some(s) = all.get(destination) else {
             return StatusCode::NOT_FOUND;
         };
         let header = match s.signature {

@@ -64,6 +64,7 @@ pub struct LiveConfig {
     running: Mutex<Running>,
     accounts: Option<AccountBook>,
     http: Option<HttpAccess>,
+    provider_receipts: Option<std::sync::Arc<crate::provider_receipts::ProviderReceipts>>,
     routes: LiveRoutes,
     sessions: SessionRegistry,
 }
@@ -163,6 +164,7 @@ impl LiveConfig {
         config: Config,
         accounts: Option<AccountBook>,
         http: Option<HttpAccess>,
+        provider_receipts: Option<std::sync::Arc<crate::provider_receipts::ProviderReceipts>>,
         routes: LiveRoutes,
         sessions: SessionRegistry,
     ) -> Self {
@@ -173,6 +175,7 @@ impl LiveConfig {
             }),
             accounts,
             http,
+            provider_receipts,
             routes,
             sessions,
         }
@@ -234,6 +237,9 @@ impl LiveConfig {
         if let (Some(access), Some(http)) = (&self.http, &new.http) {
             let (keys, max_tps) = http_access(&new, http);
             access.replace(keys, max_tps);
+        }
+        if let Some(receipts) = &self.provider_receipts {
+            receipts.replace(&new);
         }
         running.config = new;
         running.loaded_at = SystemTime::now();
