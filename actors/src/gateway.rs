@@ -273,6 +273,7 @@ impl Gateway {
         let mut smpp_addr = None;
         let mut account_book = None;
         let mut http_access = None;
+        let mut provider_receipts = None;
         if let Some(smpp) = &cfg.smpp {
             let listener = TcpListener::bind(smpp.listen)
                 .await
@@ -319,6 +320,8 @@ impl Gateway {
             let (keys, max_tps) = reload::http_access(cfg, http);
             let access = HttpAccess::new(keys, max_tps);
             http_access = Some(access.clone());
+            let receipts = Arc::new(crate::provider_receipts::ProviderReceipts::new(cfg));
+            provider_receipts = Some(receipts.clone());
             let app = sendium_protocols::http::router(
                 HttpIngressConfig {
                     access,
@@ -327,7 +330,7 @@ impl Gateway {
                     auth: auth_guard.clone(),
                     body_timeout: http.body_timeout,
                 },
-                Arc::new(HttpIngress::new(shared.clone())),
+                Arc::new(HttpIngress::new(shared.clone(), receipts)),
             );
             let limits = ListenerLimits {
                 max_connections: usize::try_from(http.max_connections).unwrap_or(1024),
@@ -356,6 +359,7 @@ impl Gateway {
             cfg.clone(),
             account_book,
             http_access,
+            provider_receipts,
             spec.routes.clone(),
             shared.sessions.clone(),
         );

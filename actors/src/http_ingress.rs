@@ -14,11 +14,12 @@ use crate::ingress::{self, Admission, Refusal};
 
 pub struct HttpIngress {
     shared: Arc<Shared>,
+    receipts: Arc<crate::provider_receipts::ProviderReceipts>,
 }
 
 impl HttpIngress {
-    pub fn new(shared: Arc<Shared>) -> Self {
-        Self { shared }
+    pub fn new(shared: Arc<Shared>, receipts: Arc<crate::provider_receipts::ProviderReceipts>) -> Self {
+        Self { shared, receipts }
     }
 }
 
@@ -64,6 +65,15 @@ pub fn record(s: HttpSubmission) -> Result<PendingRecord, (&'static str, String)
 
 #[async_trait]
 impl HttpSubmitHandler for HttpIngress {
+    async fn provider_receipts(
+        &self,
+        destination: &str,
+        headers: &axum::http::HeaderMap,
+        body: bytes::Bytes,
+    ) -> axum::http::StatusCode {
+        self.receipts.handle(&self.shared, destination, headers, &body).await
+    }
+
     async fn submit(&self, submission: HttpSubmission) -> HttpOutcome {
         let rec = match record(submission) {
             Ok(r) => r,

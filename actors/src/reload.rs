@@ -64,6 +64,7 @@ pub struct LiveConfig {
     running: Mutex<Running>,
     accounts: Option<AccountBook>,
     http: Option<HttpAccess>,
+    provider_receipts: Option<std::sync::Arc<crate::provider_receipts::ProviderReceipts>>,
     routes: LiveRoutes,
     sessions: SessionRegistry,
 }
@@ -165,6 +166,7 @@ impl LiveConfig {
         config: Config,
         accounts: Option<AccountBook>,
         http: Option<HttpAccess>,
+        provider_receipts: Option<std::sync::Arc<crate::provider_receipts::ProviderReceipts>>,
         routes: LiveRoutes,
         sessions: SessionRegistry,
     ) -> Self {
@@ -175,6 +177,7 @@ impl LiveConfig {
             }),
             accounts,
             http,
+            provider_receipts,
             routes,
             sessions,
         }
@@ -236,6 +239,9 @@ impl LiveConfig {
         if let (Some(access), Some(http)) = (&self.http, &new.http) {
             let (keys, max_tps) = http_access(&new, http);
             access.replace(keys, max_tps);
+        }
+        if let Some(receipts) = &self.provider_receipts {
+            receipts.replace(&new);
         }
         running.config = new;
         running.loaded_at = SystemTime::now();

@@ -7,7 +7,10 @@ use std::time::Duration;
 use sendium_profiles::{
     BindMode, Config, DestinationConfig, DestinationKind, DlrBackend, IdFormat, OnReceiptRequest, RouteTable,
 };
+use sendium_profiles::{HttpBody, HttpMethod, HttpParts, TemplatePiece};
 use sendium_protocols::callback::CallbackTargets;
+use sendium_protocols::http_provider::HttpProviderConfig;
+use sendium_protocols::http_provider::render::{Encoding, Piece, Placeholder};
 use sendium_protocols::receipt::IdFormat as WireIdFormat;
 use sendium_protocols::smpp::client::{BindMode as WireBind, ClientConfig};
 use sendium_storage::ReceiptReservations;
@@ -36,6 +39,9 @@ pub struct DestinationSpec {
     pub failover_after: Duration,
     pub smpp: Option<ClientConfig>,
     pub simulator: Option<SimulatorConfig>,
+    pub http: Option<HttpProviderConfig>,
+    /// HTTP only: one request per SMS part rather than one with the whole text.
+    pub split: bool,
 }
 
 impl DestinationSpec {
@@ -43,6 +49,7 @@ impl DestinationSpec {
     pub fn new(cfg: &Config, d: &DestinationConfig) -> Self {
         let max_command_length = cfg.smpp.as_ref().map(|s| s.max_command_length).unwrap_or(16_384);
         let window = usize::try_from(d.window).unwrap_or(1).max(1);
+        let http = (d.kind == DestinationKind::Http).then(|| http_provider_config(cfg, d, window));
         let (smpp, simulator) = match d.kind {
             DestinationKind::Smpp => (
                 Some(ClientConfig {
@@ -66,6 +73,7 @@ impl DestinationSpec {
                 }),
                 None,
             ),
+            DestinationKind::Http => (None, None),
             DestinationKind::Simulator => (
                 None,
                 Some(SimulatorConfig {
@@ -80,6 +88,8 @@ impl DestinationSpec {
             failover_after: d.failover_after,
             smpp,
             simulator,
+            http,
+            split: d.parts == HttpParts::Split,
         }
     }
 
@@ -99,6 +109,12 @@ impl DestinationSpec {
     }
 
     pub fn provider(&self) -> ProviderSpec {
+        if let Some(h) = &self.http {
+            return ProviderSpec::Http {
+                config: h.clone(),
+                split: self.split,
+            };
+        }
         match (&self.smpp, self.simulator) {
             (Some(c), _) => ProviderSpec::Smpp(c.clone()),
             (None, Some(s)) => ProviderSpec::Simulator(s),
@@ -107,6 +123,67 @@ impl DestinationSpec {
             }),
         }
     }
+}
+
+/// The HTTP provider settings of a `kind = "http"` destination (validated already).
+fn http_provider_config(cfg: &Config, d: &DestinationConfig, window: usize) -> HttpProviderConfig {
+    let encoding = match (d.method.unwrap_or_default(), d.body.unwrap_or_default()) {
+        (HttpMethod::Get, _) => Encoding::Query,
+        (HttpMethod::Post, HttpBody::Json) => Encoding::Json,
+        (HttpMethod::Post, HttpBody::Form) => Encoding::Form,
+    };
+    let templates: Vec<(String, String)> = if d.fields.is_empty() {
+        sendium_profiles::default_fields()
+    } else {
+        d.fields.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    };
+    let fields = templates
+        .into_iter()
+        .map(|(name, t)| {
+            let pieces = sendium_profiles::parse_template(&t)
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|p| match p {
+                    TemplatePiece::Literal(s) => Some(Piece::Literal(s)),
+                    TemplatePiece::Placeholder(n) => Placeholder::from_name(n).map(Piece::Value),
+                })
+                .collect();
+            (name, pieces)
+        })
+        .collect();
+    HttpProviderConfig {
+        name: d.name.clone(),
+        url: d.url.clone().unwrap_or_default(),
+        encoding,
+        headers: d
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.expose().to_owned()))
+            .collect(),
+        fields,
+        id_pointer: d.id_pointer.clone(),
+        callback: receipt_url(cfg, &d.name),
+        window,
+        max_tps: d.max_tps,
+        response_timeout: d.response_timeout,
+        reconnect_min: d.reconnect_min,
+        reconnect_max: d.reconnect_max,
+    }
+}
+
+/// `{callback}`: the receipt endpoint on the HTTP listener, an unspecified listen
+/// address written as loopback (a provider elsewhere needs the listener reachable under
+/// that address).
+fn receipt_url(cfg: &Config, destination: &str) -> String {
+    let Some(http) = &cfg.http else {
+        return String::new();
+    };
+    let mut addr = http.listen;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let name: String = url::form_urlencoded::byte_serialize(destination.as_bytes()).collect();
+    format!("http://{addr}/v1/providers/{name}/receipts")
 }
 
 pub struct GatewaySpec {
@@ -136,7 +213,7 @@ pub fn callback_targets(cfg: &Config) -> CallbackTargets {
     CallbackTargets::new(cfg.http.as_ref().map(|h| h.callback_allow.clone()).unwrap_or_default())
 }
 
-fn wire_id_format(f: IdFormat) -> WireIdFormat {
+pub(crate) fn wire_id_format(f: IdFormat) -> WireIdFormat {
     match f {
         IdFormat::Auto => WireIdFormat::Auto,
         IdFormat::Hex => WireIdFormat::Hex,

@@ -22,7 +22,8 @@ use std::path::Path;
 use config::{Case, Environment, File, FileFormat};
 
 use crate::error::{ConfigError, parse_value_error_message};
-use crate::model::Config;
+use crate::model::http::expand_env;
+use crate::model::{Config, Secret};
 use crate::validate::validate;
 
 /// Prefix of the environment variables that override the file.
@@ -126,13 +127,39 @@ fn process_env() -> Result<Vec<(String, String)>, ConfigError> {
     Ok(out)
 }
 
+/// Replaces `${NAME}` in HTTP destination headers and receipt secrets with the
+/// environment variable's value, so an API key need not be written in the file. The
+/// given pairs are consulted first (tests pass them without touching the process
+/// environment), then the process environment.
+fn expand_destination_secrets(cfg: &mut Config, env: Option<&HashMap<String, String>>) -> Result<(), ConfigError> {
+    let lookup = |name: &str| {
+        env.and_then(|e| e.get(name).cloned())
+            .or_else(|| std::env::var(name).ok())
+    };
+    let missing = |key: String, name: String| ConfigError::Invalid {
+        key,
+        reason: format!("environment variable {name} is not set"),
+    };
+    for (i, d) in cfg.destinations.iter_mut().enumerate() {
+        for (h, v) in d.headers.iter_mut() {
+            let expanded =
+                expand_env(v.expose(), &lookup).map_err(|n| missing(format!("destinations[{i}].headers.{h}"), n))?;
+            *v = Secret::new(expanded);
+        }
+        let expanded = expand_env(d.receipt_key.expose(), &lookup)
+            .map_err(|n| missing(format!("destinations[{i}].receipt-secret"), n))?;
+        d.receipt_key = Secret::new(expanded);
+    }
+    Ok(())
+}
+
 fn build(file: Option<(&str, &str)>, env: Option<HashMap<String, String>>) -> Result<Config, ConfigError> {
     let origin = file.map_or("configuration", |(o, _)| o).to_owned();
     let mut builder = config::Config::builder();
     if let Some((_, text)) = file {
         builder = builder.add_source(File::from_str(text, FileFormat::Toml));
     }
-    if let Some(vars) = env {
+    if let Some(vars) = env.clone() {
         builder = builder.add_source(
             Environment::with_prefix(ENV_PREFIX)
                 .prefix_separator(ENV_SEPARATOR)
@@ -145,6 +172,8 @@ fn build(file: Option<(&str, &str)>, env: Option<HashMap<String, String>>) -> Re
         .build()
         .and_then(config::Config::try_deserialize)
         .map_err(|e| translate(e, &origin))?;
+    let mut cfg = cfg;
+    expand_destination_secrets(&mut cfg, env.as_ref())?;
     validate(&cfg)?;
     Ok(cfg)
 }
@@ -513,8 +542,8 @@ copy-to = []
             "invalid value \"trx\" for destinations[2].bind: expected one of transceiver, transmitter+receiver"
         );
         assert_eq!(
-            err("[[destinations]]\nname = \"a\"\nkind = \"http\"\n"),
-            "invalid value \"http\" for destinations[0].kind: expected one of smpp, simulator"
+            err("[[destinations]]\nname = \"a\"\nkind = \"fax\"\n"),
+            "invalid value \"fax\" for destinations[0].kind: expected one of smpp, simulator, http"
         );
     }
 

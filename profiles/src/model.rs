@@ -12,6 +12,7 @@
 //! destination has none, and [`crate::validate`] requires them for `kind =
 //! "smpp"`. A `Config` that came out of [`crate::load`] has been validated.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -183,8 +184,13 @@ word_enum! {
         Smpp => "smpp",
         /// Built in: acknowledges every submit, then sends a DELIVRD receipt.
         Simulator => "simulator",
+        /// A provider reached through an HTTP API.
+        Http => "http",
     }
 }
+
+pub mod http;
+pub use http::{HttpBody, HttpMethod, HttpParts, ReceiptSignature, ReceiptState};
 
 word_enum! {
     /// How Sendium binds to an upstream SMSC.
@@ -974,6 +980,47 @@ pub struct DestinationConfig {
         deserialize_with = "crate::duration::deserialize"
     )]
     pub failover_after: Duration,
+    /// HTTP only: the provider's submission URL (`http://` or `https://`).
+    #[serde(default)]
+    pub url: Option<String>,
+    /// HTTP only: the request method (POST or GET).
+    #[serde(default)]
+    pub method: Option<HttpMethod>,
+    /// HTTP only: headers sent with every request; `${NAME}` in a value is replaced at
+    /// load by the environment variable (an API key), and values are never shown.
+    #[serde(default)]
+    pub headers: BTreeMap<String, Secret>,
+    /// HTTP only, POST: how the fields are encoded.
+    #[serde(default)]
+    pub body: Option<HttpBody>,
+    /// HTTP only: field name → template with `{from} {to} {text} {coding} {id}
+    /// {callback}` placeholders; `from`, `to` and `text` when empty.
+    #[serde(default)]
+    pub fields: BTreeMap<String, String>,
+    /// HTTP only: RFC 6901 pointer to the provider's message id in its answer; without
+    /// it Sendium's own part id is the provider id.
+    #[serde(default)]
+    pub id_pointer: Option<String>,
+    /// HTTP only: whole text per request, or one request per SMS part.
+    #[serde(default)]
+    pub parts: HttpParts,
+    /// HTTP only: the shared secret receipts posted back are checked with (`${NAME}`
+    /// allowed); empty refuses every receipt.
+    /// (Named apart from its key so a printed `Config` shows no word "secret".)
+    #[serde(default, rename = "receipt-secret")]
+    pub receipt_key: Secret,
+    /// HTTP only: how `receipt-secret` is presented.
+    #[serde(default)]
+    pub receipt_signature: ReceiptSignature,
+    /// HTTP only: the provider's status words and the receipt state each stands for.
+    #[serde(default)]
+    pub receipt_status: BTreeMap<String, ReceiptState>,
+    /// HTTP only: pointer to the provider's message id in a receipt it posts.
+    #[serde(default)]
+    pub receipt_id_pointer: Option<String>,
+    /// HTTP only: pointer to the status word in a receipt it posts.
+    #[serde(default)]
+    pub receipt_status_pointer: Option<String>,
 }
 
 fn default_route_account() -> String {

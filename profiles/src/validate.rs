@@ -12,7 +12,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::error::ConfigError;
-use crate::model::{Config, DestinationKind, DlrBackend, OnReceiptRequest, Secret, StageBackend};
+use crate::model::http::{PLACEHOLDERS, is_json_pointer, parse_template};
+use crate::model::{
+    Config, DestinationConfig, DestinationKind, DlrBackend, HttpMethod, OnReceiptRequest, Secret, StageBackend,
+};
 use crate::profile::check_supported;
 
 /// SMPP 3.4 field limits (bytes, without the terminating NUL): longer values
@@ -436,6 +439,11 @@ impl Validator {
                 self.max_len(&format!("{key}.password"), d.password.expose(), MAX_PASSWORD, false);
                 self.max_len(&format!("{key}.system-type"), &d.system_type, MAX_SYSTEM_TYPE, true);
             }
+            if d.kind == DestinationKind::Http {
+                self.http_destination(&key, d);
+            } else {
+                self.no_http_keys(&key, d);
+            }
             self.at_least(&format!("{key}.window"), d.window, 1);
             self.nonzero(&format!("{key}.enquire-link-interval"), d.enquire_link_interval);
             self.nonzero(&format!("{key}.response-timeout"), d.response_timeout);
@@ -450,6 +458,107 @@ impl Validator {
                         crate::duration::format(d.reconnect_min)
                     ),
                 );
+            }
+        }
+    }
+
+    /// The keys of `kind = "http"`: a URL Sendium can reach, templates with known
+    /// placeholders, JSON pointers, and a receipt setup that is complete or absent.
+    fn http_destination(&mut self, key: &str, d: &DestinationConfig) {
+        match d.url.as_deref() {
+            None => self.missing(format!("{key}.url"), Some("required for kind = \"http\"".to_owned())),
+            Some(u) => {
+                let ok = url::Url::parse(u).is_ok_and(|p| matches!(p.scheme(), "http" | "https") && p.host().is_some());
+                if !ok {
+                    self.value(format!("{key}.url"), format!("{u:?}"), "an http:// or https:// URL");
+                }
+            }
+        }
+        if d.method == Some(HttpMethod::Get) && d.body.is_some() {
+            self.invalid(
+                format!("{key}.body"),
+                "applies to method = \"POST\" only (GET sends the fields in the query string)",
+            );
+        }
+        for (name, template) in &d.fields {
+            let k = format!("{key}.fields.{name}");
+            if let Err(e) = parse_template(template) {
+                let allowed: Vec<String> = PLACEHOLDERS.iter().map(|p| format!("{{{p}}}")).collect();
+                self.value(
+                    k,
+                    format!("{template:?}"),
+                    format!(
+                        "text with placeholders {} (\"{{{{\" and \"}}}}\" for braces); {e} is not one",
+                        allowed.join(" ")
+                    ),
+                );
+            }
+        }
+        for (name, pointer) in [
+            ("id-pointer", &d.id_pointer),
+            ("receipt-id-pointer", &d.receipt_id_pointer),
+            ("receipt-status-pointer", &d.receipt_status_pointer),
+        ] {
+            if let Some(p) = pointer
+                && !is_json_pointer(p)
+            {
+                self.value(
+                    format!("{key}.{name}"),
+                    format!("{p:?}"),
+                    "an RFC 6901 JSON pointer such as \"/data/id\" (\"~0\" for ~, \"~1\" for /)",
+                );
+            }
+        }
+        for (name, value) in &d.headers {
+            let bad_name = name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b));
+            if bad_name {
+                self.value(
+                    format!("{key}.headers"),
+                    format!("{name:?}"),
+                    "header names of letters, digits, - and _",
+                );
+            } else if value.expose().bytes().any(|b| b == b'\r' || b == b'\n') {
+                self.invalid(format!("{key}.headers.{name}"), "must not contain a line break");
+            }
+        }
+        if !d.receipt_key.is_empty() {
+            for (name, pointer) in [
+                ("receipt-id-pointer", &d.receipt_id_pointer),
+                ("receipt-status-pointer", &d.receipt_status_pointer),
+            ] {
+                if pointer.is_none() {
+                    self.missing(
+                        format!("{key}.{name}"),
+                        Some("required with receipt-secret: where a posted receipt says it".to_owned()),
+                    );
+                }
+            }
+            if d.receipt_status.is_empty() {
+                self.missing(
+                    format!("{key}.receipt-status"),
+                    Some("required with receipt-secret: the provider's status words".to_owned()),
+                );
+            }
+        }
+    }
+
+    /// HTTP keys on another kind would be silently ignored; refuse them instead.
+    fn no_http_keys(&mut self, key: &str, d: &DestinationConfig) {
+        let given = [
+            ("url", d.url.is_some()),
+            ("method", d.method.is_some()),
+            ("headers", !d.headers.is_empty()),
+            ("body", d.body.is_some()),
+            ("fields", !d.fields.is_empty()),
+            ("id-pointer", d.id_pointer.is_some()),
+            ("receipt-secret", !d.receipt_key.is_empty()),
+            ("receipt-status", !d.receipt_status.is_empty()),
+            ("receipt-id-pointer", d.receipt_id_pointer.is_some()),
+            ("receipt-status-pointer", d.receipt_status_pointer.is_some()),
+        ];
+        for (name, set) in given {
+            if set {
+                self.invalid(format!("{key}.{name}"), "applies to kind = \"http\" only");
             }
         }
     }
@@ -809,6 +918,66 @@ system-id = "sendium"
             one("[[outbox.sources]]\nname = \"a\"\nurl = \"sqlite:///x.db\"\nbatch = 5").contains(
                 "unknown key outbox.sources[0].batch: expected one of name, url, table, partitions, batch-size"
             )
+        );
+    }
+
+    const HTTP: &str = "[[destinations]]\nname = \"h\"\nkind = \"http\"\nurl = \"https://api.example/sms\"\n";
+
+    #[test]
+    fn http_destinations_are_checked_key_by_key() {
+        assert!(
+            problems(&format!(
+                "{HTTP}method = \"GET\"\nheaders = {{ X-Api-Key = \"k\" }}\nfields = {{ msg = \"{{text}} {{{{x}}}}\", dst = \"{{to}}\" }}\nid-pointer = \"/data/0/id\"\nparts = \"split\"\nreceipt-secret = \"s\"\nreceipt-signature = \"hmac-sha256\"\nreceipt-status = {{ delivered = \"DELIVRD\", failed = \"UNDELIV\" }}\nreceipt-id-pointer = \"/id\"\nreceipt-status-pointer = \"/status\""
+            ))
+            .is_empty()
+        );
+        assert_eq!(
+            one("[[destinations]]\nname = \"h\"\nkind = \"http\""),
+            "missing required key destinations[2].url (required for kind = \"http\")"
+        );
+        assert!(
+            one("[[destinations]]\nname = \"h\"\nkind = \"http\"\nurl = \"ftp://x\"").contains("destinations[2].url")
+        );
+        assert!(one(&format!("{HTTP}method = \"PUT\"")).contains("one of POST, GET"));
+        assert!(one(&format!("{HTTP}body = \"xml\"")).contains("one of json, form"));
+        assert!(one(&format!("{HTTP}parts = \"some\"")).contains("one of whole, split"));
+        assert!(one(&format!("{HTTP}receipt-signature = \"md5\"")).contains("one of token, hmac-sha256"));
+        assert!(one(&format!("{HTTP}receipt-status = {{ ok = \"GOOD\" }}")).contains("DELIVRD, UNDELIV"));
+        assert!(one(&format!("{HTTP}method = \"GET\"\nbody = \"form\"")).contains("destinations[2].body"));
+        let e = one(&format!("{HTTP}fields = {{ m = \"{{body}}\" }}"));
+        assert!(
+            e.contains("destinations[2].fields.m") && e.contains("{body} is not one"),
+            "{e}"
+        );
+        assert!(one(&format!("{HTTP}id-pointer = \"data.id\"")).contains("destinations[2].id-pointer"));
+        assert!(one(&format!("{HTTP}headers = {{ \"a b\" = \"x\" }}")).contains("destinations[2].headers"));
+        let p = problems(&format!("{HTTP}receipt-secret = \"s\""));
+        assert_eq!(p.len(), 3, "{p:#?}");
+        assert!(
+            one("[[destinations]]\nname = \"s\"\nkind = \"simulator\"\nurl = \"http://x\"")
+                .contains("applies to kind = \"http\" only")
+        );
+    }
+
+    #[test]
+    fn http_secrets_come_from_the_environment_and_stay_hidden() {
+        let toml = format!(
+            "{BASE}\n{HTTP}headers = {{ Authorization = \"Bearer ${{SENDIUM_TEST_KEY_X}}\" }}\nreceipt-secret = \"${{SENDIUM_TEST_SECRET_X}}\"\nreceipt-status = {{ ok = \"DELIVRD\" }}\nreceipt-id-pointer = \"/id\"\nreceipt-status-pointer = \"/s\""
+        );
+        let env = vec![
+            ("SENDIUM_TEST_KEY_X".to_owned(), "abc123".to_owned()),
+            ("SENDIUM_TEST_SECRET_X".to_owned(), "shh".to_owned()),
+        ];
+        let cfg = crate::load_str_with_env(&toml, env).unwrap();
+        let d = &cfg.destinations[2];
+        assert_eq!(d.headers["Authorization"].expose(), "Bearer abc123");
+        assert_eq!(d.receipt_key.expose(), "shh");
+        let shown = format!("{d:?}");
+        assert!(!shown.contains("abc123") && !shown.contains("shh"), "{shown}");
+        let e = crate::load_str_with_env(&toml, vec![]).unwrap_err().to_string();
+        assert!(
+            e.contains("destinations[2].headers.Authorization") && e.contains("SENDIUM_TEST_KEY_X"),
+            "{e}"
         );
     }
 

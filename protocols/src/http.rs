@@ -160,6 +160,13 @@ pub enum HttpOutcome {
 #[async_trait]
 pub trait HttpSubmitHandler: Send + Sync + 'static {
     async fn submit(&self, submission: HttpSubmission) -> HttpOutcome;
+
+    /// Receipts an HTTP provider posted for `destination` (its raw body, to check a
+    /// signature over): the status to answer. 404 unless the gateway serves them.
+    async fn provider_receipts(&self, destination: &str, headers: &HeaderMap, body: bytes::Bytes) -> StatusCode {
+        let _ = (destination, headers, body);
+        StatusCode::NOT_FOUND
+    }
 }
 
 struct Bucket {
@@ -207,6 +214,7 @@ pub fn router(config: HttpIngressConfig, handler: Arc<dyn HttpSubmitHandler>) ->
     });
     Router::new()
         .route("/v1/messages", post(submit))
+        .route("/v1/providers/{destination}/receipts", post(provider_receipts))
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
         .with_state(state)
 }
@@ -428,6 +436,27 @@ pub fn validate_submission(
         callback_url,
         idempotency_key,
     })
+}
+
+/// `POST /v1/providers/{destination}/receipts`: read the body within the body timeout
+/// and let the handler authenticate, parse and store the receipts.
+async fn provider_receipts(
+    State(state): State<Arc<Ingress>>,
+    axum::extract::Path(destination): axum::extract::Path<String>,
+    req: Request,
+) -> Response {
+    let (parts, body) = req.into_parts();
+    let body = match tokio::time::timeout(state.body_timeout, axum::body::to_bytes(body, state.max_body_bytes)).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => return StatusCode::PAYLOAD_TOO_LARGE.into_response(),
+        Err(_) => return StatusCode::REQUEST_TIMEOUT.into_response(),
+    };
+    let status = state
+        .handler
+        .provider_receipts(&destination, &parts.headers, body)
+        .await;
+    metrics::counter!("sendium_provider_receipt_requests_total", "status" => status.as_str().to_owned()).increment(1);
+    status.into_response()
 }
 
 async fn submit(State(state): State<Arc<Ingress>>, req: Request) -> Response {

@@ -26,6 +26,7 @@ pub mod error;
 pub mod http;
 pub mod http_client;
 pub mod http_listener;
+pub mod http_provider;
 pub mod multipart;
 pub mod receipt;
 pub mod text;

@@ -39,6 +39,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use sendium_protocols::http_provider::{HttpProvider, HttpProviderConfig, HttpSubmit};
 use sendium_protocols::receipt::{IdFormat, resp_key};
 use sendium_protocols::smpp::client::{ClientEvent, ClientEvents, OutboundSubmit, SmppClient, SubmitFailure};
 use sendium_storage::failpoint;
@@ -100,6 +101,11 @@ pub struct WorkerStatus {
 pub enum Provider {
     Smpp(SmppClient),
     Simulator(SimulatorConfig),
+    /// An HTTP API; `split`: one request per SMS part, else one with the whole text.
+    Http {
+        client: HttpProvider,
+        split: bool,
+    },
 }
 
 pub struct WorkerArgs {
@@ -117,6 +123,7 @@ pub struct WorkerArgs {
 pub enum ProviderSpec {
     Smpp(sendium_protocols::smpp::client::ClientConfig),
     Simulator(SimulatorConfig),
+    Http { config: HttpProviderConfig, split: bool },
 }
 
 /// Forwards session events into the worker's mailbox, one batch per wake-up.
@@ -208,7 +215,11 @@ impl WorkerState {
                 continue;
             }
             self.next_reference = self.next_reference.wrapping_add(1);
-            let parts = match outbound::build_parts(&job.unit, job.request_receipt, self.next_reference) {
+            let built = match &self.provider {
+                Provider::Http { split: false, .. } => outbound::build_whole(&job.unit, job.request_receipt),
+                _ => outbound::build_parts(&job.unit, job.request_receipt, self.next_reference),
+            };
+            let parts = match built {
                 Ok(p) => p,
                 Err(failure) => {
                     self.outcomes.push(WorkerOutcome {
@@ -260,9 +271,9 @@ impl WorkerState {
         if parts.is_empty() {
             return;
         }
-        let Provider::Smpp(client) = &self.provider else {
+        if matches!(self.provider, Provider::Simulator(_)) {
             return;
-        };
+        }
         // Down, or stopping: park them (a stop lets what is in flight finish, and the
         // parked parts are in the durable stages for the next start).
         if !self.up || self.shared.stopping.holding_submissions() {
@@ -274,6 +285,8 @@ impl WorkerState {
             return;
         }
         let mut batch = Vec::with_capacity(parts.len());
+        let is_http = matches!(self.provider, Provider::Http { .. });
+        let mut part_ids = Vec::new();
         for (key, idx) in parts {
             let Some(job) = self.jobs.get_mut(&key) else {
                 continue;
@@ -288,9 +301,24 @@ impl WorkerState {
             part.token = Some(token);
             self.tokens.insert(token, (key, idx));
             batch.push((token, part.pdu.clone()));
+            // Sendium's own id of the part, the provider id unless an id-pointer says
+            // otherwise: stable across retries and restarts.
+            if is_http {
+                part_ids.push(format!("{}-{}-{}", key.unit, key.branch, idx + 1));
+            }
         }
         if !batch.is_empty() {
-            client.submit(batch);
+            match &self.provider {
+                Provider::Smpp(client) => client.submit(batch),
+                Provider::Http { client, .. } => client.submit(
+                    batch
+                        .into_iter()
+                        .zip(part_ids)
+                        .map(|((token, part), id)| (token, HttpSubmit { part, id }))
+                        .collect(),
+                ),
+                Provider::Simulator(_) => {}
+            }
             failpoint::hit("after-provider-submit");
         }
     }
@@ -496,10 +524,11 @@ impl WorkerState {
     /// exist yet while the worker is starting: an `Up` sent then is lost. The client's
     /// own state is the truth; align with it.
     fn sync_up(&mut self) {
-        let Provider::Smpp(client) = &self.provider else {
-            return;
+        let up = match &self.provider {
+            Provider::Smpp(client) => client.is_up(),
+            Provider::Http { client, .. } => client.is_up(),
+            Provider::Simulator(_) => return,
         };
-        let up = client.is_up();
         if up != self.up {
             let event = if up {
                 ClientEvent::Up
@@ -603,6 +632,18 @@ impl Actor for DestinationWorker {
                 (Provider::Smpp(SmppClient::start(cfg, sink)), false)
             }
             ProviderSpec::Simulator(cfg) => (Provider::Simulator(cfg), true),
+            ProviderSpec::Http { config, split } => {
+                let sink = Arc::new(EventSink {
+                    mailbox: args.mailbox.clone(),
+                });
+                (
+                    Provider::Http {
+                        client: HttpProvider::start(config, sink),
+                        split,
+                    },
+                    false,
+                )
+            }
         };
         Ok(WorkerState {
             shared: args.shared,
@@ -635,8 +676,10 @@ impl Actor for DestinationWorker {
     }
 
     async fn post_stop(&self, _myself: ActorRef<Self::Msg>, state: &mut WorkerState) -> Result<(), ActorProcessingErr> {
-        if let Provider::Smpp(client) = &state.provider {
-            client.stop();
+        match &state.provider {
+            Provider::Smpp(client) => client.stop(),
+            Provider::Http { client, .. } => client.stop(),
+            Provider::Simulator(_) => {}
         }
         Ok(())
     }

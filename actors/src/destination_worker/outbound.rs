@@ -54,6 +54,23 @@ pub fn build_parts(unit: &Unit, request_receipt: bool, reference: u8) -> Result<
     Ok(out)
 }
 
+/// One part holding the unit's whole user data, unsplit and without a UDH: for HTTP
+/// providers that take the whole text and split it themselves.
+pub fn build_whole(unit: &Unit, request_receipt: bool) -> Result<Vec<OutboundSubmit>, BranchFailure> {
+    let first = unit.parts.first().ok_or(BranchFailure::Unencodable)?;
+    Ok(vec![OutboundSubmit {
+        service_type: first.service_type.clone(),
+        source: to_wire(&first.source),
+        destination: to_wire(&first.destination),
+        esm_class: first.esm_class & 0x03,
+        protocol_id: first.protocol_id,
+        priority_flag: first.priority,
+        registered_delivery: u8::from(request_receipt),
+        data_coding: first.data_coding,
+        short_message: unit.payload(),
+    }])
+}
+
 /// Tell the alphabet by name, for logs and tests.
 pub fn alphabet_name(a: Alphabet) -> &'static str {
     match a {

@@ -41,9 +41,14 @@ use crate::router::{BranchKey, RouterMsg};
 ///
 /// Dropped unanswered (the correlator died holding them), they answer with a temporary
 /// error, so the provider keeps the receipts and sends them again.
-pub struct ReceiptAcks {
-    client: Acker,
-    acks: Vec<DeliverAck>,
+/// For an HTTP provider's posted receipts the answer is the HTTP response, waiting on a
+/// oneshot: `true` once stored, `false` (or the sender dropped) for a 503 the provider
+/// retries.
+pub struct ReceiptAcks(AckTo);
+
+enum AckTo {
+    Smpp { client: Acker, acks: Vec<DeliverAck> },
+    Http(tokio::sync::oneshot::Sender<bool>),
 }
 
 /// ESME_RX_T_APPN: temporary application error — the SMSC keeps the receipt and
@@ -52,16 +57,30 @@ const TEMPORARY_ERROR: u32 = 0x64;
 
 impl ReceiptAcks {
     pub fn new(client: Acker, acks: Vec<DeliverAck>) -> Self {
-        Self { client, acks }
+        Self(AckTo::Smpp { client, acks })
+    }
+
+    /// The answer to an HTTP request that posted receipts.
+    pub fn http(answer: tokio::sync::oneshot::Sender<bool>) -> Self {
+        Self(AckTo::Http(answer))
     }
 
     pub fn ok(self) {
-        self.client.ack(self.acks.into_iter().map(|a| (a, 0)).collect());
+        match self.0 {
+            AckTo::Smpp { client, acks } => client.ack(acks.into_iter().map(|a| (a, 0)).collect()),
+            AckTo::Http(answer) => {
+                let _ = answer.send(true);
+            }
+        }
     }
 
     pub fn fail(self) {
-        self.client
-            .ack(self.acks.into_iter().map(|a| (a, TEMPORARY_ERROR)).collect());
+        match self.0 {
+            AckTo::Smpp { client, acks } => client.ack(acks.into_iter().map(|a| (a, TEMPORARY_ERROR)).collect()),
+            AckTo::Http(answer) => {
+                let _ = answer.send(false);
+            }
+        }
     }
 }
 

@@ -1,0 +1,284 @@
+//! `kind = "http"` destinations, black box: the gateway sends through a fake HTTP provider
+//! (in the test kit, on 127.0.0.1). A 2xx with a message id accepts the message and the
+//! provider gets the API key header (never logged); a 429 is retried and the message sent
+//! once; a provider answering 500 loses its work to the next destination of the route
+//! after `failover-after`; a 400 ends the message with a REJECTD receipt; `parts =
+//! "whole"` sends a long message in one request, `"split"` one request per SMS part.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use sendium_integration_tests::http_provider::{Answer, FakeProvider, Proof, post_receipt};
+use sendium_integration_tests::{
+    Alphabet, BindKind, GatewayBuilder, GatewayProcess, ReceiptState, SubmitSpec, TestEsme,
+};
+use support::*;
+
+const API_KEY: &str = "k-7f3a9c1e55d2";
+
+fn http_destination(name: &str, port_var: &str, extra: &str) -> String {
+    format!(
+        "\n[[destinations]]\nname = \"{name}\"\nkind = \"http\"\nurl = \"http://127.0.0.1:{{{port_var}}}/send\"\n\
+         headers = {{ Authorization = \"Bearer ${{SENDIUM_TEST_PROVIDER_KEY}}\" }}\n\
+         fields = {{ to = \"{{to}}\", msg = \"{{text}}\", ref = \"{{id}}\", enc = \"{{coding}}\" }}\n\
+         id-pointer = \"/message_id\"\nwindow = 10\nresponse-timeout = \"2s\"\nreconnect-min = \"50ms\"\n\
+         reconnect-max = \"500ms\"\nfailover-after = \"1s\"\n{extra}"
+    )
+}
+
+/// Keeps the fields' placeholders as they are through the test kit's own templating.
+fn builder(config: &str) -> GatewayBuilder {
+    let mut b = GatewayProcess::builder(config).env("SENDIUM_TEST_PROVIDER_KEY", API_KEY);
+    for p in ["to", "text", "id", "coding", "SENDIUM_TEST_PROVIDER_KEY"] {
+        b = b.var(p, &format!("{{{p}}}"));
+    }
+    b
+}
+
+async fn esme(gw: &GatewayProcess) -> TestEsme {
+    TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
+        .await
+        .unwrap()
+}
+
+fn one_destination() -> String {
+    [
+        SMPP,
+        HTTP,
+        ADMIN,
+        &http_destination("h", "h_port", ""),
+        "\n[[routes]]\nname = \"default\"\nto = [\"h\"]\n",
+    ]
+    .concat()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepted_with_the_api_key_which_is_never_logged() {
+    let provider = FakeProvider::start().await;
+    let gw = builder(&one_destination())
+        .var("h_port", &provider.addr().port().to_string())
+        .start()
+        .await;
+    let esme = esme(&gw).await;
+    let resp = esme
+        .submit(&SubmitSpec::gsm("Shop", "447700900123", "hello there").dlr())
+        .await
+        .unwrap();
+    assert!(resp.is_ok());
+    assert!(provider.wait_requests(1, WAIT).await, "the provider got no request");
+    let r = &provider.requests()[0];
+    assert_eq!(r.method, "POST");
+    assert_eq!(r.target, "/send");
+    assert_eq!(r.header("authorization"), Some(format!("Bearer {API_KEY}").as_str()));
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    let body = r.json();
+    assert_eq!(body["to"], "447700900123");
+    assert_eq!(body["msg"], "hello there");
+    assert_eq!(body["enc"], "gsm7");
+    assert!(body["ref"].as_str().is_some_and(|s| !s.is_empty()));
+    assert!(
+        wait_metric(&gw, "sendium_http_destination_requests_total", "class=\"2xx\"", |v| v
+            >= 1.0)
+        .await,
+        "no 2xx counted"
+    );
+    assert!(!gw.log().contains(API_KEY), "the API key reached the log");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttled_then_accepted_is_sent_once() {
+    let provider = FakeProvider::start().await;
+    provider.queue(&[Answer::Status(429), Answer::Status(503)]);
+    let gw = builder(&one_destination())
+        .var("h_port", &provider.addr().port().to_string())
+        .start()
+        .await;
+    let esme = esme(&gw).await;
+    assert!(
+        esme.submit(&SubmitSpec::gsm("Shop", "447700900124", "retry me").dlr())
+            .await
+            .unwrap()
+            .is_ok()
+    );
+    assert!(
+        provider.wait_requests(3, WAIT).await,
+        "not retried: {:?}",
+        provider.requests()
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let statuses: Vec<u16> = provider.requests().iter().map(|r| r.status).collect();
+    assert_eq!(statuses, vec![429, 503, 200]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_error_ends_with_a_rejectd_receipt() {
+    let provider = FakeProvider::start().await;
+    provider.queue(&[Answer::Status(400)]);
+    let gw = builder(&one_destination())
+        .var("h_port", &provider.addr().port().to_string())
+        .start()
+        .await;
+    let esme = esme(&gw).await;
+    let resp = esme
+        .submit(&SubmitSpec::gsm("Shop", "447700900125", "refused").dlr())
+        .await
+        .unwrap();
+    assert!(resp.is_ok());
+    let receipts = esme.wait_receipts(1, WAIT).await;
+    assert_eq!(receipts.len(), 1, "{receipts:?}");
+    assert_eq!(receipts[0].message_id(), Some(resp.message_id.as_str()));
+    assert_eq!(receipts[0].stat, Some(ReceiptState::Rejected));
+    assert_eq!(receipts[0].err.as_deref(), Some("400"), "err carries the HTTP status");
+    assert_eq!(provider.requests().len(), 1, "a 400 is not retried");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_provider_fails_over_to_the_next_destination() {
+    let failing = FakeProvider::start().await;
+    failing.set_default(Answer::Status(500));
+    let backup = FakeProvider::start().await;
+    let config = [
+        SMPP,
+        HTTP,
+        ADMIN,
+        &http_destination("h", "h_port", ""),
+        &http_destination("h2", "h2_port", ""),
+        "\n[[routes]]\nname = \"default\"\nto = [\"h\", \"h2\"]\n",
+    ]
+    .concat();
+    let gw = builder(&config)
+        .var("h_port", &failing.addr().port().to_string())
+        .var("h2_port", &backup.addr().port().to_string())
+        .start()
+        .await;
+    let esme = esme(&gw).await;
+    assert!(
+        esme.submit(&SubmitSpec::gsm("Shop", "447700900126", "move on").dlr())
+            .await
+            .unwrap()
+            .is_ok()
+    );
+    assert!(backup.wait_requests(1, WAIT).await, "never failed over");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(backup.accepted().len(), 1);
+    assert!(
+        failing.requests().len() >= 2,
+        "the failing provider was retried before failover"
+    );
+    assert!(failing.accepted().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_sends_one_request_and_split_one_per_part() {
+    let whole = FakeProvider::start().await;
+    let split = FakeProvider::start().await;
+    let config = [
+        SMPP,
+        HTTP,
+        ADMIN,
+        &http_destination("whole", "w_port", "parts = \"whole\"\nbody = \"form\"\n"),
+        &http_destination("split", "s_port", "parts = \"split\"\nmethod = \"GET\"\n"),
+        "\n[[routes]]\nname = \"w\"\ndestination-prefix = \"441\"\nto = [\"whole\"]\n",
+        "\n[[routes]]\nname = \"s\"\ndestination-prefix = \"442\"\nto = [\"split\"]\n",
+    ]
+    .concat();
+    let gw = builder(&config)
+        .var("w_port", &whole.addr().port().to_string())
+        .var("s_port", &split.addr().port().to_string())
+        .start()
+        .await;
+    let esme = esme(&gw).await;
+    let text: String = "0123456789".repeat(40);
+    assert!(
+        esme.submit(&SubmitSpec::payload("Shop", "4411111", Alphabet::Gsm7, &text))
+            .await
+            .unwrap()
+            .is_ok()
+    );
+    assert!(
+        esme.submit(&SubmitSpec::payload("Shop", "4422222", Alphabet::Gsm7, &text))
+            .await
+            .unwrap()
+            .is_ok()
+    );
+    assert!(whole.wait_requests(1, WAIT).await);
+    assert!(split.wait_requests(3, WAIT).await, "{:?}", split.requests());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let w = whole.requests();
+    assert_eq!(w.len(), 1);
+    assert_eq!(w[0].header("content-type"), Some("application/x-www-form-urlencoded"));
+    let field = |f: &[(String, String)], k: &str| f.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    assert_eq!(field(&w[0].form(), "msg").as_deref(), Some(text.as_str()));
+    let s = split.requests();
+    assert_eq!(s.len(), 3);
+    assert!(s.iter().all(|r| r.method == "GET"));
+    let mut parts: Vec<(String, String)> = s
+        .iter()
+        .filter_map(|r| Some((field(&r.form(), "ref")?, field(&r.form(), "msg")?)))
+        .collect();
+    parts.sort();
+    let joined: String = parts.iter().map(|(_, m)| m.as_str()).collect();
+    assert_eq!(joined, text);
+    let refs: std::collections::HashSet<String> = s.iter().filter_map(|r| field(&r.form(), "ref")).collect();
+    assert_eq!(refs.len(), 3, "each part has its own id");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posted_receipts_are_authenticated_and_matched() {
+    let provider = FakeProvider::start().await;
+    let receipts = "receipt-secret = \"rs-1\"\nreceipt-signature = \"hmac-sha256\"\n\
+                    receipt-status = { delivered = \"DELIVRD\", queued = \"ENROUTE\" }\n\
+                    receipt-id-pointer = \"/message_id\"\nreceipt-status-pointer = \"/status\"\n";
+    let config = [
+        SMPP,
+        HTTP,
+        ADMIN,
+        &http_destination("h", "h_port", receipts),
+        "\n[[routes]]\nname = \"default\"\nto = [\"h\"]\n",
+    ]
+    .concat();
+    let gw = builder(&config)
+        .var("h_port", &provider.addr().port().to_string())
+        .start()
+        .await;
+    let esme = esme(&gw).await;
+    let resp = esme
+        .submit(&SubmitSpec::gsm("Shop", "447700900127", "receipt please").dlr())
+        .await
+        .unwrap();
+    assert!(resp.is_ok());
+    assert!(provider.wait_requests(1, WAIT).await);
+    let id = provider.requests()[0].message_id.clone().unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let body = format!("{{\"message_id\":\"{id}\",\"status\":\"delivered\"}}");
+    assert_eq!(
+        post_receipt(gw.http_addr(), "h", &body, Proof::Hmac("wrong")).await,
+        401
+    );
+    assert_eq!(post_receipt(gw.http_addr(), "h", &body, Proof::None).await, 401);
+    assert_eq!(
+        post_receipt(gw.http_addr(), "h", &body, Proof::Token("rs-1")).await,
+        401
+    );
+    assert_eq!(
+        post_receipt(gw.http_addr(), "nope", &body, Proof::Hmac("rs-1")).await,
+        404
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(esme.receipts().is_empty(), "a refused receipt was recorded");
+    let queued = format!("[{{\"message_id\":\"{id}\",\"status\":\"queued\"}}]");
+    assert_eq!(
+        post_receipt(gw.http_addr(), "h", &queued, Proof::Hmac("rs-1")).await,
+        200
+    );
+    let odd = format!("{{\"message_id\":\"{id}\",\"status\":\"weird\"}}");
+    assert_eq!(post_receipt(gw.http_addr(), "h", &odd, Proof::Hmac("rs-1")).await, 400);
+    assert_eq!(post_receipt(gw.http_addr(), "h", &body, Proof::Hmac("rs-1")).await, 200);
+    let got = esme.wait_receipts(1, WAIT).await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].message_id(), Some(resp.message_id.as_str()));
+    assert_eq!(got[0].stat, Some(ReceiptState::Delivered));
+    assert!(!gw.log().contains("rs-1"), "the receipt secret reached the log");
+}

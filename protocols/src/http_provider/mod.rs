@@ -1,0 +1,412 @@
+//! A provider reached through an HTTP API, shaped like [`crate::smpp::client::SmppClient`]
+//! towards the destination worker: it takes `(token, part)` submissions and reports
+//! `Up`, `Down` and `SubmitResult` through the same [`ClientEvents`] sink, so the worker's
+//! window, retries, throttling back-off and failover apply unchanged.
+//!
+//! One task per destination queues submissions and runs at most `window` requests at
+//! once, paced to `max_tps`, each on the pooled keep-alive [`HttpClient`]. Reachability:
+//! the destination is up once a TCP connection to the URL's host and port succeeds, and
+//! down after [`DOWN_AFTER`] requests in a row failed to connect (nothing reached the
+//! provider); while down it probes with a TCP connect after the reconnect backoff. An
+//! HTTP answer of any status, or a timeout, says the provider is reachable.
+
+pub mod outcome;
+pub mod receipts;
+pub mod render;
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Method};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::http_client::{self, AnyAddress, HttpClient, Request, Target};
+use crate::smpp::client::{ClientEvent, ClientEvents, OutboundSubmit, SubmitFailure};
+use outcome::Class;
+use render::{Encoding, Field, Rendered, Values};
+
+/// Requests in a row that could not connect before the destination is reported down.
+pub const DOWN_AFTER: u32 = 3;
+
+/// One HTTP destination's settings.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HttpProviderConfig {
+    pub name: String,
+    pub url: String,
+    pub encoding: Encoding,
+    /// Sent with every request; values are secrets (API keys).
+    pub headers: Vec<(String, String)>,
+    pub fields: Vec<Field>,
+    /// Where the provider's message id is in its answer; `None`: the part id is it.
+    pub id_pointer: Option<String>,
+    /// `{callback}`: the URL receipts are posted back to.
+    pub callback: String,
+    pub window: usize,
+    pub max_tps: u32,
+    pub response_timeout: Duration,
+    pub reconnect_min: Duration,
+    pub reconnect_max: Duration,
+}
+
+impl fmt::Debug for HttpProviderConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let header_names: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("HttpProviderConfig")
+            .field("name", &self.name)
+            .field("encoding", &self.encoding)
+            .field("headers", &header_names)
+            .field("window", &self.window)
+            .field("max_tps", &self.max_tps)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One part to send, with the id Sendium gives it (`{id}`).
+#[derive(Clone, Debug)]
+pub struct HttpSubmit {
+    pub part: OutboundSubmit,
+    pub id: String,
+}
+
+/// The handle the worker keeps; dropping it does not stop the task, [`Self::stop`] does.
+pub struct HttpProvider {
+    tx: mpsc::UnboundedSender<Vec<(u64, HttpSubmit)>>,
+    up: Arc<AtomicBool>,
+    cancel: CancellationToken,
+}
+
+impl HttpProvider {
+    /// Starts the destination's task (inside a tokio runtime).
+    pub fn start(cfg: HttpProviderConfig, sink: Arc<dyn ClientEvents>) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let up = Arc::new(AtomicBool::new(false));
+        let cancel = CancellationToken::new();
+        let task = Task::new(cfg, sink, up.clone(), rx, cancel.clone());
+        tokio::spawn(task.run());
+        HttpProvider { tx, up, cancel }
+    }
+
+    /// Queue parts; their results come as `SubmitResult` events.
+    pub fn submit(&self, batch: Vec<(u64, HttpSubmit)>) {
+        let _ = self.tx.send(batch);
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
+    /// Stop: requests in flight are abandoned (their parts are the worker's to redo).
+    pub fn stop(&self) {
+        self.cancel.cancel();
+    }
+}
+
+/// What one request ended in.
+struct Done {
+    token: u64,
+    result: Result<String, SubmitFailure>,
+    /// It could not connect: nothing reached the provider.
+    unreachable: bool,
+}
+
+struct Prepared {
+    client: HttpClient,
+    target: Target,
+    host: String,
+    port: u16,
+    headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+struct Task {
+    cfg: Arc<HttpProviderConfig>,
+    sink: Arc<dyn ClientEvents>,
+    up: Arc<AtomicBool>,
+    rx: mpsc::UnboundedReceiver<Vec<(u64, HttpSubmit)>>,
+    cancel: CancellationToken,
+    queue: VecDeque<(u64, HttpSubmit)>,
+    failures_in_a_row: u32,
+    backoff: Duration,
+    next_send: Instant,
+}
+
+impl Task {
+    fn new(
+        cfg: HttpProviderConfig,
+        sink: Arc<dyn ClientEvents>,
+        up: Arc<AtomicBool>,
+        rx: mpsc::UnboundedReceiver<Vec<(u64, HttpSubmit)>>,
+        cancel: CancellationToken,
+    ) -> Self {
+        let backoff = cfg.reconnect_min;
+        Task {
+            cfg: Arc::new(cfg),
+            sink,
+            up,
+            rx,
+            cancel,
+            queue: VecDeque::new(),
+            failures_in_a_row: 0,
+            backoff,
+            next_send: Instant::now(),
+        }
+    }
+
+    fn prepare(&self) -> Result<Prepared, String> {
+        let cfg = &self.cfg;
+        let parsed = url::Url::parse(&cfg.url).map_err(|_| "the url is not a URL".to_owned())?;
+        let host = parsed
+            .host_str()
+            .ok_or("the url has no host")?
+            .trim_matches(['[', ']'])
+            .to_owned();
+        let port = parsed.port_or_known_default().ok_or("the url has no port")?;
+        let target = Target::from_url(&parsed).map_err(|e| e.to_string())?;
+        let client = HttpClient::new(
+            http_client::Config {
+                timeout: cfg.response_timeout,
+                max_idle_per_origin: cfg.window,
+                ..http_client::Config::default()
+            },
+            Arc::new(AnyAddress),
+        )
+        .map_err(|e| e.to_string())?;
+        let mut headers = Vec::with_capacity(cfg.headers.len());
+        for (name, value) in &cfg.headers {
+            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("bad header name {name}"))?;
+            let mut value = HeaderValue::from_str(value).map_err(|_| format!("bad value for header {name}"))?;
+            value.set_sensitive(true);
+            headers.push((name, value));
+        }
+        Ok(Prepared {
+            client,
+            target,
+            host,
+            port,
+            headers,
+        })
+    }
+
+    async fn run(mut self) {
+        let prepared = match self.prepare() {
+            Ok(p) => Arc::new(p),
+            Err(reason) => {
+                tracing::error!(destination = %self.cfg.name, %reason, "HTTP destination cannot start");
+                self.sink.on_events(vec![ClientEvent::Down { reason }]);
+                self.refuse_all().await;
+                return;
+            }
+        };
+        let mut inflight: JoinSet<Done> = JoinSet::new();
+        let mut probe_at = Some(Instant::now());
+        loop {
+            if self.up.load(Ordering::Acquire) {
+                self.launch(&prepared, &mut inflight);
+            } else if !self.queue.is_empty() {
+                let refused: Vec<ClientEvent> = self
+                    .queue
+                    .drain(..)
+                    .map(|(token, _)| ClientEvent::SubmitResult {
+                        token,
+                        result: Err(SubmitFailure::NotBound),
+                    })
+                    .collect();
+                self.sink.on_events(refused);
+            }
+            let pace_wait = (!self.queue.is_empty() && inflight.len() < self.cfg.window).then_some(self.next_send);
+            tokio::select! {
+                biased;
+                () = self.cancel.cancelled() => return,
+                Some(done) = inflight.join_next(), if !inflight.is_empty() => {
+                    let mut events = Vec::new();
+                    let mut next = Some(done);
+                    while let Some(done) = next {
+                        if let Ok(d) = done {
+                            if self.account(&d) {
+                                probe_at = Some(Instant::now() + self.backoff);
+                            }
+                            events.push(ClientEvent::SubmitResult { token: d.token, result: d.result });
+                        }
+                        next = inflight.try_join_next();
+                    }
+                    self.sink.on_events(events);
+                }
+                batch = self.rx.recv() => match batch {
+                    Some(b) => self.queue.extend(b),
+                    None => return,
+                },
+                () = sleep_until_opt(probe_at), if probe_at.is_some() => {
+                    probe_at = self.probe(&prepared).await;
+                }
+                () = sleep_until_opt(pace_wait), if pace_wait.is_some() && self.up.load(Ordering::Acquire) => {}
+            }
+        }
+    }
+
+    /// Counts a request's result towards reachability; true when it made the destination
+    /// go down (a probe is then due after the backoff). The `Down` event goes out at
+    /// once, before the results that caused it.
+    fn account(&mut self, d: &Done) -> bool {
+        if !d.unreachable {
+            self.failures_in_a_row = 0;
+            return false;
+        }
+        self.failures_in_a_row += 1;
+        if self.failures_in_a_row >= DOWN_AFTER && self.up.swap(false, Ordering::AcqRel) {
+            self.sink.on_events(vec![ClientEvent::Down {
+                reason: format!("{DOWN_AFTER} requests in a row could not connect"),
+            }]);
+            self.backoff = self.cfg.reconnect_min;
+            return true;
+        }
+        false
+    }
+
+    /// One TCP connect to the provider: up if it succeeds, else the next probe's time.
+    async fn probe(&mut self, p: &Prepared) -> Option<Instant> {
+        let connect = tokio::net::TcpStream::connect((p.host.as_str(), p.port));
+        let ok = matches!(
+            tokio::time::timeout(self.cfg.response_timeout, connect).await,
+            Ok(Ok(_))
+        );
+        if ok {
+            self.failures_in_a_row = 0;
+            self.backoff = self.cfg.reconnect_min;
+            if !self.up.swap(true, Ordering::AcqRel) {
+                self.sink.on_events(vec![ClientEvent::Up]);
+            }
+            None
+        } else {
+            let wait = self.backoff;
+            self.backoff = (self.backoff * 2).min(self.cfg.reconnect_max);
+            Some(Instant::now() + wait)
+        }
+    }
+
+    /// Start queued requests while the window and `max-tps` allow.
+    fn launch(&mut self, p: &Arc<Prepared>, inflight: &mut JoinSet<Done>) {
+        let interval = match self.cfg.max_tps {
+            0 => Duration::ZERO,
+            tps => Duration::from_secs(1) / tps,
+        };
+        while inflight.len() < self.cfg.window {
+            let now = Instant::now();
+            if !interval.is_zero() && now < self.next_send {
+                return;
+            }
+            let Some((token, submit)) = self.queue.pop_front() else {
+                return;
+            };
+            if !interval.is_zero() {
+                self.next_send = self.next_send.max(now - interval) + interval;
+            }
+            let cfg = self.cfg.clone();
+            let p = p.clone();
+            inflight.spawn(async move { send_one(&cfg, &p, token, submit).await });
+        }
+    }
+
+    /// The URL could not be used: every submission fails as if the destination were down.
+    async fn refuse_all(&mut self) {
+        loop {
+            tokio::select! {
+                () = self.cancel.cancelled() => return,
+                batch = self.rx.recv() => match batch {
+                    Some(b) => self.sink.on_events(
+                        b.into_iter()
+                            .map(|(token, _)| ClientEvent::SubmitResult { token, result: Err(SubmitFailure::NotBound) })
+                            .collect(),
+                    ),
+                    None => return,
+                },
+            }
+        }
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sends one part and reads what its answer means.
+async fn send_one(cfg: &HttpProviderConfig, p: &Prepared, token: u64, submit: HttpSubmit) -> Done {
+    let values = match Values::of(&submit.part, submit.id.clone(), cfg.callback.clone()) {
+        Ok(v) => v,
+        Err(_) => {
+            return Done {
+                token,
+                result: Err(SubmitFailure::Status(outcome::NO_MESSAGE_ID)),
+                unreachable: false,
+            };
+        }
+    };
+    let mut headers = p.headers.clone();
+    let (method, body, target) = match render::render(&cfg.fields, cfg.encoding, &values) {
+        Rendered::Body { body, content_type } => {
+            headers.push((http::header::CONTENT_TYPE, HeaderValue::from_static(content_type)));
+            (Method::POST, body, p.target.clone())
+        }
+        Rendered::Query(query) => {
+            let sep = if cfg.url.contains('?') { '&' } else { '?' };
+            let target = match Target::parse(&format!("{}{sep}{query}", cfg.url)) {
+                Ok(t) => t,
+                Err(_) => {
+                    return Done {
+                        token,
+                        result: Err(SubmitFailure::Status(outcome::NO_MESSAGE_ID)),
+                        unreachable: false,
+                    };
+                }
+            };
+            (Method::GET, Bytes::new(), target)
+        }
+    };
+    let req = Request {
+        method: method.clone(),
+        target: &target,
+        headers: &headers,
+        body,
+        resend: http_client::Resend::for_method(&method),
+    };
+    let (result, class, unreachable) = match p.client.send(&req).await {
+        Ok(resp) => {
+            let class = outcome::class_of(resp.status);
+            let result = if class == Class::Ok {
+                match &cfg.id_pointer {
+                    None => Ok(submit.id),
+                    Some(ptr) => outcome::message_id(&resp.body, ptr).ok_or_else(|| {
+                        tracing::warn!(
+                            destination = %cfg.name,
+                            status = resp.status.as_u16(),
+                            "HTTP provider accepted a message, but its answer has no message id at id-pointer: the branch fails"
+                        );
+                        SubmitFailure::Status(outcome::NO_MESSAGE_ID)
+                    }),
+                }
+            } else {
+                Err(outcome::failure_of(resp.status))
+            };
+            (result, class, false)
+        }
+        Err(e) => {
+            let (f, class, unreachable) = outcome::failure_of_error(&e);
+            (Err(f), class, unreachable)
+        }
+    };
+    metrics::counter!("sendium_http_destination_requests_total", "destination" => cfg.name.clone(), "class" => class.label())
+        .increment(1);
+    Done {
+        token,
+        result,
+        unreachable,
+    }
+}
