@@ -242,7 +242,7 @@ async fn memory_dlr_refuses_reservations_beyond_capacity() {
 #[tokio::test]
 async fn memory_dlr_refuses_inbound_when_full_and_recovers() {
     use crate::conformance::dlr::{mo_http, mo_key, mo_message, mo_part, routed, routed_group, store_parts};
-    use crate::dlr::{ClaimScope, DlrWrite};
+    use crate::dlr::DlrWrite;
     use crate::error::{DlrError, FailureKind};
 
     let kind = |r: Result<(), DlrError>| match r {
@@ -282,23 +282,7 @@ async fn memory_dlr_refuses_inbound_when_full_and_recovers() {
         .unwrap();
 
     // A delivery finished makes room again.
-    let due = store
-        .claim_due(
-            Timestamp::now().saturating_add(Duration::from_secs(1)),
-            Duration::from_secs(30),
-            10,
-            ClaimScope::All,
-        )
-        .await
-        .unwrap();
-    store
-        .apply(DlrWrite {
-            finishes: fixtures::delivered(&due),
-            ..DlrWrite::default()
-        })
-        .await
-        .finishes
-        .unwrap();
+    deliver_due(&*store).await;
     assert_eq!(gate.held(), 2);
     let complete = store_parts(&*store, vec![mo_part(&key, 2, "b", in_an_hour)]).await;
     assert_eq!((complete.len(), gate.held()), (1, 3));
@@ -314,23 +298,7 @@ async fn memory_dlr_refuses_inbound_when_full_and_recovers() {
 
     // Refused, a step still writes its groups (they make room); its messages wait.
     let other = mo_key(2, 2);
-    let due = store
-        .claim_due(
-            Timestamp::now().saturating_add(Duration::from_secs(1)),
-            Duration::from_secs(30),
-            10,
-            ClaimScope::All,
-        )
-        .await
-        .unwrap();
-    store
-        .apply(DlrWrite {
-            finishes: fixtures::delivered(&due),
-            ..DlrWrite::default()
-        })
-        .await
-        .finishes
-        .unwrap();
+    deliver_due(&*store).await;
     assert_eq!(gate.held(), 1, "the admission's receipt only");
     store_parts(&*store, vec![mo_part(&other, 1, "x", in_an_hour)]).await;
     let complete = store_parts(&*store, vec![mo_part(&other, 2, "y", in_an_hour)]).await;
@@ -346,4 +314,25 @@ async fn memory_dlr_refuses_inbound_when_full_and_recovers() {
     assert_eq!((st.inbound_parts, st.pending_deliveries, gate.held()), (0, 1, 2));
     gate.release(1);
     assert_eq!(gate.held(), 1, "the group's delivery holds one");
+}
+
+/// Claim every delivery due within a second and report each delivered.
+async fn deliver_due(store: &dyn DlrStore) {
+    let due = store
+        .claim_due(
+            crate::ids::Timestamp::now().saturating_add(std::time::Duration::from_secs(1)),
+            std::time::Duration::from_secs(30),
+            10,
+            crate::dlr::ClaimScope::All,
+        )
+        .await
+        .unwrap();
+    store
+        .apply(crate::dlr::DlrWrite {
+            finishes: fixtures::delivered(&due),
+            ..crate::dlr::DlrWrite::default()
+        })
+        .await
+        .finishes
+        .unwrap();
 }
