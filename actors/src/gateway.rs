@@ -85,6 +85,10 @@ pub struct DestinationEntry {
     pub waiting: u64,
     /// Submissions sent and not answered yet.
     pub parts_in_flight: u64,
+    /// HTTP destinations: requests since the worker started, by the class they ended
+    /// in (`2xx`, `4xx`, `429`, `5xx`, `timeout`, `error`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http_requests: Option<std::collections::BTreeMap<&'static str, u64>>,
 }
 
 impl Snapshot {
@@ -113,6 +117,10 @@ impl Snapshot {
                     queued: routed.map_or(0, |d| d.queued),
                     waiting: routed.map_or(0, |d| d.waiting),
                     parts_in_flight: w.as_ref().map_or(0, |w| w.parts_in_flight),
+                    http_requests: w
+                        .as_ref()
+                        .and_then(|w| w.http_results.as_ref())
+                        .map(|r| r.iter().copied().collect()),
                 }
             })
             .collect()

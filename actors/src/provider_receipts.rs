@@ -24,6 +24,7 @@ struct ReceiptSettings {
     status: Vec<(String, ReceiptState)>,
     id_pointer: String,
     status_pointer: String,
+    error_pointer: Option<String>,
     id_format: IdFormat,
 }
 
@@ -60,6 +61,7 @@ fn settings(cfg: &Config) -> HashMap<String, ReceiptSettings> {
                 status: d.receipt_status.iter().map(|(k, v)| (k.clone(), *v)).collect(),
                 id_pointer: d.receipt_id_pointer.clone().unwrap_or_default(),
                 status_pointer: d.receipt_status_pointer.clone().unwrap_or_default(),
+                error_pointer: d.receipt_error_pointer.clone(),
                 id_format: crate::spec::wire_id_format(d.id_format),
             };
             (d.name.clone(), settings)
@@ -96,7 +98,12 @@ impl ProviderReceipts {
             );
             return StatusCode::UNAUTHORIZED;
         }
-        let posted = match receipts::parse_receipts(body, &s.id_pointer, &s.status_pointer) {
+        let at = receipts::ReceiptPointers {
+            id: &s.id_pointer,
+            status: &s.status_pointer,
+            error: s.error_pointer.as_deref(),
+        };
+        let posted = match receipts::parse_receipts(body, at) {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(destination, error = %e, "posted receipts cannot be read");
@@ -118,7 +125,9 @@ impl ProviderReceipts {
                 keys: vec![resp_key(s.id_format, &r.id)],
                 outcome: ReceiptOutcome {
                     state,
-                    error: if state.is_success() { "000" } else { "001" }.to_owned(),
+                    error: r
+                        .error
+                        .unwrap_or_else(|| if state.is_success() { "000" } else { "001" }.to_owned()),
                     done_at: Timestamp::now(),
                 },
             });

@@ -171,19 +171,30 @@ fn http_provider_config(cfg: &Config, d: &DestinationConfig, window: usize) -> H
     }
 }
 
-/// `{callback}`: the receipt endpoint on the HTTP listener, an unspecified listen
-/// address written as loopback (a provider elsewhere needs the listener reachable under
-/// that address).
+/// `{callback}`: the receipt endpoint on the HTTP listener, under `[http] public-url`
+/// when set, else under the listen address (an unspecified one written as loopback).
 fn receipt_url(cfg: &Config, destination: &str) -> String {
     let Some(http) = &cfg.http else {
         return String::new();
     };
-    let mut addr = http.listen;
-    if addr.ip().is_unspecified() {
-        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    let base = match &http.public_url {
+        Some(url) => url.clone(),
+        None => {
+            let mut addr = http.listen;
+            if addr.ip().is_unspecified() {
+                addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+            }
+            format!("http://{addr}")
+        }
+    };
+    // Validation accepted the base as a URL; the name is escaped as a path segment.
+    let Ok(mut url) = url::Url::parse(&base) else {
+        return String::new();
+    };
+    if let Ok(mut path) = url.path_segments_mut() {
+        path.pop_if_empty().extend(["v1", "providers", destination, "receipts"]);
     }
-    let name: String = url::form_urlencoded::byte_serialize(destination.as_bytes()).collect();
-    format!("http://{addr}/v1/providers/{name}/receipts")
+    url.into()
 }
 
 pub struct GatewaySpec {
@@ -265,5 +276,31 @@ impl LiveRoutes {
 
     pub fn replace(&self, table: RouteTable) {
         *self.0.write() = Arc::new(table);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_receipt_url_is_under_the_public_url_when_set() {
+        let mut cfg = Config::default();
+        assert_eq!(receipt_url(&cfg, "any"), "", "no HTTP listener: no receipt URL");
+        let mut http = sendium_profiles::HttpConfig {
+            listen: "0.0.0.0:8080".parse().unwrap(),
+            ..Default::default()
+        };
+        cfg.http = Some(http.clone());
+        assert_eq!(
+            receipt_url(&cfg, "acme sms"),
+            "http://127.0.0.1:8080/v1/providers/acme%20sms/receipts"
+        );
+        http.public_url = Some("https://sms.example.com/gw/".to_owned());
+        cfg.http = Some(http);
+        assert_eq!(
+            receipt_url(&cfg, "acme"),
+            "https://sms.example.com/gw/v1/providers/acme/receipts"
+        );
     }
 }

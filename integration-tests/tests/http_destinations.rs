@@ -11,9 +11,7 @@ mod support;
 use std::time::Duration;
 
 use sendium_integration_tests::http_provider::{Answer, FakeProvider, Proof, post_receipt};
-use sendium_integration_tests::{
-    Alphabet, BindKind, GatewayBuilder, GatewayProcess, ReceiptState, SubmitSpec, TestEsme,
-};
+use sendium_integration_tests::{Alphabet, BindKind, GatewayProcess, ReceiptState, SubmitSpec, TestEsme};
 use support::*;
 
 const API_KEY: &str = "k-7f3a9c1e55d2";
@@ -28,40 +26,54 @@ fn http_destination(name: &str, port_var: &str, extra: &str) -> String {
     )
 }
 
-/// Keeps the fields' placeholders as they are through the test kit's own templating.
-fn builder(config: &str) -> GatewayBuilder {
+/// The gateway's configuration: listeners, these destinations and these routes.
+fn config(destinations: &[String], routes: &str) -> String {
+    [SMPP, HTTP, ADMIN, &destinations.concat(), routes].concat()
+}
+
+/// One HTTP destination `h` behind the default route.
+fn one_destination(extra: &str) -> String {
+    config(
+        &[http_destination("h", "h_port", extra)],
+        "\n[[routes]]\nname = \"default\"\nto = [\"h\"]\n",
+    )
+}
+
+/// Starts the gateway with each `(port variable, provider)` filled in (the fields'
+/// placeholders kept as they are through the test kit's own templating), and binds an
+/// ESME.
+async fn start(config: &str, providers: &[(&str, &FakeProvider)]) -> (GatewayProcess, TestEsme) {
     let mut b = GatewayProcess::builder(config).env("SENDIUM_TEST_PROVIDER_KEY", API_KEY);
     for p in ["to", "text", "id", "coding", "SENDIUM_TEST_PROVIDER_KEY"] {
         b = b.var(p, &format!("{{{p}}}"));
     }
-    b
-}
-
-async fn esme(gw: &GatewayProcess) -> TestEsme {
-    TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
+    for (var, provider) in providers {
+        b = b.var(var, &provider.addr().port().to_string());
+    }
+    let gw = b.start().await;
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
         .await
-        .unwrap()
+        .unwrap();
+    (gw, esme)
 }
 
-fn one_destination() -> String {
-    [
-        SMPP,
-        HTTP,
-        ADMIN,
-        &http_destination("h", "h_port", ""),
-        "\n[[routes]]\nname = \"default\"\nto = [\"h\"]\n",
-    ]
-    .concat()
+/// Destination `name`'s requests by status class, from `/admin/destinations`.
+async fn admin_results(gw: &GatewayProcess, name: &str) -> serde_json::Value {
+    let (status, body) = gw.admin_get("/admin/destinations").await;
+    assert_eq!(status, 200, "{body}");
+    let all: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let entry = all
+        .as_array()
+        .and_then(|a| a.iter().find(|d| d["name"] == name))
+        .cloned()
+        .unwrap_or_else(|| panic!("{name} not in {body}"));
+    entry["http_requests"].clone()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn accepted_with_the_api_key_which_is_never_logged() {
     let provider = FakeProvider::start().await;
-    let gw = builder(&one_destination())
-        .var("h_port", &provider.addr().port().to_string())
-        .start()
-        .await;
-    let esme = esme(&gw).await;
+    let (gw, esme) = start(&one_destination(""), &[("h_port", &provider)]).await;
     let resp = esme
         .submit(&SubmitSpec::gsm("Shop", "447700900123", "hello there").dlr())
         .await
@@ -84,6 +96,7 @@ async fn accepted_with_the_api_key_which_is_never_logged() {
         .await,
         "no 2xx counted"
     );
+    assert_eq!(admin_results(&gw, "h").await["2xx"], 1);
     assert!(!gw.log().contains(API_KEY), "the API key reached the log");
 }
 
@@ -91,11 +104,7 @@ async fn accepted_with_the_api_key_which_is_never_logged() {
 async fn throttled_then_accepted_is_sent_once() {
     let provider = FakeProvider::start().await;
     provider.queue(&[Answer::Status(429), Answer::Status(503)]);
-    let gw = builder(&one_destination())
-        .var("h_port", &provider.addr().port().to_string())
-        .start()
-        .await;
-    let esme = esme(&gw).await;
+    let (gw, esme) = start(&one_destination(""), &[("h_port", &provider)]).await;
     assert!(
         esme.submit(&SubmitSpec::gsm("Shop", "447700900124", "retry me").dlr())
             .await
@@ -110,17 +119,19 @@ async fn throttled_then_accepted_is_sent_once() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let statuses: Vec<u16> = provider.requests().iter().map(|r| r.status).collect();
     assert_eq!(statuses, vec![429, 503, 200]);
+    let results = admin_results(&gw, "h").await;
+    assert_eq!(
+        [&results["429"], &results["5xx"], &results["2xx"]].map(serde_json::Value::as_u64),
+        [Some(1), Some(1), Some(1)],
+        "{results}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_error_ends_with_a_rejectd_receipt() {
     let provider = FakeProvider::start().await;
     provider.queue(&[Answer::Status(400)]);
-    let gw = builder(&one_destination())
-        .var("h_port", &provider.addr().port().to_string())
-        .start()
-        .await;
-    let esme = esme(&gw).await;
+    let (gw, esme) = start(&one_destination(""), &[("h_port", &provider)]).await;
     let resp = esme
         .submit(&SubmitSpec::gsm("Shop", "447700900125", "refused").dlr())
         .await
@@ -132,6 +143,12 @@ async fn a_client_error_ends_with_a_rejectd_receipt() {
     assert_eq!(receipts[0].stat, Some(ReceiptState::Rejected));
     assert_eq!(receipts[0].err.as_deref(), Some("400"), "err carries the HTTP status");
     assert_eq!(provider.requests().len(), 1, "a 400 is not retried");
+    let results = admin_results(&gw, "h").await;
+    assert_eq!(
+        (results["4xx"].as_u64(), results["2xx"].as_u64()),
+        (Some(1), Some(0)),
+        "{results}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -139,21 +156,14 @@ async fn a_failing_provider_fails_over_to_the_next_destination() {
     let failing = FakeProvider::start().await;
     failing.set_default(Answer::Status(500));
     let backup = FakeProvider::start().await;
-    let config = [
-        SMPP,
-        HTTP,
-        ADMIN,
-        &http_destination("h", "h_port", ""),
-        &http_destination("h2", "h2_port", ""),
+    let config = config(
+        &[
+            http_destination("h", "h_port", ""),
+            http_destination("h2", "h2_port", ""),
+        ],
         "\n[[routes]]\nname = \"default\"\nto = [\"h\", \"h2\"]\n",
-    ]
-    .concat();
-    let gw = builder(&config)
-        .var("h_port", &failing.addr().port().to_string())
-        .var("h2_port", &backup.addr().port().to_string())
-        .start()
-        .await;
-    let esme = esme(&gw).await;
+    );
+    let (_gw, esme) = start(&config, &[("h_port", &failing), ("h2_port", &backup)]).await;
     assert!(
         esme.submit(&SubmitSpec::gsm("Shop", "447700900126", "move on").dlr())
             .await
@@ -174,22 +184,15 @@ async fn a_failing_provider_fails_over_to_the_next_destination() {
 async fn whole_sends_one_request_and_split_one_per_part() {
     let whole = FakeProvider::start().await;
     let split = FakeProvider::start().await;
-    let config = [
-        SMPP,
-        HTTP,
-        ADMIN,
-        &http_destination("whole", "w_port", "parts = \"whole\"\nbody = \"form\"\n"),
-        &http_destination("split", "s_port", "parts = \"split\"\nmethod = \"GET\"\n"),
-        "\n[[routes]]\nname = \"w\"\ndestination-prefix = \"441\"\nto = [\"whole\"]\n",
-        "\n[[routes]]\nname = \"s\"\ndestination-prefix = \"442\"\nto = [\"split\"]\n",
-    ]
-    .concat();
-    let gw = builder(&config)
-        .var("w_port", &whole.addr().port().to_string())
-        .var("s_port", &split.addr().port().to_string())
-        .start()
-        .await;
-    let esme = esme(&gw).await;
+    let config = config(
+        &[
+            http_destination("whole", "w_port", "parts = \"whole\"\nbody = \"form\"\n"),
+            http_destination("split", "s_port", "parts = \"split\"\nmethod = \"GET\"\n"),
+        ],
+        "\n[[routes]]\nname = \"w\"\ndestination-prefix = \"441\"\nto = [\"whole\"]\n\
+         \n[[routes]]\nname = \"s\"\ndestination-prefix = \"442\"\nto = [\"split\"]\n",
+    );
+    let (_gw, esme) = start(&config, &[("w_port", &whole), ("s_port", &split)]).await;
     let text: String = "0123456789".repeat(40);
     assert!(
         esme.submit(&SubmitSpec::payload("Shop", "4411111", Alphabet::Gsm7, &text))
@@ -229,21 +232,10 @@ async fn whole_sends_one_request_and_split_one_per_part() {
 async fn posted_receipts_are_authenticated_and_matched() {
     let provider = FakeProvider::start().await;
     let receipts = "receipt-secret = \"rs-1\"\nreceipt-signature = \"hmac-sha256\"\n\
-                    receipt-status = { delivered = \"DELIVRD\", queued = \"ENROUTE\" }\n\
-                    receipt-id-pointer = \"/message_id\"\nreceipt-status-pointer = \"/status\"\n";
-    let config = [
-        SMPP,
-        HTTP,
-        ADMIN,
-        &http_destination("h", "h_port", receipts),
-        "\n[[routes]]\nname = \"default\"\nto = [\"h\"]\n",
-    ]
-    .concat();
-    let gw = builder(&config)
-        .var("h_port", &provider.addr().port().to_string())
-        .start()
-        .await;
-    let esme = esme(&gw).await;
+                    receipt-status = { failed = \"UNDELIV\", queued = \"ENROUTE\" }\n\
+                    receipt-id-pointer = \"/message_id\"\nreceipt-status-pointer = \"/status\"\n\
+                    receipt-error-pointer = \"/code\"\n";
+    let (gw, esme) = start(&one_destination(receipts), &[("h_port", &provider)]).await;
     let resp = esme
         .submit(&SubmitSpec::gsm("Shop", "447700900127", "receipt please").dlr())
         .await
@@ -252,7 +244,7 @@ async fn posted_receipts_are_authenticated_and_matched() {
     assert!(provider.wait_requests(1, WAIT).await);
     let id = provider.requests()[0].message_id.clone().unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let body = format!("{{\"message_id\":\"{id}\",\"status\":\"delivered\"}}");
+    let body = format!("{{\"message_id\":\"{id}\",\"status\":\"failed\",\"code\":21}}");
     assert_eq!(
         post_receipt(gw.http_addr(), "h", &body, Proof::Hmac("wrong")).await,
         401
@@ -279,6 +271,7 @@ async fn posted_receipts_are_authenticated_and_matched() {
     let got = esme.wait_receipts(1, WAIT).await;
     assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(got[0].message_id(), Some(resp.message_id.as_str()));
-    assert_eq!(got[0].stat, Some(ReceiptState::Delivered));
+    assert_eq!(got[0].stat, Some(ReceiptState::Undeliverable));
+    assert_eq!(got[0].err.as_deref(), Some("021"), "err is the provider's code");
     assert!(!gw.log().contains("rs-1"), "the receipt secret reached the log");
 }

@@ -571,6 +571,28 @@ copy-to = []
     }
 
     #[test]
+    fn bad_public_url() {
+        for url in [
+            "sms.example.com",
+            "ftp://sms.example.com",
+            "https://sms.example.com/?a=1",
+        ] {
+            assert_eq!(
+                err(&format!("[http]\npublic-url = \"{url}\"\n")),
+                format!(
+                    "invalid value \"{url}\" for http.public-url: expected an http:// or https:// URL without a \
+                     query, e.g. \"https://sms.example.com\""
+                )
+            );
+        }
+        let ok = load_str("[http]\npublic-url = \"https://sms.example.com/gw/\"\n").unwrap();
+        assert_eq!(
+            ok.http.and_then(|h| h.public_url).as_deref(),
+            Some("https://sms.example.com/gw/")
+        );
+    }
+
+    #[test]
     fn bad_callback_network() {
         assert_eq!(
             err("[http]\ncallback-allow = [\"10.1.0.0/16\", \"10.1.0.0/33\"]\n"),

@@ -731,6 +731,10 @@ pub struct HttpConfig {
     /// Listen address.
     #[serde(deserialize_with = "deserialize_socket_addr")]
     pub listen: SocketAddr,
+    /// The address HTTP providers reach this listener under (behind a proxy or NAT),
+    /// e.g. `https://sms.example.com`: the base of `{callback}`. Unset: built from
+    /// `listen`.
+    pub public_url: Option<String>,
     /// Larger request bodies are refused before they are read whole.
     #[serde(deserialize_with = "whole_number")]
     pub max_body_bytes: usize,
@@ -759,6 +763,7 @@ impl Default for HttpConfig {
     fn default() -> Self {
         Self {
             listen: loopback(8080),
+            public_url: None,
             max_body_bytes: 65_536,
             max_connections: 1024,
             header_timeout: Duration::from_secs(10),
@@ -1021,6 +1026,9 @@ pub struct DestinationConfig {
     /// HTTP only: pointer to the status word in a receipt it posts.
     #[serde(default)]
     pub receipt_status_pointer: Option<String>,
+    /// HTTP only: pointer to the provider's error code in a receipt it posts (optional).
+    #[serde(default)]
+    pub receipt_error_pointer: Option<String>,
 }
 
 fn default_route_account() -> String {

@@ -368,6 +368,16 @@ impl Validator {
         self.nonzero("http.header-timeout", h.header_timeout);
         self.nonzero("http.body-timeout", h.body_timeout);
         self.nonzero("http.idempotency-retention", h.idempotency_retention);
+        if let Some(u) = &h.public_url {
+            let plain = url::Url::parse(u).is_ok_and(|p| p.query().is_none() && p.fragment().is_none());
+            if !is_web_url(u) || !plain {
+                self.value(
+                    "http.public-url",
+                    format!("{u:?}"),
+                    "an http:// or https:// URL without a query, e.g. \"https://sms.example.com\"",
+                );
+            }
+        }
         let accounts = account_ids(cfg);
         let mut seen: Vec<(&Secret, usize)> = Vec::new();
         for (i, k) in h.api_keys.iter().enumerate() {
@@ -468,8 +478,7 @@ impl Validator {
         match d.url.as_deref() {
             None => self.missing(format!("{key}.url"), Some("required for kind = \"http\"".to_owned())),
             Some(u) => {
-                let ok = url::Url::parse(u).is_ok_and(|p| matches!(p.scheme(), "http" | "https") && p.host().is_some());
-                if !ok {
+                if !is_web_url(u) {
                     self.value(format!("{key}.url"), format!("{u:?}"), "an http:// or https:// URL");
                 }
             }
@@ -498,6 +507,7 @@ impl Validator {
             ("id-pointer", &d.id_pointer),
             ("receipt-id-pointer", &d.receipt_id_pointer),
             ("receipt-status-pointer", &d.receipt_status_pointer),
+            ("receipt-error-pointer", &d.receipt_error_pointer),
         ] {
             if let Some(p) = pointer
                 && !is_json_pointer(p)
@@ -555,6 +565,7 @@ impl Validator {
             ("receipt-status", !d.receipt_status.is_empty()),
             ("receipt-id-pointer", d.receipt_id_pointer.is_some()),
             ("receipt-status-pointer", d.receipt_status_pointer.is_some()),
+            ("receipt-error-pointer", d.receipt_error_pointer.is_some()),
         ];
         for (name, set) in given {
             if set {
@@ -703,9 +714,7 @@ impl Validator {
                     }
                 }
                 (None, Some(u)) => {
-                    let ok =
-                        url::Url::parse(u).is_ok_and(|p| matches!(p.scheme(), "http" | "https") && p.host().is_some());
-                    if !ok {
+                    if !is_web_url(u) {
                         self.value(format!("{key}.to-url"), format!("{u:?}"), "an http:// or https:// URL");
                     }
                 }
@@ -759,6 +768,11 @@ fn list_or_none(names: &[&str]) -> String {
 /// Whether an address is reachable only from this host.
 fn is_loopback(addr: &SocketAddr) -> bool {
     addr.ip().is_loopback()
+}
+
+/// An `http://` or `https://` URL with a host.
+fn is_web_url(u: &str) -> bool {
+    url::Url::parse(u).is_ok_and(|p| matches!(p.scheme(), "http" | "https") && p.host().is_some())
 }
 
 #[cfg(test)]

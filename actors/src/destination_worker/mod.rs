@@ -95,6 +95,8 @@ pub struct WorkerStatus {
     pub parts_in_flight: u64,
     pub retries_waiting: u64,
     pub submitted_total: u64,
+    /// An HTTP destination's requests by the class they ended in.
+    pub http_results: Option<Vec<(&'static str, u64)>>,
 }
 
 /// How a destination is reached.
@@ -714,6 +716,10 @@ impl Actor for DestinationWorker {
                     parts_in_flight: state.tokens.len() as u64,
                     retries_waiting: state.retry.len() as u64,
                     submitted_total: state.submitted_total,
+                    http_results: match &state.provider {
+                        Provider::Http { client, .. } => Some(client.results()),
+                        _ => None,
+                    },
                 });
             }
         }

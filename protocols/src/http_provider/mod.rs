@@ -13,6 +13,8 @@
 pub mod outcome;
 pub mod receipts;
 pub mod render;
+#[cfg(test)]
+mod tests;
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -29,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::http_client::{self, AnyAddress, HttpClient, Request, Target};
 use crate::smpp::client::{ClientEvent, ClientEvents, OutboundSubmit, SubmitFailure};
-use outcome::Class;
+use outcome::{Class, ResultCounts};
 use render::{Encoding, Field, Rendered, Values};
 
 /// Requests in a row that could not connect before the destination is reported down.
@@ -79,6 +81,7 @@ pub struct HttpSubmit {
 pub struct HttpProvider {
     tx: mpsc::UnboundedSender<Vec<(u64, HttpSubmit)>>,
     up: Arc<AtomicBool>,
+    results: Arc<ResultCounts>,
     cancel: CancellationToken,
 }
 
@@ -88,9 +91,15 @@ impl HttpProvider {
         let (tx, rx) = mpsc::unbounded_channel();
         let up = Arc::new(AtomicBool::new(false));
         let cancel = CancellationToken::new();
-        let task = Task::new(cfg, sink, up.clone(), rx, cancel.clone());
+        let results = Arc::new(ResultCounts::default());
+        let task = Task::new(cfg, sink, up.clone(), results.clone(), rx, cancel.clone());
         tokio::spawn(task.run());
-        HttpProvider { tx, up, cancel }
+        HttpProvider {
+            tx,
+            up,
+            results,
+            cancel,
+        }
     }
 
     /// Queue parts; their results come as `SubmitResult` events.
@@ -100,6 +109,12 @@ impl HttpProvider {
 
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Acquire)
+    }
+
+    /// Requests sent so far by the class they ended in (`2xx`, `4xx`, `429`, `5xx`,
+    /// `timeout`, `error`).
+    pub fn results(&self) -> Vec<(&'static str, u64)> {
+        self.results.snapshot()
     }
 
     /// Stop: requests in flight are abandoned (their parts are the worker's to redo).
@@ -128,6 +143,7 @@ struct Task {
     cfg: Arc<HttpProviderConfig>,
     sink: Arc<dyn ClientEvents>,
     up: Arc<AtomicBool>,
+    results: Arc<ResultCounts>,
     rx: mpsc::UnboundedReceiver<Vec<(u64, HttpSubmit)>>,
     cancel: CancellationToken,
     queue: VecDeque<(u64, HttpSubmit)>,
@@ -141,6 +157,7 @@ impl Task {
         cfg: HttpProviderConfig,
         sink: Arc<dyn ClientEvents>,
         up: Arc<AtomicBool>,
+        results: Arc<ResultCounts>,
         rx: mpsc::UnboundedReceiver<Vec<(u64, HttpSubmit)>>,
         cancel: CancellationToken,
     ) -> Self {
@@ -149,6 +166,7 @@ impl Task {
             cfg: Arc::new(cfg),
             sink,
             up,
+            results,
             rx,
             cancel,
             queue: VecDeque::new(),
@@ -308,7 +326,8 @@ impl Task {
             }
             let cfg = self.cfg.clone();
             let p = p.clone();
-            inflight.spawn(async move { send_one(&cfg, &p, token, submit).await });
+            let results = self.results.clone();
+            inflight.spawn(async move { send_one(&cfg, &p, &results, token, submit).await });
         }
     }
 
@@ -338,7 +357,13 @@ async fn sleep_until_opt(at: Option<Instant>) {
 }
 
 /// Sends one part and reads what its answer means.
-async fn send_one(cfg: &HttpProviderConfig, p: &Prepared, token: u64, submit: HttpSubmit) -> Done {
+async fn send_one(
+    cfg: &HttpProviderConfig,
+    p: &Prepared,
+    results: &ResultCounts,
+    token: u64,
+    submit: HttpSubmit,
+) -> Done {
     let values = match Values::of(&submit.part, submit.id.clone(), cfg.callback.clone()) {
         Ok(v) => v,
         Err(_) => {
@@ -404,6 +429,7 @@ async fn send_one(cfg: &HttpProviderConfig, p: &Prepared, token: u64, submit: Ht
     };
     metrics::counter!("sendium_http_destination_requests_total", "destination" => cfg.name.clone(), "class" => class.label())
         .increment(1);
+    results.record(class);
     Done {
         token,
         result,

@@ -1,6 +1,8 @@
 //! What an HTTP provider's answer (or its absence) means for a submission, in the terms
 //! the destination worker already acts on ([`SubmitFailure`]).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use http::StatusCode;
 
 use crate::http_client::Error;
@@ -26,6 +28,15 @@ pub enum Class {
 }
 
 impl Class {
+    pub const ALL: [Class; 6] = [
+        Class::Ok,
+        Class::ClientError,
+        Class::Throttled,
+        Class::ServerError,
+        Class::Timeout,
+        Class::Error,
+    ];
+
     pub fn label(self) -> &'static str {
         match self {
             Class::Ok => "2xx",
@@ -35,6 +46,25 @@ impl Class {
             Class::Timeout => "timeout",
             Class::Error => "error",
         }
+    }
+}
+
+/// Requests a destination sent since it started, counted by the class they ended in:
+/// what `/admin/destinations` shows beside the `/metrics` counter.
+#[derive(Debug, Default)]
+pub struct ResultCounts([AtomicU64; Class::ALL.len()]);
+
+impl ResultCounts {
+    pub fn record(&self, class: Class) {
+        self.0[class as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Each class's label with its count.
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        Class::ALL
+            .iter()
+            .map(|c| (c.label(), self.0[*c as usize].load(Ordering::Relaxed)))
+            .collect()
     }
 }
 

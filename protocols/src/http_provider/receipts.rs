@@ -59,12 +59,27 @@ fn to_hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// One receipt read from a posted body: the provider's message id and its status word.
+/// One receipt read from a posted body: the provider's message id, its status word and,
+/// where the provider gives one, its error code.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PostedReceipt {
     pub id: String,
     pub status: String,
+    pub error: Option<String>,
 }
+
+/// Where a posted body holds each receipt's values (RFC 6901 pointers).
+#[derive(Clone, Copy, Debug)]
+pub struct ReceiptPointers<'a> {
+    pub id: &'a str,
+    pub status: &'a str,
+    pub error: Option<&'a str>,
+}
+
+/// Longest provider error code kept; a longer one (or one with other characters than
+/// letters, digits, `-` and `_`, which would break the receipt text ESMEs parse) is
+/// replaced by the default code.
+pub const MAX_ERROR_CODE: usize = 16;
 
 /// Why a posted body was refused (answered 400).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -78,11 +93,7 @@ pub enum ReceiptBodyError {
 }
 
 /// The receipts of a posted body: one JSON object, or an array of them.
-pub fn parse_receipts(
-    body: &[u8],
-    id_pointer: &str,
-    status_pointer: &str,
-) -> Result<Vec<PostedReceipt>, ReceiptBodyError> {
+pub fn parse_receipts(body: &[u8], at: ReceiptPointers<'_>) -> Result<Vec<PostedReceipt>, ReceiptBodyError> {
     let v: serde_json::Value = serde_json::from_slice(body).map_err(|_| ReceiptBodyError::NotJson)?;
     let items = match v {
         serde_json::Value::Array(items) => items,
@@ -92,9 +103,10 @@ pub fn parse_receipts(
         .iter()
         .enumerate()
         .map(|(index, item)| {
-            let id = scalar(item.pointer(id_pointer)).ok_or(ReceiptBodyError::NoId { index })?;
-            let status = scalar(item.pointer(status_pointer)).ok_or(ReceiptBodyError::NoStatus { index })?;
-            Ok(PostedReceipt { id, status })
+            let id = scalar(item.pointer(at.id)).ok_or(ReceiptBodyError::NoId { index })?;
+            let status = scalar(item.pointer(at.status)).ok_or(ReceiptBodyError::NoStatus { index })?;
+            let error = at.error.and_then(|p| error_code(item.pointer(p)));
+            Ok(PostedReceipt { id, status, error })
         })
         .collect()
 }
@@ -105,6 +117,22 @@ fn scalar(v: Option<&serde_json::Value>) -> Option<String> {
         serde_json::Value::Number(n) => Some(n.to_string()),
         _ => None,
     }
+}
+
+/// A provider's error code as a receipt's `err`: numbers of fewer than three digits are
+/// zero-padded (`7` → `007`, as SMPP receipts write it); `None` for a missing, empty or
+/// unusable value (see [`MAX_ERROR_CODE`]).
+fn error_code(v: Option<&serde_json::Value>) -> Option<String> {
+    let code = scalar(v)?;
+    let usable = code.len() <= MAX_ERROR_CODE && code.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b));
+    if !usable {
+        return None;
+    }
+    Some(if code.len() < 3 && code.bytes().all(|b| b.is_ascii_digit()) {
+        format!("{code:0>3}")
+    } else {
+        code
+    })
 }
 
 /// The state a status word stands for under the destination's `receipt-status` table
@@ -166,26 +194,65 @@ mod tests {
         assert!(!authentic(Signature::Token, b"", Some(b""), body));
     }
 
+    const AT: ReceiptPointers<'static> = ReceiptPointers {
+        id: "/id",
+        status: "/s",
+        error: None,
+    };
+
     #[test]
     fn receipt_bodies_are_read_with_pointers() {
-        let one = parse_receipts(br#"{"msg":{"id":12},"state":"delivered"}"#, "/msg/id", "/state").unwrap();
+        let nested = ReceiptPointers {
+            id: "/msg/id",
+            status: "/state",
+            error: None,
+        };
+        let one = parse_receipts(br#"{"msg":{"id":12},"state":"delivered"}"#, nested).unwrap();
         assert_eq!(
             one,
             vec![PostedReceipt {
                 id: "12".into(),
-                status: "delivered".into()
+                status: "delivered".into(),
+                error: None,
             }]
         );
-        let many = parse_receipts(br#"[{"id":"a","s":"x"},{"id":"b","s":"y"}]"#, "/id", "/s").unwrap();
+        let many = parse_receipts(br#"[{"id":"a","s":"x"},{"id":"b","s":"y"}]"#, AT).unwrap();
         assert_eq!(many.len(), 2);
-        assert_eq!(parse_receipts(b"nope", "/id", "/s"), Err(ReceiptBodyError::NotJson));
+        assert_eq!(parse_receipts(b"nope", AT), Err(ReceiptBodyError::NotJson));
         assert_eq!(
-            parse_receipts(br#"[{"id":"a","s":"x"},{"s":"y"}]"#, "/id", "/s"),
+            parse_receipts(br#"[{"id":"a","s":"x"},{"s":"y"}]"#, AT),
             Err(ReceiptBodyError::NoId { index: 1 })
         );
         assert_eq!(
-            parse_receipts(br#"{"id":"a"}"#, "/id", "/s"),
+            parse_receipts(br#"{"id":"a"}"#, AT),
             Err(ReceiptBodyError::NoStatus { index: 0 })
+        );
+    }
+
+    #[test]
+    fn error_codes_are_kept_when_usable() {
+        let at = ReceiptPointers {
+            error: Some("/e"),
+            ..AT
+        };
+        let errors = |body: &str| -> Vec<Option<String>> {
+            parse_receipts(body.as_bytes(), at)
+                .unwrap()
+                .into_iter()
+                .map(|r| r.error)
+                .collect()
+        };
+        assert_eq!(
+            errors(r#"[{"id":"a","s":"x","e":7},{"id":"b","s":"x","e":"30003"},{"id":"c","s":"x","e":"E_12"}]"#),
+            vec![Some("007".into()), Some("30003".into()), Some("E_12".into())]
+        );
+        assert_eq!(
+            errors(
+                r#"[{"id":"a","s":"x"},{"id":"b","s":"x","e":""},{"id":"c","s":"x","e":"no good"},
+                   {"id":"d","s":"x","e":"12345678901234567"},{"id":"e","s":"x","e":{"code":1}}]"#
+            ),
+            vec![None; 5],
+            "missing, empty, spaced, overlong or structured codes fall back to the default"
         );
     }
 
