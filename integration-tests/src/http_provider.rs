@@ -2,6 +2,9 @@
 //!
 //! It records every request and answers by rule: the queued [`Answer`]s first, in order,
 //! then the default (200 with `{"message_id": "pN"}`, N counting accepted requests).
+//! For load, [`FakeProvider::start_unrecorded`] only counts, and
+//! [`FakeProvider::post_receipts`] makes it post a DELIVRD receipt for every accepted
+//! message back to the gateway, in batches, as a provider's receipt webhook does.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -68,30 +71,110 @@ impl ProviderRequest {
 struct State {
     answers: VecDeque<Answer>,
     default: Option<Answer>,
+    /// Keep each request (off for load runs).
+    record: bool,
     requests: Vec<ProviderRequest>,
     accepted: u64,
+    /// Accepted ids whose receipt is not posted yet, when receipts are posted.
+    unposted: Option<Vec<String>>,
+    /// Receipts the gateway answered 200.
+    receipts_posted: u64,
 }
+
+/// Receipts posted at most this many to a request.
+const RECEIPT_BATCH: usize = 1_000;
 
 /// The fake provider. Dropping it stops it.
 pub struct FakeProvider {
     addr: SocketAddr,
     state: Arc<(Mutex<State>, Notify)>,
     task: tokio::task::JoinHandle<()>,
+    /// Receipt posting tasks, stopped with the provider.
+    posters: Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
 impl Drop for FakeProvider {
     fn drop(&mut self) {
         self.task.abort();
+        for p in self.posters.get_mut().drain(..) {
+            p.abort();
+        }
     }
 }
 
 impl FakeProvider {
     pub async fn start() -> FakeProvider {
+        Self::start_with(true).await
+    }
+
+    /// A provider for load: requests are counted ([`Self::accepted_count`]), not kept.
+    pub async fn start_unrecorded() -> FakeProvider {
+        Self::start_with(false).await
+    }
+
+    async fn start_with(record: bool) -> FakeProvider {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("fake provider listen");
         let addr = listener.local_addr().expect("fake provider address");
-        let state = Arc::new((Mutex::new(State::default()), Notify::new()));
+        let state = Arc::new((
+            Mutex::new(State {
+                record,
+                ..State::default()
+            }),
+            Notify::new(),
+        ));
         let task = tokio::spawn(accept_loop(listener, state.clone()));
-        FakeProvider { addr, state, task }
+        FakeProvider {
+            addr,
+            state,
+            task,
+            posters: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// From now on, post `{"id": …, "status": "delivered"}` for every accepted message
+    /// to the gateway's receipt endpoint for `destination` with header token `token`:
+    /// every 10 ms, up to 1,000 to a request; a batch the gateway does not answer 200
+    /// is posted again.
+    pub fn post_receipts(&self, gateway: SocketAddr, destination: &str, token: &str) {
+        self.state.0.lock().unposted.get_or_insert_with(Vec::new);
+        let (state, destination, token) = (self.state.clone(), destination.to_owned(), token.to_owned());
+        let poster = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let batch: Vec<String> = {
+                    let mut s = state.0.lock();
+                    let unposted = s.unposted.get_or_insert_with(Vec::new);
+                    let take = unposted.len().min(RECEIPT_BATCH);
+                    unposted.drain(..take).collect()
+                };
+                if batch.is_empty() {
+                    continue;
+                }
+                let body: Vec<serde_json::Value> = batch
+                    .iter()
+                    .map(|id| serde_json::json!({"id": id, "status": "delivered"}))
+                    .collect();
+                let body = serde_json::Value::Array(body).to_string();
+                let status = post_receipt(gateway, &destination, &body, Proof::Token(&token)).await;
+                let mut s = state.0.lock();
+                if status == 200 {
+                    s.receipts_posted += batch.len() as u64;
+                } else {
+                    s.unposted.get_or_insert_with(Vec::new).extend(batch);
+                }
+            }
+        });
+        self.posters.lock().push(poster.abort_handle());
+    }
+
+    /// Requests answered 200.
+    pub fn accepted_count(&self) -> u64 {
+        self.state.0.lock().accepted
+    }
+
+    /// Receipts the gateway took (answered 200).
+    pub fn receipts_posted(&self) -> u64 {
+        self.state.0.lock().receipts_posted
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -183,14 +266,19 @@ async fn serve(mut stream: TcpStream, state: Arc<(Mutex<State>, Notify)>) {
                 s.accepted += 1;
                 format!("p{}", s.accepted)
             });
-            s.requests.push(ProviderRequest {
-                method,
-                target,
-                headers: message.headers,
-                body: message.body,
-                status,
-                message_id: id.clone(),
-            });
+            if let (Some(id), Some(unposted)) = (&id, &mut s.unposted) {
+                unposted.push(id.clone());
+            }
+            if s.record {
+                s.requests.push(ProviderRequest {
+                    method,
+                    target,
+                    headers: message.headers,
+                    body: message.body,
+                    status,
+                    message_id: id.clone(),
+                });
+            }
             match &id {
                 Some(id) => format!("{{\"message_id\":\"{id}\"}}"),
                 None => "{\"error\":\"injected\"}".to_owned(),

@@ -3,7 +3,8 @@
 //! provider gets the API key header (never logged); a 429 is retried and the message sent
 //! once; a provider answering 500 loses its work to the next destination of the route
 //! after `failover-after`; a 400 ends the message with a REJECTD receipt; `parts =
-//! "whole"` sends a long message in one request, `"split"` one request per SMS part.
+//! "whole"` sends a long message in one request, `"split"` one request per SMS part; a
+//! `copy-to` HTTP destination gets its copy beside the SMPP branch.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -274,4 +275,32 @@ async fn posted_receipts_are_authenticated_and_matched() {
     assert_eq!(got[0].stat, Some(ReceiptState::Undeliverable));
     assert_eq!(got[0].err.as_deref(), Some("021"), "err is the provider's code");
     assert!(!gw.log().contains("rs-1"), "the receipt secret reached the log");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_goes_to_an_http_destination_beside_the_smpp_branch() {
+    let smsc = smsc().await;
+    let provider = FakeProvider::start().await;
+    let config = config(
+        &[
+            UPSTREAM.replace("{smsc_port}", &smsc.port().to_string()),
+            http_destination("h", "h_port", ""),
+        ],
+        "\n[[routes]]\nname = \"default\"\nto = [\"upstream\"]\ncopy-to = [\"h\"]\n",
+    );
+    let (_gw, esme) = start(&config, &[("h_port", &provider)]).await;
+    let resp = esme
+        .submit(&SubmitSpec::gsm("Shop", "447700900128", "one for each").dlr())
+        .await
+        .unwrap();
+    assert!(resp.is_ok());
+    assert!(smsc.wait_submits(1, WAIT).await, "the SMPP branch was not sent");
+    assert!(provider.wait_requests(1, WAIT).await, "the copy was not sent");
+    let receipts = esme.wait_receipts(1, WAIT).await;
+    assert_eq!(receipts.len(), 1, "the SMPP branch's receipt: {receipts:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(provider.requests().len(), 1);
+    assert_eq!(provider.requests()[0].json()["msg"], "one for each");
+    assert_eq!(smsc.submits().len(), 1);
+    assert_eq!(esme.receipts().len(), 1, "the copy owes the ESME no receipt");
 }

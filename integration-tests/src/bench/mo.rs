@@ -15,6 +15,7 @@ use sendium_integration_tests::gateway::GatewayProcess;
 use sendium_integration_tests::smsc::{MoSpec, SmscConfig, TestSmsc};
 use sendium_integration_tests::{BindKind, TestEsme};
 
+use super::rate_run::RateRun;
 use super::{Bench, GATEWAY_TEMPLATE, find_profile, gateway_smpp_window, sample_proc, stop_gateway};
 
 /// The profiles the phase runs: the DLR store is what inbound messages are stored in.
@@ -26,61 +27,17 @@ name = "bench"
 to-account = "bench"
 "#;
 
-/// One profile's run.
-#[derive(Debug, Clone, Default)]
-pub struct MoRun {
-    pub round: Option<usize>,
-    pub profile: String,
-    pub messages: u64,
-    pub per_s: Option<f64>,
-    pub cpu_us_per_msg: Option<f64>,
-    pub note: String,
-    pub failed: bool,
-}
-
-pub const HEADERS: [&str; 5] = ["round", "profile", "messages", "msgs/s", "gateway CPU µs/msg"];
-
-impl MoRun {
-    pub fn cells(&self) -> Vec<String> {
-        let f = |v: Option<f64>, digits: usize| v.map_or("-".into(), |x| format!("{x:.digits$}"));
-        vec![
-            self.round.map_or("-".into(), |r| r.to_string()),
-            self.profile.clone(),
-            self.messages.to_string(),
-            f(self.per_s, 0),
-            f(self.cpu_us_per_msg, 1),
-        ]
-    }
-
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "round": self.round,
-            "profile": self.profile,
-            "messages": self.messages,
-            "per_s": self.per_s,
-            "cpu_us_per_msg": self.cpu_us_per_msg,
-            "note": self.note,
-            "failed": self.failed,
-        })
-    }
-}
-
 impl Bench {
-    pub fn run_mo(&self, round: usize) -> Vec<MoRun> {
+    pub fn run_mo(&self, round: usize) -> Vec<RateRun> {
         PROFILES.iter().map(|p| self.run_mo_profile(p, round)).collect()
     }
 
-    fn run_mo_profile(&self, name: &str, round: usize) -> MoRun {
+    fn run_mo_profile(&self, name: &str, round: usize) -> RateRun {
         eprintln!("== inbound phase ({name}) ==");
         let o = &self.opts;
-        let mut run = MoRun {
-            profile: name.to_owned(),
-            messages: o.mo_messages,
-            ..MoRun::default()
-        };
+        let mut run = RateRun::new(name, o.mo_messages);
         let Some(profile) = find_profile(name) else {
-            run.note = format!("no profile {name}");
-            run.failed = true;
+            run.fail(format!("no profile {name}"));
             return run;
         };
         let smsc = TestSmsc::start_in_thread(SmscConfig {
@@ -113,16 +70,12 @@ impl Bench {
             let already = esme.mo_count() as u64;
             let took = send_and_receive(&smsc, &esme, o.mo_messages, already, &format!("m{round}-")).await?;
             let after = sample_proc(pid).ok_or("cannot read the gateway's /proc")?;
-            let n = o.mo_messages as f64;
-            run.per_s = Some(n / took.as_secs_f64());
             let cpu_s = after.cpu_ticks.saturating_sub(before.cpu_ticks) as f64 / ticks_per_s;
-            run.cpu_us_per_msg = Some(cpu_s * 1e6 / n);
+            run.measured(took.as_secs_f64(), cpu_s);
             Ok(())
         });
         if let Err(e) = result {
-            eprintln!("  {e}");
-            run.note = e;
-            run.failed = true;
+            run.fail(e);
         }
         if let Some(note) = stop_gateway(&self.ctl, &mut gw) {
             eprintln!("  {note}");

@@ -66,12 +66,16 @@ use serde_json::{Value, json};
 
 #[path = "../bench/flood.rs"]
 mod flood;
+#[path = "../bench/http_destination.rs"]
+mod http_destination;
 #[path = "../bench/http_phase.rs"]
 mod http_phase;
 #[path = "../bench/mo.rs"]
 mod mo;
 #[path = "../bench/outbox.rs"]
 mod outbox;
+#[path = "../bench/rate_run.rs"]
+mod rate_run;
 
 const USAGE: &str = "usage: sendium-bench [--profile NAME]... [--include-unsupported] [--pg-url URL] [--list]
                      [--count N] [--latency-count N] [--latency-rate MSG_PER_S]
@@ -83,6 +87,7 @@ const USAGE: &str = "usage: sendium-bench [--profile NAME]... [--include-unsuppo
                      [--flood] [--flood-messages 100000] [--flood-pairs 5]
                      [--http] [--http-messages 200000] [--http-clients 50]
                      [--mo] [--mo-messages 100000]
+                     [--http-destination] [--http-destination-messages 50000]
 
 Runs the release sendium binary ($SENDIUM_BIN, else next to this executable) per storage
 profile against the test SMSC, driven by the load generator: phase 1 at full speed
@@ -107,7 +112,12 @@ submit_sm answered), the gateway's CPU µs per message over that window, 202 p50
 The inbound phase (run by default, or alone with --mo and no --profile): --mo-messages
 deliver_sm from the test SMSC, routed by one [[mo-routes]] entry to a bound receiver,
 on the memory and file-file-file+dlr-file profiles: msgs/s from the first sent to the
-last received, and the gateway's CPU µs per message.";
+last received, and the gateway's CPU µs per message.
+The HTTP-destination phase (run by default, or alone with --http-destination and no
+--profile): --http-destination-messages submitted over SMPP to a kind = \"http\"
+destination (a fake provider in the bench that answers 200 with an id and posts the
+receipts back in batches), on the memory and file-file-file+dlr-file profiles: msgs/s
+from the first submit to the last receipt delivered, and the gateway's CPU µs per message.";
 
 /// The ESME account the load generator binds with; with several gateway processes, the
 /// load generator of process `i` binds as account `i` (system id and password), so each
@@ -316,6 +326,8 @@ struct Options {
     http_clients: usize,
     mo: bool,
     mo_messages: u64,
+    http_destination: bool,
+    http_destination_messages: u64,
 }
 
 fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
@@ -354,6 +366,8 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
         http_clients: 50,
         mo: false,
         mo_messages: 100_000,
+        http_destination: false,
+        http_destination_messages: 50_000,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -418,6 +432,8 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
             "--http-clients" => o.http_clients = num(flag, value()?)?,
             "--mo" => o.mo = true,
             "--mo-messages" => o.mo_messages = num(flag, value()?)?,
+            "--http-destination" => o.http_destination = true,
+            "--http-destination-messages" => o.http_destination_messages = num(flag, value()?)?,
             "--markdown" => o.markdown = true,
             "--json" => o.json = true,
             "--list" => {
@@ -441,6 +457,7 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
                     | "--flood"
                     | "--http"
                     | "--mo"
+                    | "--http-destination"
             )
         {
             return Err(format!("{flag} takes no value"));
@@ -458,18 +475,21 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
     if o.flood_messages == 0 || o.flood_pairs == 0 {
         return Err("--flood-messages and --flood-pairs must be at least 1".into());
     }
-    if o.http_messages == 0 || o.http_clients == 0 || o.mo_messages == 0 {
-        return Err("--http-messages, --http-clients and --mo-messages must be at least 1".into());
+    if o.http_messages == 0 || o.http_clients == 0 || o.mo_messages == 0 || o.http_destination_messages == 0 {
+        return Err(
+            "--http-messages, --http-clients, --mo-messages and --http-destination-messages must be at least 1".into(),
+        );
     }
     // No --profile: every profile, the outbox and the HTTP phases, or the outbox, flood or
     // HTTP phase alone.
-    if o.profiles.is_empty() && (o.outbox || o.flood || o.http || o.mo) {
+    if o.profiles.is_empty() && (o.outbox || o.flood || o.http || o.mo || o.http_destination) {
         return Ok(Some(o));
     }
     if o.profiles.is_empty() {
         o.outbox = true;
         o.http = true;
         o.mo = true;
+        o.http_destination = true;
         o.profiles = PROFILES
             .iter()
             .filter(|p| p.supported || o.include_unsupported)
@@ -2057,6 +2077,7 @@ fn main() {
     let mut flood_runs = Vec::new();
     let mut http_runs = Vec::new();
     let mut mo_runs = Vec::new();
+    let mut provider_runs = Vec::new();
     let rounds = bench.opts.rounds;
     for round in 1..=rounds {
         for profile in &bench.opts.profiles {
@@ -2087,12 +2108,19 @@ fn main() {
                 run
             }));
         }
+        if bench.opts.http_destination {
+            provider_runs.extend(bench.run_http_destination(round).into_iter().map(|mut run| {
+                run.round = (rounds > 1).then_some(round);
+                run
+            }));
+        }
     }
     let failed = rows.iter().any(|r| r.failed)
         || outbox_runs.iter().any(|r| r.failed)
         || flood_runs.iter().any(|r| r.failed)
         || http_runs.iter().any(|r| r.failed)
-        || mo_runs.iter().any(|r| r.failed);
+        || mo_runs.iter().any(|r| r.failed)
+        || provider_runs.iter().any(|r| r.failed);
     let http_settings = http_phase::settings(
         bench.opts.http_clients,
         bench.opts.http_messages,
@@ -2103,7 +2131,8 @@ fn main() {
         let mut out = json_output(&rows, &ctx);
         out["outbox"] = Value::Array(outbox_runs.iter().map(outbox::OutboxRun::json).collect());
         out["flood"] = Value::Array(flood_runs.iter().map(flood::FloodRun::json).collect());
-        out["mo"] = Value::Array(mo_runs.iter().map(mo::MoRun::json).collect());
+        out["mo"] = Value::Array(mo_runs.iter().map(rate_run::RateRun::json).collect());
+        out["http_destination"] = Value::Array(provider_runs.iter().map(rate_run::RateRun::json).collect());
         if bench.opts.http {
             out["http"] = json!({
                 "settings": http_settings,
@@ -2144,7 +2173,19 @@ fn main() {
             println!("\nInbound phase:\n");
             print!(
                 "{}",
-                md_table(&mo::HEADERS, mo_runs.iter().map(mo::MoRun::cells), |i| i >= 2)
+                md_table(&rate_run::HEADERS, mo_runs.iter().map(rate_run::RateRun::cells), |i| i
+                    >= 2)
+            );
+        }
+        if !provider_runs.is_empty() {
+            println!("\nHTTP-destination phase:\n");
+            print!(
+                "{}",
+                md_table(
+                    &rate_run::HEADERS,
+                    provider_runs.iter().map(rate_run::RateRun::cells),
+                    |i| i >= 2
+                )
             );
         }
         if !flood_runs.is_empty() {
@@ -2209,7 +2250,22 @@ fn main() {
             println!("\nInbound phase:");
             print!(
                 "{}",
-                text_grid(&mo::HEADERS, mo_runs.iter().map(mo::MoRun::cells).collect(), |i| i >= 2)
+                text_grid(
+                    &rate_run::HEADERS,
+                    mo_runs.iter().map(rate_run::RateRun::cells).collect(),
+                    |i| i >= 2
+                )
+            );
+        }
+        if !provider_runs.is_empty() {
+            println!("\nHTTP-destination phase:");
+            print!(
+                "{}",
+                text_grid(
+                    &rate_run::HEADERS,
+                    provider_runs.iter().map(rate_run::RateRun::cells).collect(),
+                    |i| i >= 2
+                )
             );
         }
         if !flood_runs.is_empty() {
