@@ -411,6 +411,49 @@ async fn routes_match_the_text_and_the_sender() {
     assert_eq!(default.messages()[0].destination, "447700900603");
 }
 
+/// A route's `priority`: a one-time password admitted after 10,000 bulk messages queued
+/// for a destination limited to 1,000 submissions a second overtakes most of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_urgent_route_overtakes_queued_bulk() {
+    let smsc = smsc().await;
+    let routes = "[[routes]]\nname = \"otp\"\nsource-prefix = \"OTP\"\npriority = 9\nto = [\"upstream\"]\n\
+                  [[routes]]\nname = \"bulk\"\nto = [\"upstream\"]\n";
+    let upstream = UPSTREAM.replace("window = 200", "window = 200\nmax-tps = 1000");
+    let config = [SMPP, HTTP, ADMIN, &upstream, routes].concat();
+    let gw = gateway(&config, &smsc).await;
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
+        .await
+        .unwrap();
+    const BULK: usize = 10_000;
+    for chunk in 0..BULK / 500 {
+        let specs: Vec<SubmitSpec> = (0..500)
+            .map(|i| SubmitSpec::gsm("Shop", &format!("4477009{:05}", chunk * 500 + i), "campaign"))
+            .collect();
+        assert!(esme.submit_pipelined(&specs, 100).await.iter().all(|o| o.is_ok()));
+    }
+    let before_otp = smsc.messages().len();
+    assert!(
+        before_otp < BULK / 2,
+        "the bulk went out before the test could queue it: {before_otp}"
+    );
+    let otp = SubmitSpec::gsm("OTPBANK", "447700955555", "Your code is 4242");
+    assert!(esme.submit(&otp).await.unwrap().is_ok());
+    assert!(
+        eventually(WAIT, || smsc.messages_to("447700955555").len() == 1).await,
+        "the one-time password never reached the SMSC"
+    );
+    let position = smsc
+        .messages()
+        .iter()
+        .position(|m| m.destination == "447700955555")
+        .unwrap();
+    assert!(
+        position < BULK / 2,
+        "the urgent message went out after {position} of {BULK} bulk messages (bulk sent before it was \
+         admitted: {before_otp})"
+    );
+}
+
 /// The memory gateway with `upstream` at `first` and a second SMPP destination `name`
 /// at `second`, routed by `routes`.
 async fn with_second_upstream(

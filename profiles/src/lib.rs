@@ -28,10 +28,10 @@ pub use mo_routing::{MoMessage, MoRoute, MoRouteError, MoRouteTable, MoTarget, k
 pub use model::http::{PLACEHOLDERS, TemplateError, TemplatePiece, default_fields, is_json_pointer, parse_template};
 pub use model::{
     AdminConfig, ApiKey, BindMode, Config, DestinationConfig, DestinationKind, DlrBackend, DlrConfig,
-    FileStorageConfig, HttpBody, HttpConfig, HttpMethod, HttpParts, IdFormat, LogConfig, LogFormat, LogLevel, MoConfig,
-    MoRouteConfig, MoUnrouted, OnReceiptRequest, OutboxConfig, OutboxSourceConfig, PendingConfig,
-    PostgresqlStorageConfig, ReceiptSignature, ReceiptState, RouteConfig, RoutedWorkConfig, RouterQueueConfig, Secret,
-    ShutdownConfig, SmppAccount, SmppConfig, SmsConfig, StageBackend, StorageConfig,
+    FileStorageConfig, HttpBody, HttpConfig, HttpMethod, HttpParts, IdFormat, LogConfig, LogFormat, LogLevel,
+    MAX_ROUTE_PRIORITY, MoConfig, MoRouteConfig, MoUnrouted, OnReceiptRequest, OutboxConfig, OutboxSourceConfig,
+    PendingConfig, PostgresqlStorageConfig, ReceiptSignature, ReceiptState, RouteConfig, RoutedWorkConfig,
+    RouterQueueConfig, Secret, ShutdownConfig, SmppAccount, SmppConfig, SmsConfig, StageBackend, StorageConfig,
 };
 pub use profile::{
     DLR_GUARANTEES, Guarantee, IMPLEMENTED_DLR, IMPLEMENTED_OUTBOUND, OUTBOUND_GUARANTEES, StorageProfile,

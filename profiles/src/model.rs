@@ -1121,7 +1121,14 @@ pub struct RouteConfig {
     /// Extra branches (fan-out), each delivered and tracked separately.
     #[serde(default)]
     pub copy_to: Vec<String>,
+    /// 0 (default) to [`MAX_ROUTE_PRIORITY`]: a destination's queued messages go to it
+    /// highest priority first, in arrival order within one priority.
+    #[serde(default)]
+    pub priority: u8,
 }
+
+/// The highest `[[routes]] priority`.
+pub const MAX_ROUTE_PRIORITY: u8 = 9;
 
 #[cfg(test)]
 mod tests {

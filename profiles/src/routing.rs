@@ -19,6 +19,8 @@
 //! plus the few rules sharing a prefix, not to the number of rules — and
 //! allocates nothing.
 
+use std::collections::HashMap;
+
 use regex::Regex;
 
 use crate::model::{Config, RouteConfig};
@@ -120,6 +122,8 @@ pub struct Route {
     pub to: Vec<String>,
     /// Additional destinations, each an independent branch.
     pub copy_to: Vec<String>,
+    /// `priority`: higher goes first out of a destination's queue.
+    pub priority: u8,
 }
 
 /// One trie node: children keyed by the next address byte, and the indices of
@@ -147,6 +151,8 @@ pub struct RouteTable {
     conditions: Vec<Conditions>,
     /// Some rule has a `text-regex`.
     needs_text: bool,
+    /// The rules with a priority above 0, by name (most tables have none).
+    priorities: HashMap<Box<str>, u8>,
     /// Node 0 is the root (the empty prefix).
     nodes: Vec<Node>,
 }
@@ -166,6 +172,11 @@ impl RouteTable {
             accounts: Vec::with_capacity(routes.len()),
             conditions: Vec::with_capacity(routes.len()),
             needs_text: routes.iter().any(|r| r.text_regex.is_some()),
+            priorities: routes
+                .iter()
+                .filter(|r| r.priority > 0)
+                .map(|r| (r.name.as_str().into(), r.priority))
+                .collect(),
             nodes: vec![Node::default()],
         };
         for (idx, rc) in routes.iter().enumerate() {
@@ -175,6 +186,7 @@ impl RouteTable {
                 name: rc.name.clone(),
                 to: rc.to.clone(),
                 copy_to: rc.copy_to.clone(),
+                priority: rc.priority,
             });
             table.conditions.push(Conditions::of(rc));
             table.accounts.push(if rc.account == "*" {
@@ -212,6 +224,15 @@ impl RouteTable {
             };
         }
         node
+    }
+
+    /// The priority of the rule named `route` (0 for one with none, or no longer
+    /// configured).
+    pub fn priority_of(&self, route: &str) -> u8 {
+        if self.priorities.is_empty() {
+            return 0;
+        }
+        self.priorities.get(route).copied().unwrap_or(0)
     }
 
     /// Whether some rule matches on the text: callers decode it only then.
@@ -285,7 +306,21 @@ mod tests {
             source_prefix: String::new(),
             source_regex: None,
             text_regex: None,
+            priority: 0,
         }
+    }
+
+    #[test]
+    fn priorities_are_found_by_route_name() {
+        let plain = RouteTable::new(&[rc("bulk", "*", "", &["a"])]);
+        assert_eq!(plain.priority_of("bulk"), 0);
+        let mut otp = rc("otp", "*", "44", &["a"]);
+        otp.priority = 9;
+        let t = RouteTable::new(&[otp, rc("bulk", "*", "", &["a"])]);
+        assert_eq!(t.priority_of("otp"), 9);
+        assert_eq!(t.priority_of("bulk"), 0);
+        assert_eq!(t.priority_of("removed"), 0);
+        assert_eq!(t.resolve(&RouteQuery::new("x", "447")).map(|r| r.priority), Some(9));
     }
 
     fn name<'a>(t: &'a RouteTable, account: &str, addr: &str) -> Option<&'a str> {

@@ -14,7 +14,8 @@ use std::time::Duration;
 use crate::error::ConfigError;
 use crate::model::http::{PLACEHOLDERS, is_json_pointer, parse_template};
 use crate::model::{
-    Config, DestinationConfig, DestinationKind, DlrBackend, HttpMethod, OnReceiptRequest, Secret, StageBackend,
+    Config, DestinationConfig, DestinationKind, DlrBackend, HttpMethod, MAX_ROUTE_PRIORITY, OnReceiptRequest, Secret,
+    StageBackend,
 };
 use crate::profile::check_supported;
 
@@ -629,6 +630,13 @@ impl Validator {
             }
             self.targets(&key, "to", &r.to, &destinations);
             self.targets(&key, "copy-to", &r.copy_to, &destinations);
+            if r.priority > MAX_ROUTE_PRIORITY {
+                self.value(
+                    format!("{key}.priority"),
+                    r.priority.to_string(),
+                    format!("a number from 0 (default) to {MAX_ROUTE_PRIORITY}, higher first"),
+                );
+            }
             for (j, c) in r.copy_to.iter().enumerate() {
                 if let Some(t) = r.to.iter().position(|t| t == c) {
                     self.invalid(
@@ -1042,6 +1050,10 @@ system-id = "sendium"
             one("[[routes]]\nname = \"r\"\nto = [\"a\"]\ncopy-to = [\"y\"]"),
             "invalid value \"y\" for routes[0].copy-to[0]: expected the name of a [[destinations]] \
              entry (one of a, b)"
+        );
+        assert_eq!(
+            one("[[routes]]\nname = \"r\"\nto = [\"a\"]\npriority = 10"),
+            "invalid value 10 for routes[0].priority: expected a number from 0 (default) to 9, higher first"
         );
         assert_eq!(
             one("[[routes]]\nname = \"r\"\nto = [\"a\", \"b\"]\ncopy-to = [\"b\"]"),

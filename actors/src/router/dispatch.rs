@@ -42,7 +42,7 @@ impl RouterState {
             return;
         };
         while dest.up && dest.assigned < dest.capacity {
-            let Some(key) = dest.queue.pop_front() else {
+            let Some(key) = dest.queue.pop() else {
                 break;
             };
             let Some(t) = self.units.get(&key.unit) else {
@@ -164,7 +164,7 @@ impl RouterState {
         }
         // Down: branches queued here (not given to the worker) go to another reachable
         // target of their route, or wait.
-        let queued: Vec<BranchKey> = dest.queue.drain(..).collect();
+        let queued: Vec<BranchKey> = dest.queue.take_all();
         for key in queued {
             if let Some(t) = self.units.get_mut(&key.unit) {
                 t.clear_dispatched(key.branch);
@@ -208,8 +208,8 @@ impl RouterState {
         }
         let mut orphans = Vec::new();
         for name in removed {
-            if let Some(d) = self.dests.remove(&name) {
-                orphans.extend(d.queue);
+            if let Some(mut d) = self.dests.remove(&name) {
+                orphans.extend(d.queue.take_all());
             }
         }
         for key in orphans {

@@ -18,13 +18,14 @@ mod dispatch;
 mod partitions;
 mod placement;
 mod plan;
+mod queue;
 mod restore;
 mod writes;
 
 pub use plan::receipt_targets;
 pub use writes::Written;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -176,6 +177,8 @@ struct Tracked {
     /// How often each branch was handed back by a destination (a unit has few
     /// branches, and few are ever handed back).
     bounced: Vec<(u16, u32)>,
+    /// Its route's `priority` when it was taken in: its place in destination queues.
+    priority: u8,
 }
 
 impl Tracked {
@@ -222,7 +225,7 @@ struct Destination {
     failover_after: Duration,
     assigned: usize,
     capacity: usize,
-    queue: VecDeque<BranchKey>,
+    queue: queue::BranchQueue,
 }
 
 pub struct RouterState {
@@ -285,7 +288,7 @@ impl Destination {
             failover_after: slot.failover_after,
             assigned: 0,
             capacity: slot.capacity.max(1),
-            queue: VecDeque::new(),
+            queue: queue::BranchQueue::default(),
         }
     }
 }

@@ -175,11 +175,15 @@ impl RouterState {
             .increment(1);
         }
         if let Some(dest) = self.dests.get_mut(&target) {
-            dest.queue.push_back(key);
             let name = dest.name.clone();
-            if let Some(t) = self.units.get_mut(&key.unit) {
-                t.set_dispatched(key.branch, name);
-            }
+            let priority = match self.units.get_mut(&key.unit) {
+                Some(t) => {
+                    t.set_dispatched(key.branch, name);
+                    t.priority
+                }
+                None => 0,
+            };
+            dest.queue.push(key, priority);
             self.pump(&target);
         }
     }

@@ -186,9 +186,11 @@ impl RouterState {
             .filter(|b| b.outcome.is_none())
             .map(|b| b.no)
             .collect();
+        let priority = self.routes.current().priority_of(&routed.route);
         self.units.insert(
             id,
             Tracked {
+                priority,
                 targets: receipt_targets(&unit),
                 deadline: super::placement::deadline(&unit, self.max_age),
                 bounced: Vec::new(),
