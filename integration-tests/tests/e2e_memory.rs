@@ -321,6 +321,38 @@ async fn failover_to_the_next_reachable_destination() {
     one_receipt_per_id(&receipts, &ids);
 }
 
+/// Messages that waited for an unreachable destination go out in the order they were
+/// accepted once it is reachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_waiting_out_an_outage_keep_their_order() {
+    let port = sendium_integration_tests::free_port();
+    let config = [SMPP, HTTP, ADMIN, UPSTREAM, DEFAULT_ROUTE].concat();
+    let gw = sendium_integration_tests::GatewayProcess::builder(&config)
+        .smsc_port(port)
+        .start()
+        .await;
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
+        .await
+        .unwrap();
+    let numbers: Vec<String> = (0..200).map(|i| format!("4477009{i:05}")).collect();
+    for n in &numbers {
+        assert!(
+            esme.submit(&SubmitSpec::gsm("Shop", n, "in order"))
+                .await
+                .unwrap()
+                .is_ok()
+        );
+    }
+    let smsc = TestSmsc::start(SmscConfig {
+        port,
+        ..SmscConfig::default()
+    })
+    .await;
+    assert!(smsc.wait_messages(200, WAIT).await, "got {}", smsc.messages().len());
+    let sent: Vec<String> = smsc.messages().into_iter().map(|m| m.destination).collect();
+    assert_eq!(sent, numbers);
+}
+
 /// An ESME that binds only after its receipts arrived still gets them.
 #[tokio::test]
 async fn receipts_wait_for_the_account_to_bind() {
