@@ -31,7 +31,7 @@ pub use model::{
     FileStorageConfig, HttpBody, HttpConfig, HttpMethod, HttpParts, IdFormat, LogConfig, LogFormat, LogLevel, MoConfig,
     MoRouteConfig, MoUnrouted, OnReceiptRequest, OutboxConfig, OutboxSourceConfig, PendingConfig,
     PostgresqlStorageConfig, ReceiptSignature, ReceiptState, RouteConfig, RoutedWorkConfig, RouterQueueConfig, Secret,
-    ShutdownConfig, SmppAccount, SmppConfig, SmsConfig, StageBackend, StorageConfig,
+    SendsmsUser, ShutdownConfig, SmppAccount, SmppConfig, SmsConfig, StageBackend, StorageConfig,
 };
 pub use profile::{
     DLR_GUARANTEES, Guarantee, IMPLEMENTED_DLR, IMPLEMENTED_OUTBOUND, OUTBOUND_GUARANTEES, StorageProfile,
