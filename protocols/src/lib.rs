@@ -27,6 +27,7 @@ pub mod http;
 pub mod http_client;
 pub mod http_listener;
 pub mod http_provider;
+pub mod kannel;
 pub mod multipart;
 pub mod receipt;
 pub mod text;
