@@ -85,13 +85,14 @@ pub fn record(s: HttpSubmission) -> Result<PendingRecord, (&'static str, String)
 }
 
 /// registered_delivery for a Kannel dlr-mask with a dlr-url: a receipt on every final
-/// outcome when the mask asks for delivered ones, on failures only when it asks for
-/// failures alone (undelivered, or refused by the provider), none otherwise. Only part 1
-/// of a long message asks, as Kannel does.
+/// outcome when the mask asks for delivered ones; on failures only when it asks for
+/// failures (undelivered, or refused by the provider) or for the provider's acceptance
+/// alone (that report hangs on the receipt's handoff; an unasked failure is then not
+/// reported); none otherwise. Only part 1 of a long message asks, as Kannel does.
 fn kannel_registered_delivery(mask: u8) -> u8 {
     if mask & kind::DELIVERED != 0 {
         0x01
-    } else if mask & (kind::UNDELIVERED | kind::SMSC_REJECT) != 0 {
+    } else if mask & (kind::UNDELIVERED | kind::SMSC_REJECT | kind::SMSC_SUCCESS) != 0 {
         0x02
     } else {
         0x00
@@ -200,6 +201,38 @@ mod tests {
             callback_url: cb.map(str::to_string),
             idempotency_key: None,
         }
+    }
+
+    #[test]
+    fn a_dlr_mask_asks_for_the_receipts_its_reports_need() {
+        for (mask, rd) in [(0, 0), (4, 0), (1, 1), (31, 1), (2, 2), (16, 2), (18, 2), (8, 2)] {
+            assert_eq!(kannel_registered_delivery(mask), rd, "mask {mask}");
+        }
+        let params = sendium_protocols::kannel::Params::parse(
+            b"from=Shop&to=4471+%2B4472&text=hi&dlr-mask=3&dlr-url=http://127.0.0.1:9/d&udh=%05%00%03%07%02%02&validity=5",
+        );
+        let s = sendium_protocols::kannel::sendsms::parse(&params).unwrap();
+        let now = Timestamp(1_000_000);
+        let recs = sendsms_records("esme1", &s, now, Duration::from_secs(60));
+        assert_eq!(recs.len(), 2);
+        assert_eq!(recs[1].destination, Address::new(1, 1, "4472"));
+        let r = &recs[0];
+        assert_eq!(
+            (r.dlr_mask, r.callback_url.as_deref()),
+            (Some(3), Some("http://127.0.0.1:9/d"))
+        );
+        assert_eq!(r.registered_delivery, 0, "part 2 asks for no receipt");
+        assert_eq!(r.part.map(|p| (p.reference, p.total, p.seq)), Some((7, 2, 2)));
+        assert_eq!(r.valid_until, Some(Timestamp(1_300_000)));
+        let no_url = sendium_protocols::kannel::sendsms::parse(&sendium_protocols::kannel::Params::parse(
+            b"from=Shop&to=4471&text=hi&dlr-mask=31",
+        ))
+        .unwrap();
+        let r = &sendsms_records("esme1", &no_url, now, Duration::from_secs(60))[0];
+        assert_eq!(
+            (r.dlr_mask, r.registered_delivery, r.callback_url.clone()),
+            (None, 0, None)
+        );
     }
 
     #[test]

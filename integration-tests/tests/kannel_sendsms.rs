@@ -289,3 +289,44 @@ async fn a_refused_message_reports_16_and_the_mask_filters_reports() {
         "a delivered message is not reported to a failures-only mask"
     );
 }
+
+/// A dlr-url survives a SIGKILL and restart as a `callback_url` does: with the file
+/// profiles, reports the URL refused before the kill are delivered after the restart,
+/// still as Kannel GETs with their codes filled in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undelivered_reports_survive_a_restart() {
+    let smsc = smsc().await;
+    let mut gw = gateway(&[durable_config(DLR_FILE).as_str(), USERS].concat(), &smsc).await;
+    let cb = CallbackServer::start().await;
+    cb.set_status(Some(503));
+    let dlr_url = enc(&cb.url("/dlr?type=%d&to=%p&id=%I"));
+    for i in 0..5 {
+        let r = get(
+            &gw,
+            &format!("username=tester&password=foobar&from=Shop&to=44970{i}&text=durable&dlr-mask=3&dlr-url={dlr_url}"),
+        )
+        .await;
+        assert_eq!((r.status, r.text().as_str()), (202, "0: Accepted for delivery"));
+    }
+    assert!(cb.wait_requests(5, WAIT).await, "first attempts refused");
+    gw.kill();
+    cb.heal();
+    gw.restart().await;
+    assert!(
+        cb.wait_accepted(5, Duration::from_secs(60)).await,
+        "accepted {}",
+        cb.accepted().len()
+    );
+    let mut to: Vec<String> = cb
+        .accepted()
+        .iter()
+        .map(|r| {
+            let q = query(r);
+            assert_eq!(param(&q, "type"), "1");
+            param(&q, "to").to_string()
+        })
+        .collect();
+    to.sort();
+    to.dedup();
+    assert_eq!(to, (0..5).map(|i| format!("44970{i}")).collect::<Vec<_>>());
+}
