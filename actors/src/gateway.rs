@@ -338,7 +338,7 @@ impl Gateway {
                     auth: auth_guard.clone(),
                     body_timeout: http.body_timeout,
                 },
-                Arc::new(HttpIngress::new(shared.clone(), receipts)),
+                Arc::new(HttpIngress::new(shared.clone(), receipts).multipart_expiry(spec.multipart_expiry)),
             );
             let limits = ListenerLimits {
                 max_connections: usize::try_from(http.max_connections).unwrap_or(1024),

@@ -1,13 +1,17 @@
 //! The HTTP ingress's view of the pipeline: a validated `POST /v1/messages` becomes a
 //! pending record (text encoded in GSM 7-bit when it fits that alphabet, UCS2
-//! otherwise) admitted through the Ingress actor like any SMPP submission.
+//! otherwise) admitted through the Ingress actor like any SMPP submission; so does each
+//! receiver's message of a Kannel `/cgi-bin/sendsms` request.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use sendium_protocols::http::{HttpOutcome, HttpSubmission, HttpSubmitHandler};
+use sendium_protocols::kannel::Sendsms;
+use sendium_protocols::kannel::dlr_url::kind;
 use sendium_protocols::text::{self, Alphabet};
-use sendium_storage::{Address, Channel, MessageId, PendingRecord, Timestamp};
+use sendium_storage::{Address, Channel, MessageId, PartInfo, PendingRecord, Timestamp};
 
 use crate::context::Shared;
 use crate::ingress::{self, Admission, Refusal};
@@ -15,11 +19,27 @@ use crate::ingress::{self, Admission, Refusal};
 pub struct HttpIngress {
     shared: Arc<Shared>,
     receipts: Arc<crate::provider_receipts::ProviderReceipts>,
+    /// How long the parts of a long message sent part by part (a `/cgi-bin/sendsms`
+    /// concatenation UDH) wait for each other: `[sms] multipart-expiry`.
+    multipart_expiry: Duration,
 }
+
+/// `[sms] multipart-expiry` when the caller does not say.
+const DEFAULT_MULTIPART_EXPIRY: Duration = Duration::from_secs(3600);
 
 impl HttpIngress {
     pub fn new(shared: Arc<Shared>, receipts: Arc<crate::provider_receipts::ProviderReceipts>) -> Self {
-        Self { shared, receipts }
+        Self {
+            shared,
+            receipts,
+            multipart_expiry: DEFAULT_MULTIPART_EXPIRY,
+        }
+    }
+
+    /// The configured `[sms] multipart-expiry`.
+    pub fn multipart_expiry(mut self, expiry: Duration) -> Self {
+        self.multipart_expiry = expiry;
+        self
     }
 }
 
@@ -60,7 +80,84 @@ pub fn record(s: HttpSubmission) -> Result<PendingRecord, (&'static str, String)
         idempotency_key: s.idempotency_key,
         accepted_at: Timestamp::now(),
         valid_until: None,
+        dlr_mask: None,
     })
+}
+
+/// registered_delivery for a Kannel dlr-mask with a dlr-url: a receipt on every final
+/// outcome when the mask asks for delivered ones; on failures only when it asks for
+/// failures (undelivered, or refused by the provider) or for the provider's acceptance
+/// alone (that report hangs on the receipt's handoff; an unasked failure is then not
+/// reported); none otherwise. Only part 1 of a long message asks, as Kannel does.
+fn kannel_registered_delivery(mask: u8) -> u8 {
+    if mask & kind::DELIVERED != 0 {
+        0x01
+    } else if mask & (kind::UNDELIVERED | kind::SMSC_REJECT | kind::SMSC_SUCCESS) != 0 {
+        0x02
+    } else {
+        0x00
+    }
+}
+
+/// The pending records of a `/cgi-bin/sendsms` request: one per receiver. The UDH's
+/// concatenation element, if any, makes each a part of a long message.
+pub fn sendsms_records(account: &str, s: &Sendsms, now: Timestamp, multipart_expiry: Duration) -> Vec<PendingRecord> {
+    let (callback_url, dlr_mask) = match &s.dlr_url {
+        Some(url) if kannel_registered_delivery(s.dlr_mask) != 0 => (Some(url.clone()), Some(s.dlr_mask)),
+        _ => (None, None),
+    };
+    let registered_delivery = match (dlr_mask, s.concat) {
+        (Some(_), Some(c)) if c.seq != 1 => 0x00,
+        (Some(mask), _) => kannel_registered_delivery(mask),
+        (None, _) => 0x00,
+    };
+    s.to.iter()
+        .map(|to| PendingRecord {
+            id: MessageId::generate(),
+            account: account.to_string(),
+            channel: Channel::Http,
+            source: sender(&s.from),
+            destination: Address::new(1, 1, to.strip_prefix('+').unwrap_or(to)),
+            service_type: String::new(),
+            esm_class: 0,
+            protocol_id: 0,
+            priority: 0,
+            data_coding: s.data_coding,
+            payload: s.payload.clone(),
+            part: s.concat.map(|c| PartInfo {
+                reference: c.reference,
+                total: c.total,
+                seq: c.seq,
+                expires_at: now.saturating_add(multipart_expiry),
+            }),
+            registered_delivery,
+            callback_url: callback_url.clone(),
+            idempotency_key: None,
+            accepted_at: now,
+            valid_until: s
+                .validity_minutes
+                .map(|m| now.saturating_add(Duration::from_secs(u64::from(m) * 60))),
+            dlr_mask,
+        })
+        .collect()
+}
+
+/// The answer to one admission.
+fn outcome(a: Option<Admission>) -> HttpOutcome {
+    match a {
+        Some(Admission::Accepted(id)) => HttpOutcome::Accepted(id.to_string()),
+        Some(Admission::Duplicate(id)) => HttpOutcome::Duplicate(id.to_string()),
+        Some(Admission::Refused(Refusal::IdempotencyKeyReused)) => HttpOutcome::Conflict {
+            field: "idempotency_key",
+            reason: "was already used for a different message (send the same message to retry, or use a new key)"
+                .into(),
+        },
+        Some(Admission::Refused(Refusal::ReceiptsDisabled)) => HttpOutcome::Invalid {
+            field: "callback_url",
+            reason: "receipts are disabled on this gateway (dlr.backend = \"disabled\")".into(),
+        },
+        Some(Admission::Refused(_)) | None => HttpOutcome::Unavailable,
+    }
 }
 
 #[async_trait]
@@ -80,20 +177,14 @@ impl HttpSubmitHandler for HttpIngress {
             Err((field, reason)) => return HttpOutcome::Invalid { field, reason },
         };
         let mut answers = ingress::admit(&self.shared, vec![rec]).await;
-        match answers.pop() {
-            Some(Admission::Accepted(id)) => HttpOutcome::Accepted(id.to_string()),
-            Some(Admission::Duplicate(id)) => HttpOutcome::Duplicate(id.to_string()),
-            Some(Admission::Refused(Refusal::IdempotencyKeyReused)) => HttpOutcome::Conflict {
-                field: "idempotency_key",
-                reason: "was already used for a different message (send the same message to retry, or use a new key)"
-                    .into(),
-            },
-            Some(Admission::Refused(Refusal::ReceiptsDisabled)) => HttpOutcome::Invalid {
-                field: "callback_url",
-                reason: "receipts are disabled on this gateway (dlr.backend = \"disabled\")".into(),
-            },
-            Some(Admission::Refused(_)) | None => HttpOutcome::Unavailable,
-        }
+        outcome(answers.pop())
+    }
+
+    async fn sendsms(&self, account: &str, request: Sendsms) -> Vec<HttpOutcome> {
+        let records = sendsms_records(account, &request, Timestamp::now(), self.multipart_expiry);
+        let n = records.len();
+        let mut answers = ingress::admit(&self.shared, records).await.into_iter();
+        (0..n).map(|_| outcome(answers.next())).collect()
     }
 }
 
@@ -110,6 +201,38 @@ mod tests {
             callback_url: cb.map(str::to_string),
             idempotency_key: None,
         }
+    }
+
+    #[test]
+    fn a_dlr_mask_asks_for_the_receipts_its_reports_need() {
+        for (mask, rd) in [(0, 0), (4, 0), (1, 1), (31, 1), (2, 2), (16, 2), (18, 2), (8, 2)] {
+            assert_eq!(kannel_registered_delivery(mask), rd, "mask {mask}");
+        }
+        let params = sendium_protocols::kannel::Params::parse(
+            b"from=Shop&to=4471+%2B4472&text=hi&dlr-mask=3&dlr-url=http://127.0.0.1:9/d&udh=%05%00%03%07%02%02&validity=5",
+        );
+        let s = sendium_protocols::kannel::sendsms::parse(&params).unwrap();
+        let now = Timestamp(1_000_000);
+        let recs = sendsms_records("esme1", &s, now, Duration::from_secs(60));
+        assert_eq!(recs.len(), 2);
+        assert_eq!(recs[1].destination, Address::new(1, 1, "4472"));
+        let r = &recs[0];
+        assert_eq!(
+            (r.dlr_mask, r.callback_url.as_deref()),
+            (Some(3), Some("http://127.0.0.1:9/d"))
+        );
+        assert_eq!(r.registered_delivery, 0, "part 2 asks for no receipt");
+        assert_eq!(r.part.map(|p| (p.reference, p.total, p.seq)), Some((7, 2, 2)));
+        assert_eq!(r.valid_until, Some(Timestamp(1_300_000)));
+        let no_url = sendium_protocols::kannel::sendsms::parse(&sendium_protocols::kannel::Params::parse(
+            b"from=Shop&to=4471&text=hi&dlr-mask=31",
+        ))
+        .unwrap();
+        let r = &sendsms_records("esme1", &no_url, now, Duration::from_secs(60))[0];
+        assert_eq!(
+            (r.dlr_mask, r.registered_delivery, r.callback_url.clone()),
+            (None, 0, None)
+        );
     }
 
     #[test]

@@ -17,7 +17,8 @@
 //! * `[[smpp.accounts]]`: new accounts can bind at once; a changed account keeps its
 //!   bound sessions under its new password and limits; a removed account's sessions are
 //!   sent `unbind`;
-//! * `[[http.api-keys]]` (and each account's `max-tps` for HTTP): from the next request;
+//! * `[[http.api-keys]]`, `[[http.sendsms-users]]` (and each account's `max-tps` for
+//!   HTTP): from the next request;
 //! * `[[routes]]`: messages routed after the swap follow the new table; routes already
 //!   recorded stay as they were;
 //! * `[[mo-routes]]` and `[mo]`: inbound messages arriving after the swap follow them;
@@ -28,7 +29,7 @@ use std::time::SystemTime;
 
 use parking_lot::Mutex;
 use sendium_profiles::{Config, HttpConfig, RouteTable, SmppConfig};
-use sendium_protocols::http::{ApiKey, HttpAccess};
+use sendium_protocols::http::{ApiKey, HttpAccess, HttpCredentials, SendsmsUser};
 use sendium_protocols::smpp::server::{Account, AccountBook, SessionRegistry};
 
 use crate::spec::LiveRoutes;
@@ -100,9 +101,10 @@ pub fn smpp_accounts(smpp: &SmppConfig) -> Vec<Account> {
         .collect()
 }
 
-/// The HTTP ingress's keys and per-account limits of a configuration.
-pub fn http_access(cfg: &Config, http: &HttpConfig) -> (Vec<ApiKey>, HashMap<String, u32>) {
-    let keys = http
+/// The HTTP ingress's keys, `/cgi-bin/sendsms` users and per-account limits of a
+/// configuration.
+pub fn http_access(cfg: &Config, http: &HttpConfig) -> (HttpCredentials, HashMap<String, u32>) {
+    let api_keys = http
         .api_keys
         .iter()
         .map(|k| ApiKey {
@@ -111,6 +113,20 @@ pub fn http_access(cfg: &Config, http: &HttpConfig) -> (Vec<ApiKey>, HashMap<Str
             allowed_ips: k.allowed_ips.clone(),
         })
         .collect();
+    let sendsms_users = http
+        .sendsms_users
+        .iter()
+        .map(|u| SendsmsUser {
+            username: u.username.clone(),
+            password: u.password.expose().to_string(),
+            account: u.account.clone(),
+            allowed_ips: u.allowed_ips.clone(),
+        })
+        .collect();
+    let keys = HttpCredentials {
+        api_keys,
+        sendsms_users,
+    };
     let max_tps = cfg
         .smpp
         .as_ref()
@@ -130,6 +146,7 @@ fn not_live_change(old: &Config, new: &Config) -> Option<&'static str> {
     let http_fixed = |c: &Config| {
         c.http.clone().map(|mut h| {
             h.api_keys.clear();
+            h.sendsms_users.clear();
             h
         })
     };
@@ -277,5 +294,23 @@ mod tests {
         assert_eq!(not_live_change(&old, &provider), None, "destinations are live");
         let outbox = config("[[outbox.sources]]\nname = \"shop\"\nurl = \"sqlite:///tmp/x.db\"\n");
         assert_eq!(not_live_change(&old, &outbox), Some("outbox"));
+    }
+
+    /// A reload swaps `/cgi-bin/sendsms` users like API keys: an added user is taken, a
+    /// removed one refused, from the next request.
+    #[test]
+    fn sendsms_users_are_live() {
+        let user = |name: &str| {
+            format!("[http]\n[[http.sendsms-users]]\nusername = \"{name}\"\npassword = \"pw\"\naccount = \"a\"\n")
+        };
+        let (old, new) = (config(&user("tester")), config(&user("other")));
+        assert_eq!(not_live_change(&old, &new), None, "sendsms users are live");
+        let (creds, max_tps) = http_access(&old, old.http.as_ref().unwrap());
+        assert_eq!(creds.sendsms_users.len(), 1);
+        let access = HttpAccess::new(creds, max_tps);
+        assert!(format!("{access:?}").contains("sendsms_users: 1"));
+        let (creds, max_tps) = http_access(&new, new.http.as_ref().unwrap());
+        assert_eq!(creds.sendsms_users[0].username, "other");
+        access.replace(creds, max_tps);
     }
 }

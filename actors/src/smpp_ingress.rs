@@ -67,6 +67,7 @@ pub fn record(account: &str, s: InboundSubmit, now: Timestamp, multipart_expiry:
         idempotency_key: None,
         accepted_at: now,
         valid_until: s.validity.map(Timestamp),
+        dlr_mask: None,
     }
 }
 

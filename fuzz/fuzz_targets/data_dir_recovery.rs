@@ -117,6 +117,7 @@ fn record(account: &str, destination: &str, text: &str, part: Option<(u16, u8, u
         idempotency_key: None,
         accepted_at: now,
         valid_until: None,
+        dlr_mask: None,
     }
 }
 

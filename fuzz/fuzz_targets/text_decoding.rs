@@ -219,6 +219,7 @@ fn record(account: &str, destination: &str, reference: u16, total: u8, seq: u8, 
         idempotency_key: None,
         accepted_at: now,
         valid_until: None,
+        dlr_mask: None,
     }
 }
 

@@ -308,6 +308,7 @@ fn cbor_envelope() -> Vec<Seed> {
         idempotency_key: Some("k-1".into()),
         accepted_at: Timestamp(1_779_999_000_000),
         valid_until: Some(Timestamp(1_780_100_000_000)),
+        dlr_mask: None,
     };
     let routed = RoutedUnit {
         id,

@@ -326,7 +326,15 @@ pub fn check_config_report(cfg: &Config) -> String {
             .unwrap_or_else(|| "off".into()),
         cfg.http
             .as_ref()
-            .map(|h| format!("{} ({} api keys)", h.listen, h.api_keys.len()))
+            .map(|h| {
+                let mut s = format!("{} ({} api keys", h.listen, h.api_keys.len());
+                if !h.sendsms_users.is_empty() {
+                    let names: Vec<&str> = h.sendsms_users.iter().map(|u| u.username.as_str()).collect();
+                    s.push_str(&format!("; /cgi-bin/sendsms users: {}", names.join(", ")));
+                }
+                s.push(')');
+                s
+            })
             .unwrap_or_else(|| "off".into()),
         cfg.admin.listen,
         cfg.destinations

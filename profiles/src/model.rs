@@ -753,6 +753,8 @@ pub struct HttpConfig {
     pub idempotency_retention: Duration,
     /// `[[http.api-keys]]`
     pub api_keys: Vec<ApiKey>,
+    /// `[[http.sendsms-users]]`: who may call the Kannel-compatible `/cgi-bin/sendsms`.
+    pub sendsms_users: Vec<SendsmsUser>,
     /// Networks receipt callbacks may reach although they are loopback, link-local,
     /// private or otherwise internal (refused by default).
     #[serde(deserialize_with = "deserialize_networks")]
@@ -770,6 +772,7 @@ impl Default for HttpConfig {
             body_timeout: Duration::from_secs(10),
             idempotency_retention: Duration::from_secs(24 * 3600),
             api_keys: Vec::new(),
+            sendsms_users: Vec::new(),
             callback_allow: Vec::new(),
         }
     }
@@ -786,6 +789,24 @@ pub struct ApiKey {
     pub account: String,
     /// Addresses requests with this key may come from; empty = any. A request from
     /// elsewhere gets 403.
+    #[serde(default, deserialize_with = "deserialize_addresses")]
+    pub allowed_ips: Vec<ipnet::IpNet>,
+}
+
+/// `[[http.sendsms-users]]`: a Kannel `sendsms-user`. Applications that called Kannel's
+/// `/cgi-bin/sendsms` keep their `username` and `password` parameters.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct SendsmsUser {
+    /// The `username` (or `user`) parameter.
+    pub username: String,
+    /// The `password` (or `pass`) parameter, compared in constant time.
+    pub password: Secret,
+    /// The `[[smpp.accounts]]` system-id the messages belong to (routes, limits,
+    /// receipts).
+    pub account: String,
+    /// Addresses requests of this user may come from; empty = any (Kannel's
+    /// `user-allow-ip`). A request from elsewhere is refused like a wrong password.
     #[serde(default, deserialize_with = "deserialize_addresses")]
     pub allowed_ips: Vec<ipnet::IpNet>,
 }

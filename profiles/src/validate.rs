@@ -394,16 +394,36 @@ impl Validator {
             } else {
                 seen.push((&k.key, i));
             }
-            if !accounts.contains(&k.account.as_str()) {
-                self.value(
-                    format!("http.api-keys[{i}].account"),
-                    format!("{:?}", k.account),
-                    format!(
-                        "the system-id of an [[smpp.accounts]] entry ({})",
-                        list_or_none(&accounts)
-                    ),
+            self.known_account(format!("http.api-keys[{i}].account"), &k.account, &accounts);
+        }
+        for (i, u) in h.sendsms_users.iter().enumerate() {
+            let name_key = format!("http.sendsms-users[{i}].username");
+            if u.username.is_empty() {
+                self.invalid(&name_key, "must not be empty");
+            } else if let Some(first) = h.sendsms_users[..i].iter().position(|o| o.username == u.username) {
+                self.invalid(
+                    &name_key,
+                    format!("the same username is already used by http.sendsms-users[{first}]"),
                 );
             }
+            if u.password.is_empty() {
+                self.invalid(format!("http.sendsms-users[{i}].password"), "must not be empty");
+            }
+            self.known_account(format!("http.sendsms-users[{i}].account"), &u.account, &accounts);
+        }
+    }
+
+    /// `account` (at `key`) names one of `accounts`, the configured SMPP system-ids.
+    fn known_account(&mut self, key: String, account: &str, accounts: &[&str]) {
+        if !accounts.contains(&account) {
+            self.value(
+                key,
+                format!("{account:?}"),
+                format!(
+                    "the system-id of an [[smpp.accounts]] entry ({})",
+                    list_or_none(accounts)
+                ),
+            );
         }
     }
 
@@ -1024,6 +1044,44 @@ system-id = "sendium"
             "invalid http.api-keys[1].key: the same key is already used by http.api-keys[0]"
         );
         assert!(!p.contains("k1"));
+    }
+
+    #[test]
+    fn sendsms_users_are_checked_by_key() {
+        let user = |name: &str, pw: &str, account: &str| {
+            format!("[[http.sendsms-users]]\nusername = \"{name}\"\npassword = \"{pw}\"\naccount = \"{account}\"\n")
+        };
+        let p = one(&format!(
+            "[http]\n{}{}",
+            user("tester", "foobar", "esme1"),
+            user("tester", "other", "esme1")
+        ));
+        assert_eq!(
+            p,
+            "invalid http.sendsms-users[1].username: the same username is already used by http.sendsms-users[0]"
+        );
+        assert_eq!(
+            one(&format!("[http]\n{}", user("tester", "", "esme1"))),
+            "invalid http.sendsms-users[0].password: must not be empty"
+        );
+        assert_eq!(
+            one(&format!("[http]\n{}", user("tester", "foobar", "nobody"))),
+            "invalid value \"nobody\" for http.sendsms-users[0].account: expected the system-id of an \
+             [[smpp.accounts]] entry (one of esme1)"
+        );
+        let cfg = crate::load_str(&format!(
+            "{BASE}\n[http]\n{}allowed-ips = [\"192.0.2.7\"]",
+            user("tester", "foobar", "esme1")
+        ))
+        .unwrap();
+        let u = &cfg.http.as_ref().unwrap().sendsms_users[0];
+        assert_eq!((u.username.as_str(), u.account.as_str()), ("tester", "esme1"));
+        assert!(u.password.matches(b"foobar"));
+        assert_eq!(u.allowed_ips, vec!["192.0.2.7/32".parse::<ipnet::IpNet>().unwrap()]);
+        assert!(
+            !format!("{u:?}").contains("foobar"),
+            "the password stays out of debug output"
+        );
     }
 
     #[test]

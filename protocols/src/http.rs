@@ -7,6 +7,9 @@
 //!  "callback_url": "http://…", "idempotency_key": "…"}
 //! ```
 //!
+//! Kannel's `GET`/`POST /cgi-bin/sendsms` is served on the same listener (see
+//! [`crate::kannel`]).
+//!
 //! → `202 {"id": "<uuid>"}` once the message is stored as durably as the profile
 //! promises (the same message again with the same `idempotency_key`: its first id,
 //! with `"duplicate": true`); `400 {"error", "field"}` naming the bad field; `401` for a
@@ -25,7 +28,7 @@ use axum::Router;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use parking_lot::RwLock;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
@@ -44,7 +47,7 @@ enum KeyRefusal {
 
 /// An IPv4-mapped IPv6 address as its IPv4 address, so allow-lists written as IPv4 match
 /// a dual-stack listener's peers.
-fn canonical_ip(ip: IpAddr) -> IpAddr {
+pub(crate) fn canonical_ip(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         v4 => v4,
@@ -69,6 +72,42 @@ impl std::fmt::Debug for ApiKey {
     }
 }
 
+/// A `/cgi-bin/sendsms` user (Kannel's `sendsms-user`) and the account it submits as.
+#[derive(Clone)]
+pub struct SendsmsUser {
+    pub username: String,
+    pub password: String,
+    pub account: String,
+    /// Addresses its requests may come from; empty = any.
+    pub allowed_ips: Vec<ipnet::IpNet>,
+}
+
+impl std::fmt::Debug for SendsmsUser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendsmsUser")
+            .field("username", &self.username)
+            .field("account", &self.account)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whose requests the listener takes: bearer API keys for `POST /v1/messages`, and
+/// username/password pairs for `/cgi-bin/sendsms`.
+#[derive(Clone, Debug, Default)]
+pub struct HttpCredentials {
+    pub api_keys: Vec<ApiKey>,
+    pub sendsms_users: Vec<SendsmsUser>,
+}
+
+impl From<Vec<ApiKey>> for HttpCredentials {
+    fn from(api_keys: Vec<ApiKey>) -> Self {
+        HttpCredentials {
+            api_keys,
+            sendsms_users: Vec::new(),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct HttpIngressConfig {
     /// The API keys and per-account limits, replaceable while serving.
@@ -90,6 +129,7 @@ pub struct HttpAccess(Arc<RwLock<Access>>);
 #[derive(Default)]
 struct Access {
     keys: Vec<ApiKey>,
+    sendsms_users: Vec<SendsmsUser>,
     max_tps: HashMap<String, u32>,
     buckets: HashMap<String, Bucket>,
 }
@@ -100,27 +140,48 @@ impl std::fmt::Debug for HttpAccess {
         let access = self.0.read();
         f.debug_struct("HttpAccess")
             .field("keys", &access.keys.len())
+            .field("sendsms_users", &access.sendsms_users.len())
             .field("max_tps", &access.max_tps)
             .finish()
     }
 }
 
 impl HttpAccess {
-    pub fn new(api_keys: Vec<ApiKey>, max_tps: HashMap<String, u32>) -> Self {
+    pub fn new(credentials: impl Into<HttpCredentials>, max_tps: HashMap<String, u32>) -> Self {
         let access = HttpAccess::default();
-        access.replace(api_keys, max_tps);
+        access.replace(credentials, max_tps);
         access
     }
 
-    /// Take reloaded keys and limits: a removed key is refused from the next request on;
-    /// an account whose limit changed starts a fresh bucket.
-    pub fn replace(&self, api_keys: Vec<ApiKey>, max_tps: HashMap<String, u32>) {
+    /// Take reloaded keys, sendsms users and limits: a removed key or user is refused
+    /// from the next request on; an account whose limit changed starts a fresh bucket.
+    pub fn replace(&self, credentials: impl Into<HttpCredentials>, max_tps: HashMap<String, u32>) {
+        let credentials = credentials.into();
         let mut access = self.0.write();
         access
             .buckets
             .retain(|account, bucket| max_tps.get(account).map(|t| f64::from(*t)) == Some(bucket.rate));
-        access.keys = api_keys;
+        access.keys = credentials.api_keys;
+        access.sendsms_users = credentials.sendsms_users;
         access.max_tps = max_tps;
+    }
+
+    /// The account of a `/cgi-bin/sendsms` user. Every user's name and password are
+    /// compared, in constant time, so the answer's timing says nothing about which users
+    /// exist; a user whose `allowed-ips` exclude `peer` is refused like a wrong password,
+    /// as Kannel refuses it.
+    pub(crate) fn sendsms_account(&self, username: &[u8], password: &[u8], peer: Option<IpAddr>) -> Option<String> {
+        let mut found = None;
+        for u in &self.0.read().sendsms_users {
+            let name = u.username.as_bytes().ct_eq(username);
+            let pass = u.password.as_bytes().ct_eq(password);
+            if bool::from(name & pass) && found.is_none() {
+                let allowed = u.allowed_ips.is_empty()
+                    || peer.is_some_and(|ip| u.allowed_ips.iter().any(|net| net.contains(&canonical_ip(ip))));
+                found = Some(allowed.then(|| u.account.clone()));
+            }
+        }
+        found.flatten()
     }
 }
 
@@ -161,6 +222,13 @@ pub enum HttpOutcome {
 pub trait HttpSubmitHandler: Send + Sync + 'static {
     async fn submit(&self, submission: HttpSubmission) -> HttpOutcome;
 
+    /// A `/cgi-bin/sendsms` request of `account`: one outcome per receiver, in order.
+    /// Every receiver is refused unless the gateway serves the Kannel interface.
+    async fn sendsms(&self, account: &str, request: crate::kannel::Sendsms) -> Vec<HttpOutcome> {
+        let _ = account;
+        request.to.iter().map(|_| HttpOutcome::Unavailable).collect()
+    }
+
     /// Receipts an HTTP provider posted for `destination` (its raw body, to check a
     /// signature over): the status to answer. 404 unless the gateway serves them.
     async fn provider_receipts(&self, destination: &str, headers: &HeaderMap, body: bytes::Bytes) -> StatusCode {
@@ -189,13 +257,13 @@ impl Bucket {
     }
 }
 
-struct Ingress {
-    access: HttpAccess,
-    callback_targets: CallbackTargets,
-    auth: Arc<AuthGuard>,
-    body_timeout: Duration,
-    max_body_bytes: usize,
-    handler: Arc<dyn HttpSubmitHandler>,
+pub(crate) struct Ingress {
+    pub(crate) access: HttpAccess,
+    pub(crate) callback_targets: CallbackTargets,
+    pub(crate) auth: Arc<AuthGuard>,
+    pub(crate) body_timeout: Duration,
+    pub(crate) max_body_bytes: usize,
+    pub(crate) handler: Arc<dyn HttpSubmitHandler>,
 }
 
 pub const MAX_TEXT_CHARS: usize = 1_600;
@@ -215,6 +283,10 @@ pub fn router(config: HttpIngressConfig, handler: Arc<dyn HttpSubmitHandler>) ->
     Router::new()
         .route("/v1/messages", post(submit))
         .route("/v1/providers/{destination}/receipts", post(provider_receipts))
+        .route(
+            "/cgi-bin/sendsms",
+            get(crate::kannel::endpoint::sendsms).post(crate::kannel::endpoint::sendsms),
+        )
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
         .with_state(state)
 }
@@ -255,7 +327,17 @@ impl Ingress {
         found.unwrap_or(Err(KeyRefusal::Invalid))
     }
 
-    fn admit_rate(&self, account: &str) -> bool {
+    /// Count a failed authentication from `ip` on `listener` and wait out the back-off
+    /// the auth guard sets for that address.
+    pub(crate) async fn auth_failed(&self, ip: IpAddr, listener: &'static str) {
+        metrics::counter!("sendium_auth_failures_total", "listener" => listener).increment(1);
+        let delay = self.auth.failed(ip, None);
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    pub(crate) fn admit_rate(&self, account: &str) -> bool {
         let limited = |a: &Access| a.max_tps.get(account).copied().filter(|tps| *tps > 0);
         // Most accounts have no limit: that is decided under the shared lock.
         if limited(&self.access.0.read()).is_none() {
@@ -497,12 +579,8 @@ async fn submit(State(state): State<Arc<Ingress>>, req: Request) -> Response {
     let Some(account) = account else {
         metrics::counter!("sendium_http_requests_total", "status" => "401").increment(1);
         if let Some(ip) = ip {
-            metrics::counter!("sendium_auth_failures_total", "listener" => "http").increment(1);
             tracing::warn!(peer = %ip, "HTTP request with a missing or invalid API key");
-            let delay = state.auth.failed(ip, None);
-            if !delay.is_zero() {
-                tokio::time::sleep(delay).await;
-            }
+            state.auth_failed(ip, "http").await;
         }
         return error(
             StatusCode::UNAUTHORIZED,
@@ -582,6 +660,52 @@ mod tests {
     fn parse(body: &str) -> Result<HttpSubmission, FieldError> {
         let loopback = CallbackTargets::new(vec!["127.0.0.0/8".parse().unwrap()]);
         parse_submission("esme1", body.as_bytes(), &loopback)
+    }
+
+    #[test]
+    fn sendsms_users_match_name_and_password_and_address_and_are_swapped() {
+        let user = |name: &str, password: &str, ips: &[&str]| SendsmsUser {
+            username: name.into(),
+            password: password.into(),
+            account: format!("acct-{name}"),
+            allowed_ips: ips.iter().map(|n| n.parse().unwrap()).collect(),
+        };
+        let access = HttpAccess::new(
+            HttpCredentials {
+                api_keys: Vec::new(),
+                sendsms_users: vec![user("tester", "foobar", &[]), user("lan", "pw", &["10.0.0.0/8"])],
+            },
+            HashMap::new(),
+        );
+        let ip = |s: &str| Some(s.parse::<IpAddr>().unwrap());
+        assert_eq!(
+            access.sendsms_account(b"tester", b"foobar", None).as_deref(),
+            Some("acct-tester")
+        );
+        for (name, password) in [
+            (&b"tester"[..], &b"foobaR"[..]),
+            (b"teste", b"foobar"),
+            (b"tester", b""),
+            (b"lan", b"foobar"),
+        ] {
+            assert_eq!(access.sendsms_account(name, password, None), None);
+        }
+        assert_eq!(
+            access.sendsms_account(b"lan", b"pw", ip("10.1.2.3")).as_deref(),
+            Some("acct-lan")
+        );
+        assert_eq!(
+            access.sendsms_account(b"lan", b"pw", ip("::ffff:10.1.2.3")).as_deref(),
+            Some("acct-lan")
+        );
+        assert_eq!(access.sendsms_account(b"lan", b"pw", ip("192.0.2.1")), None);
+        assert!(!format!("{access:?}{:?}", user("x", "hunter2", &[])).contains("hunter2"));
+        access.replace(HttpCredentials::default(), HashMap::new());
+        assert_eq!(
+            access.sendsms_account(b"tester", b"foobar", None),
+            None,
+            "removed by the reload"
+        );
     }
 
     #[test]

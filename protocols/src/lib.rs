@@ -14,6 +14,8 @@
 //! - [`multipart`]: reading concatenation information from a UDH or the SAR TLVs.
 //! - [`receipt`]: SMPP 3.4 Appendix B delivery-receipt text, message states, and the
 //!   provider-id normalisation that lets a receipt find its `submit_sm_resp`.
+//! - [`kannel`]: Kannel's `/cgi-bin/sendsms` parameters and answers, and the escape codes
+//!   of its `dlr-url`.
 //!
 //! Every input here is untrusted network data: nothing panics on it, every failure is a typed
 //! [`thiserror`] value, and the umbrella [`Error`] collects them for callers that do not care
@@ -27,6 +29,7 @@ pub mod http;
 pub mod http_client;
 pub mod http_listener;
 pub mod http_provider;
+pub mod kannel;
 pub mod multipart;
 pub mod receipt;
 pub mod text;

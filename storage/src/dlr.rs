@@ -57,6 +57,19 @@ pub enum ReplyPath {
     Smpp,
     /// An HTTP POST to this URL.
     Http { url: String },
+    /// A Kannel `dlr-url`: an HTTP GET of the URL with its `%` escape codes filled in,
+    /// for the report types in `mask` (Kannel's `dlr-mask`).
+    Kannel { url: String, mask: u8 },
+}
+
+impl ReplyPath {
+    /// The URL an HTTP delivery goes to; `None` for SMPP.
+    pub fn url(&self) -> Option<&str> {
+        match self {
+            ReplyPath::Smpp => None,
+            ReplyPath::Http { url } | ReplyPath::Kannel { url, .. } => Some(url),
+        }
+    }
 }
 
 /// One submission that is owed a receipt; for an inbound message, whom it goes to

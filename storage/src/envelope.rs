@@ -86,19 +86,22 @@ impl RecordKind {
     /// The (major, minor) version this build writes and reads.
     pub fn version(self) -> (u16, u16) {
         match self {
-            RecordKind::PendingRecord
-            | RecordKind::PendingUnit
+            // Minor 1: `dm` (a Kannel dlr-mask).
+            RecordKind::PendingRecord => (1, 1),
+            // Minor 1: a receipt target's reply may be `Kannel`.
+            RecordKind::DlrTrack => (1, 1),
+            RecordKind::PendingUnit
             | RecordKind::PendingGroup
             | RecordKind::IdempotencyKey
             | RecordKind::StagedUnit
             | RecordKind::RoutedUnit
-            | RecordKind::DlrTrack
             | RecordKind::DlrOrphan
             | RecordKind::DlrInboundGroup
             | RecordKind::PendingJournalFrame
             | RecordKind::RouterQueueJournalFrame
             | RecordKind::RoutedWorkJournalFrame => (1, 0),
-            RecordKind::DlrDelivery => (1, 1),
+            // Minor 1 added the inbound message; minor 2 a `Kannel` reply.
+            RecordKind::DlrDelivery => (1, 2),
         }
     }
 }
@@ -411,6 +414,7 @@ mod tests {
             idempotency_key: Some("k-1".into()),
             accepted_at: Timestamp::now(),
             valid_until: None,
+            dlr_mask: None,
         }
     }
 
@@ -573,6 +577,21 @@ mod tests {
         assert_eq!(r.registered_delivery, 0);
         assert_eq!(r.idempotency_key, None);
         assert_eq!(r.accepted_at, Timestamp(1234));
+        assert_eq!(r.dlr_mask, None, "minor 0 records have no dlr-mask");
+    }
+
+    /// A record with a Kannel dlr-mask round-trips; one without it encodes exactly as
+    /// minor 0 did apart from `vm`, so older readers see nothing new.
+    #[test]
+    fn a_dlr_mask_round_trips_and_is_absent_when_unset() {
+        let mut r = record(10);
+        r.dlr_mask = Some(31);
+        round_trip(RecordKind::PendingRecord, &r);
+        r.dlr_mask = None;
+        let bytes = encode(RecordKind::PendingRecord, &r).unwrap();
+        let v: Value = ciborium::from_reader(unseal(&bytes).unwrap()).unwrap();
+        let keys: Vec<_> = v.as_map().unwrap().iter().filter_map(|(k, _)| k.as_text()).collect();
+        assert!(!keys.contains(&"dm"), "{keys:?}");
     }
 
     #[test]

@@ -107,6 +107,12 @@ pub struct PendingRecord {
     /// gateway's `[sms] max-age` alone bounds it.
     #[serde(default, rename = "vu", skip_serializing_if = "Option::is_none")]
     pub valid_until: Option<Timestamp>,
+    /// A Kannel-style `dlr-mask` (`/cgi-bin/sendsms`): `callback_url` is then a Kannel
+    /// `dlr-url`, called with a GET for the report types in the mask (1 delivered,
+    /// 2 undelivered, 16 refused by the provider). `None`: a `callback_url` gets the JSON
+    /// POST. Minor version 1 of the record; absent in older ones.
+    #[serde(default, rename = "dm", skip_serializing_if = "Option::is_none")]
+    pub dlr_mask: Option<u8>,
 }
 
 impl PendingRecord {
@@ -172,6 +178,10 @@ impl PendingRecord {
                 Some(s) => field(s.as_bytes()),
                 None => field(&[0xff]),
             }
+        }
+        // Only when present, so digests stored before the field existed stay equal.
+        if let Some(mask) = self.dlr_mask {
+            field(&[mask]);
         }
         d.finalize()
     }

@@ -111,6 +111,7 @@ mod tests {
             idempotency_key: None,
             accepted_at: Timestamp::now(),
             valid_until: None,
+            dlr_mask: None,
         }
     }
 

@@ -224,11 +224,22 @@ impl CallbackClient {
 /// (the receiver tells repeats by `id`), and resending at once spares the receipt a delay
 /// and the failure metric a false count.
 async fn post(client: &CallbackClient, target: &Target, body: Vec<u8>) -> Result<bool, bool> {
+    send(client, Method::POST, target, &CALLBACK_HEADERS, Bytes::from(body)).await
+}
+
+/// Send one callback request (see [`post`]).
+async fn send(
+    client: &CallbackClient,
+    method: Method,
+    target: &Target,
+    headers: &[(HeaderName, HeaderValue)],
+    body: Bytes,
+) -> Result<bool, bool> {
     let request = Request {
-        method: Method::POST,
+        method,
         target,
-        headers: &CALLBACK_HEADERS,
-        body: Bytes::from(body),
+        headers,
+        body,
         resend: Resend::IfUnanswered,
     };
     match client.client.send(&request).await {
@@ -253,8 +264,24 @@ pub async fn http(client: &CallbackClient, url: &str, d: &Delivery) -> DeliveryF
         None => Err(false),
         Some(target) => post(client, &target, callback_body(d)).await,
     };
+    finish(d, "http", sent)
+}
+
+/// GET a filled-in Kannel `dlr-url` (not cached: it holds per-message values). `Ok(2xx?)`
+/// once an answer came, `Err(forbidden?)` without one, as [`post`].
+pub async fn get(client: &CallbackClient, url: &str) -> Result<bool, bool> {
+    match Target::parse(url) {
+        Ok(target) => send(client, Method::GET, &target, &[], Bytes::new()).await,
+        Err(_) => Err(false),
+    }
+}
+
+/// The result of one callback attempt: 2xx is delivered; a target callbacks may not
+/// reach is given up at once; anything else is retried with backoff until retention.
+/// `channel` labels the failure metric.
+pub fn finish(d: &Delivery, channel: &'static str, sent: Result<bool, bool>) -> DeliveryFinish {
     if sent == Err(true) {
-        metrics::counter!("sendium_receipt_delivery_failures_total", "channel" => "http", "reason" => "forbidden")
+        metrics::counter!("sendium_receipt_delivery_failures_total", "channel" => channel, "reason" => "forbidden")
             .increment(1);
         tracing::warn!("receipt callback refused: its target is an address callbacks may not reach");
         return DeliveryFinish {
@@ -266,7 +293,7 @@ pub async fn http(client: &CallbackClient, url: &str, d: &Delivery) -> DeliveryF
     let result = if sent == Ok(true) {
         DeliveryResult::Delivered
     } else {
-        metrics::counter!("sendium_receipt_delivery_failures_total", "channel" => "http", "reason" => "callback")
+        metrics::counter!("sendium_receipt_delivery_failures_total", "channel" => channel, "reason" => "callback")
             .increment(1);
         give_up_or(
             d,

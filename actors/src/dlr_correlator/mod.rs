@@ -15,6 +15,7 @@
 //! next step.
 
 pub mod deliver;
+pub mod kannel;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -418,11 +419,16 @@ impl DlrState {
         let store = self.store.clone();
         let shared = self.shared.clone();
         let incarnation = self.incarnation;
+        let accepted = kannel::accepted_reports(&write.handoffs);
+        let (http, slots) = (self.http.clone(), self.http_slots.clone());
         tokio::spawn(async move {
             // Before the write: a lease the store grants in it ends no earlier than this
             // plus the lease, which is what the callback deadline is counted from.
             let claimed_at = std::time::Instant::now();
             let outcome = store.apply(write).await;
+            if outcome.handoffs.is_ok() && !accepted.is_empty() {
+                tokio::spawn(kannel::send_accepted(http, slots, accepted));
+            }
             shared.dir.dlr.send(DlrMsg::Applied(Box::new(AppliedStep {
                 handed_off,
                 receipt_batches,
@@ -681,7 +687,7 @@ impl DlrState {
                         smpp.entry(d.target.account.clone()).or_default().push(d);
                     }
                 }
-                ReplyPath::Http { .. } => http.push(d),
+                ReplyPath::Http { .. } | ReplyPath::Kannel { .. } => http.push(d),
             }
         }
         if !parked.is_empty() {
@@ -725,11 +731,10 @@ impl DlrState {
                                     result: DeliveryResult::Retry { at: Timestamp::now() },
                                 };
                             }
-                            let url = match &d.target.reply {
-                                ReplyPath::Http { url } => url.clone(),
-                                ReplyPath::Smpp => String::new(),
-                            };
-                            deliver::http(&client, &url, &d).await
+                            match &d.target.reply {
+                                ReplyPath::Kannel { url, mask } => kannel::receipt(&client, url, *mask, &d).await,
+                                other => deliver::http(&client, other.url().unwrap_or_default(), &d).await,
+                            }
                         }
                     })
                     .buffer_unordered(HTTP_CONCURRENCY)

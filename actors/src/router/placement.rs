@@ -363,6 +363,7 @@ mod tests {
             idempotency_key: None,
             accepted_at: Timestamp(at),
             valid_until: valid.map(Timestamp),
+            dlr_mask: None,
         };
         let unit = |parts: Vec<sendium_storage::PendingRecord>| Unit {
             id: parts[0].id,

@@ -89,8 +89,14 @@ pub fn receipt_targets(unit: &Unit) -> Vec<ReceiptTarget> {
         .filter_map(|p| {
             let reply = match p.channel {
                 Channel::Smpp => ReplyPath::Smpp,
-                Channel::Http => ReplyPath::Http {
-                    url: p.callback_url.clone()?,
+                Channel::Http => match p.dlr_mask {
+                    Some(mask) => ReplyPath::Kannel {
+                        url: p.callback_url.clone()?,
+                        mask,
+                    },
+                    None => ReplyPath::Http {
+                        url: p.callback_url.clone()?,
+                    },
                 },
             };
             Some(ReceiptTarget {
@@ -159,6 +165,7 @@ copy-to = ["audit"]
             idempotency_key: None,
             accepted_at: Timestamp::now(),
             valid_until: None,
+            dlr_mask: None,
         };
         Unit {
             id,
@@ -218,6 +225,15 @@ copy-to = ["audit"]
             receipt_targets(&http)[0].reply,
             ReplyPath::Http {
                 url: "http://127.0.0.1:9/dlr".into()
+            }
+        );
+        let mut kannel = unit("44", Disposition::Deliver, Some("http://127.0.0.1:9/dlr?t=%d"));
+        kannel.parts[0].dlr_mask = Some(3);
+        assert_eq!(
+            receipt_targets(&kannel)[0].reply,
+            ReplyPath::Kannel {
+                url: "http://127.0.0.1:9/dlr?t=%d".into(),
+                mask: 3
             }
         );
         let mut quiet = unit("44", Disposition::Deliver, None);

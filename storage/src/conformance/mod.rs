@@ -61,6 +61,7 @@ pub(crate) fn record(account: &str, to: &str, text: &str) -> PendingRecord {
         idempotency_key: None,
         accepted_at: Timestamp::now(),
         valid_until: None,
+        dlr_mask: None,
     }
 }
 

@@ -233,6 +233,27 @@ fn every_stage_survives_a_clean_reopen() {
     });
 }
 
+/// A Kannel `dlr-url` and `dlr-mask` stored with a message come back after a reopen:
+/// the receipt a restart owes still goes where and as the client asked.
+#[test]
+fn a_kannel_dlr_url_survives_a_reopen() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let s = open_all(tmp.path());
+        let mut r = record("esme1", "447700900009", "kannel");
+        r.channel = crate::record::Channel::Http;
+        r.callback_url = Some("http://127.0.0.1:9/dlr?type=%d&id=%I".into());
+        r.dlr_mask = Some(31);
+        s.pending.admit(vec![r.clone()]).await.unwrap();
+        drop(s);
+        let s = open_all(tmp.path());
+        let units = s.pending.ready_after(ReadySeq(0), 10).await.unwrap();
+        let back: Vec<_> = units.iter().flat_map(|u| u.unit.parts.iter()).collect();
+        assert_eq!(back, vec![&r]);
+    });
+}
+
 /// Re-run this test binary on `test` with the child variables set; returns its status.
 /// The child's output is captured and shown when it did not end as `expect` says, and
 /// `BENCH` lines are always passed on.

@@ -285,6 +285,33 @@ async fn check_after_restart(s: &FileDlrStore, w: &Written, claimed_fresh: bool)
     );
 }
 
+/// A receipt owed to a Kannel `dlr-url` keeps its URL and mask across a reopen, from the
+/// handoff to the delivery it resolves into.
+#[test]
+fn a_kannel_target_survives_a_reopen() {
+    let tmp = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let kannel = ReplyPath::Kannel {
+            url: "http://127.0.0.1:1/dlr?t=%d".into(),
+            mask: 3,
+        };
+        let (dir, s) = open(tmp.path());
+        s.hand_off(vec![handoff(&["k1"], vec![target(kannel.clone())])])
+            .await
+            .unwrap();
+        drop(s);
+        drop(dir);
+        let (_dir, s) = open(tmp.path());
+        s.record_receipts(vec![receipt("k1", DlrState::Delivered)])
+            .await
+            .unwrap();
+        let due = s.claim_due(Timestamp::now(), LEASE, 10, ClaimScope::All).await.unwrap();
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].target.reply, kannel);
+        assert_eq!(outcome_of(&due[0]).state, DlrState::Delivered);
+    });
+}
+
 #[test]
 fn everything_survives_a_clean_reopen() {
     let tmp = tempfile::tempdir().unwrap();

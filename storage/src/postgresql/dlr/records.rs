@@ -62,10 +62,15 @@ pub(super) struct StoredTarget {
     v: u32,
     submit_id: Uuid,
     account: String,
-    /// "smpp" or "http" (the SQL reads it to index SMPP deliveries by account).
+    /// "smpp", "http" or "kannel" (the SQL reads it to index SMPP deliveries by
+    /// account; anything but "smpp" is delivered over HTTP).
     reply: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     url: Option<String>,
+    /// A "kannel" reply's dlr-mask; absent in other targets (and in targets stored
+    /// before Kannel replies existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mask: Option<u8>,
     source: StoredAddress,
     destination: StoredAddress,
     submitted_at: u64,
@@ -98,9 +103,10 @@ const TARGET_VERSION: u32 = 1;
 
 impl StoredTarget {
     pub(super) fn of(t: &ReceiptTarget) -> Self {
-        let (reply, url) = match &t.reply {
-            ReplyPath::Smpp => ("smpp", None),
-            ReplyPath::Http { url } => ("http", Some(url.clone())),
+        let (reply, url, mask) = match &t.reply {
+            ReplyPath::Smpp => ("smpp", None, None),
+            ReplyPath::Http { url } => ("http", Some(url.clone()), None),
+            ReplyPath::Kannel { url, mask } => ("kannel", Some(url.clone()), Some(*mask)),
         };
         let addr = |a: &Address| StoredAddress {
             ton: a.ton,
@@ -113,6 +119,7 @@ impl StoredTarget {
             account: t.account.clone(),
             reply: reply.to_string(),
             url,
+            mask,
             source: addr(&t.source),
             destination: addr(&t.destination),
             submitted_at: t.submitted_at.0,
@@ -133,6 +140,10 @@ impl StoredTarget {
         let reply = match (self.reply.as_str(), self.url) {
             ("smpp", _) => ReplyPath::Smpp,
             ("http", Some(url)) => ReplyPath::Http { url },
+            ("kannel", Some(url)) => ReplyPath::Kannel {
+                url,
+                mask: self.mask.unwrap_or_default(),
+            },
             (other, _) => return Err((FailureKind::Corrupt, format!("receipt target reply {other:?}"))),
         };
         let addr = |a: StoredAddress| Address::new(a.ton, a.npi, a.addr);

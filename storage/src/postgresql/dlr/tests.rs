@@ -48,6 +48,20 @@ fn targets_round_trip_and_reject_newer_versions() {
     let newer = json.replace("\"v\":1", "\"v\":2");
     let back: StoredTarget = serde_json::from_str(&newer).unwrap();
     assert_eq!(back.into_target().unwrap_err().0, FailureKind::UnsupportedVersion);
+    let kannel = ReceiptTarget {
+        reply: ReplyPath::Kannel {
+            url: "http://127.0.0.1/dlr?type=%d".into(),
+            mask: 19,
+        },
+        ..t
+    };
+    let json = serde_json::to_string(&StoredTarget::of(&kannel)).unwrap();
+    assert!(
+        json.contains("\"reply\":\"kannel\"") && json.contains("\"mask\":19"),
+        "{json}"
+    );
+    let back: StoredTarget = serde_json::from_str(&json).unwrap();
+    assert_eq!(back.into_target().unwrap(), kannel);
 }
 
 #[test]

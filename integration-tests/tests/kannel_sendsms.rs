@@ -1,0 +1,332 @@
+//! Kannel's `/cgi-bin/sendsms` end to end: requests written exactly as Kannel's user
+//! guide writes them reach the test SMSC as the right messages, are answered with
+//! Kannel's texts, and their `dlr-url` is called with Kannel's escape codes filled in,
+//! for the report types the `dlr-mask` asks for.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use sendium_integration_tests::http::{HttpResponse, request};
+use sendium_integration_tests::{CallbackRequest, CallbackServer, CommandStatus, GatewayProcess, TestSmsc};
+use support::*;
+
+/// The user of Kannel's examples, for `esme1`.
+const USERS: &str = r#"
+[[http.sendsms-users]]
+username = "tester"
+password = "foobar"
+account = "esme1"
+"#;
+
+async fn start() -> (TestSmsc, GatewayProcess) {
+    let smsc = smsc().await;
+    let gw = gateway(&[memory_config().as_str(), USERS].concat(), &smsc).await;
+    (smsc, gw)
+}
+
+async fn get(gw: &GatewayProcess, query: &str) -> HttpResponse {
+    request(gw.http_addr(), "GET", &format!("/cgi-bin/sendsms?{query}"), &[], None)
+        .await
+        .unwrap()
+}
+
+/// URL-encode a parameter value (what an application does to a dlr-url).
+fn enc(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' => char::from(b).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The query parameters of a callback request, decoded.
+fn query(r: &CallbackRequest) -> Vec<(String, String)> {
+    let q = r.path.split_once('?').map(|(_, q)| q).unwrap_or_default();
+    url::form_urlencoded::parse(q.as_bytes()).into_owned().collect()
+}
+
+fn param<'a>(q: &'a [(String, String)], name: &str) -> &'a str {
+    q.iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+        .unwrap_or_else(|| panic!("no {name} in {q:?}"))
+}
+
+#[tokio::test]
+async fn the_user_guide_request_is_sent_and_answered_as_kannel_does() {
+    let (smsc, gw) = start().await;
+    let r = get(
+        &gw,
+        "username=tester&password=foobar&to=0123456&text=Hello+world&from=1234",
+    )
+    .await;
+    assert_eq!((r.status, r.text().as_str()), (202, "0: Accepted for delivery"));
+    assert!(smsc.wait_messages(1, WAIT).await);
+    let m = &smsc.messages()[0];
+    assert_eq!((m.destination.as_str(), m.source.as_str()), ("0123456", "1234"));
+    assert_eq!((m.text.as_str(), m.data_coding), ("Hello world", 0));
+
+    // `user`/`pass` are Kannel's other spellings; POST takes the same parameters as a form.
+    let form = b"user=tester&pass=foobar&from=1234&to=0123457&text=Posted+form";
+    let r = request(
+        gw.http_addr(),
+        "POST",
+        "/cgi-bin/sendsms",
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        Some(form),
+    )
+    .await
+    .unwrap();
+    assert_eq!((r.status, r.text().as_str()), (202, "0: Accepted for delivery"));
+    assert!(smsc.wait_messages(2, WAIT).await);
+    assert_eq!(smsc.messages_to("0123457")[0].text, "Posted form");
+}
+
+#[tokio::test]
+async fn ucs2_long_and_several_receivers() {
+    let (smsc, gw) = start().await;
+    // UTF-8 text sent as UCS2.
+    let r = get(
+        &gw,
+        &format!(
+            "username=tester&password=foobar&from=Shop&to=4471&coding=2&charset=UTF-8&text={}",
+            enc("привет, мир")
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    assert!(smsc.wait_messages(1, WAIT).await);
+    let m = &smsc.messages_to("4471")[0];
+    assert_eq!((m.text.as_str(), m.data_coding), ("привет, мир", 8));
+
+    // 400 GSM characters: split as every ingress splits, into 3 concatenated parts.
+    let long: String = (0..400).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+    let r = get(
+        &gw,
+        &format!("username=tester&password=foobar&from=Shop&to=4472&text={long}"),
+    )
+    .await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    assert!(smsc.wait_messages(2, WAIT).await);
+    let m = &smsc.messages_to("4472")[0];
+    assert_eq!(m.text, long);
+    let parts: Vec<_> = smsc.submits().into_iter().filter(|s| s.destination == "4472").collect();
+    assert_eq!(parts.len(), 3, "one submit_sm per part");
+    assert!(parts.iter().all(|p| p.part.is_some()));
+
+    // Several receivers, separated by spaces (`+` in a query): one message each.
+    let r = get(
+        &gw,
+        "username=tester&password=foobar&from=Shop&to=4473+4474%204475&text=each",
+    )
+    .await;
+    assert_eq!((r.status, r.text().as_str()), (202, "0: Accepted for delivery"));
+    assert!(smsc.wait_messages(5, WAIT).await);
+    for to in ["4473", "4474", "4475"] {
+        let m = smsc.messages_to(to);
+        assert_eq!(m.len(), 1, "{to}");
+        assert_eq!(m[0].text, "each");
+    }
+}
+
+#[tokio::test]
+async fn refusals_use_kannels_status_and_text() {
+    let (smsc, gw) = start().await;
+    for query in [
+        "username=tester&password=guess-17&to=4480&text=x&from=1",
+        "username=nobody&password=foobar&to=4480&text=x&from=1",
+        "to=4480&text=x&from=1",
+    ] {
+        let r = get(&gw, query).await;
+        assert_eq!(
+            (r.status, r.text().as_str()),
+            (403, "Authorization failed for sendsms"),
+            "{query}"
+        );
+    }
+    let cases = [
+        ("text=x&from=1", "Missing receiver number, rejected"),
+        ("to=&text=x&from=1", "Empty receiver number not allowed, rejected"),
+        ("to=4480&text=x", "Sender missing and no global set, rejected"),
+        (
+            "to=4480&text=x&from=1&dlr-mask=99",
+            "DLR-Mask field misformed, rejected",
+        ),
+        ("to=4480&text=x&from=1&coding=7", "Coding field misformed, rejected"),
+        // A dlr-url callbacks may not reach is refused like a misformed one.
+        (
+            "to=4480&text=x&from=1&dlr-mask=1&dlr-url=http%3A%2F%2F169.254.169.254%2F",
+            "DLR-URL field misformed, rejected",
+        ),
+    ];
+    for (query, text) in cases {
+        let r = get(&gw, &format!("username=tester&password=foobar&{query}")).await;
+        assert_eq!((r.status, r.text().as_str()), (400, text), "{query}");
+        assert_eq!(r.header("content-type"), Some("text/html"));
+    }
+    let r = request(
+        gw.http_addr(),
+        "POST",
+        "/cgi-bin/sendsms?username=tester&password=foobar&to=4480&from=1",
+        &[("Content-Type", "text/plain")],
+        Some(b"x"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (415, "Unsupported content-type, rejected")
+    );
+    // Unknown and unused Kannel parameters are ignored.
+    let r = get(
+        &gw,
+        "username=tester&password=foobar&to=4481&text=ok&from=1&meta-data=%3Fsmpp%3Fa%3Db&account=x&binfo=y&foo=bar&smsc=any",
+    )
+    .await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    assert!(smsc.wait_messages(1, WAIT).await);
+    assert_eq!(smsc.messages().len(), 1, "only the accepted one reached the provider");
+    let log = gw.log();
+    assert!(
+        !log.contains("foobar") && !log.contains("guess-17"),
+        "no password in the log"
+    );
+}
+
+#[tokio::test]
+async fn the_dlr_url_gets_the_accepted_and_the_delivered_report() {
+    let (smsc, gw) = start().await;
+    // The receipt comes a while after the provider's answer, as from a real handset.
+    smsc.set_receipt_delay(Duration::from_millis(300));
+    let cb = CallbackServer::start().await;
+    let dlr_url = cb.url("/dlr?type=%d&to=%p&from=%P&q=%q&id=%I&text=%A&ts=%T&smsc=%i&fid=%F&kw=%k&unknown=%Z");
+    let r = get(
+        &gw,
+        &format!(
+            "username=tester&password=foobar&from=Shop&to=004490&text=Track+me&dlr-mask=31&dlr-url={}",
+            enc(&dlr_url)
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    assert!(cb.wait_requests(2, WAIT).await, "{:?}", cb.requests());
+    assert!(smsc.wait_messages(1, WAIT).await);
+    let submit = &smsc.submits()[0];
+    assert_eq!(submit.registered_delivery, 1, "a receipt is asked of the provider");
+    let reqs = cb.requests();
+    assert!(reqs.iter().all(|r| r.method == "GET" && r.body.is_empty()));
+    let (accepted, delivered) = (query(&reqs[0]), query(&reqs[1]));
+    assert_eq!(param(&accepted, "type"), "8", "first the provider's acceptance");
+    assert_eq!(param(&delivered, "type"), "1", "then the delivery");
+    for q in [&accepted, &delivered] {
+        assert_eq!(param(q, "to"), "004490");
+        assert_eq!(param(q, "q"), "+4490", "%q writes a leading 00 as +");
+        assert_eq!(param(q, "from"), "Shop");
+        assert!(param(q, "ts").parse::<u64>().unwrap() > 1_600_000_000);
+        assert_eq!(param(q, "unknown"), "%Z", "an unknown code stays as written");
+    }
+    let id = param(&accepted, "id");
+    assert!(id.len() == 36 && id.matches('-').count() == 4, "a message id: {id}");
+    assert_eq!(param(&delivered, "id"), id, "both reports carry the message's id");
+    assert_eq!(param(&accepted, "text"), "ACK/");
+    assert_eq!(param(&accepted, "smsc"), "upstream");
+    let provider_id = submit.message_id.clone().unwrap();
+    assert!(
+        param(&accepted, "fid").eq_ignore_ascii_case(provider_id.trim_start_matches('0')),
+        "{} vs {provider_id}",
+        param(&accepted, "fid")
+    );
+    let text = param(&delivered, "text");
+    assert!(
+        text.contains("stat:DELIVRD") && text.contains(&format!("id:{id}")),
+        "{text}"
+    );
+    assert_eq!(param(&delivered, "kw"), format!("id:{id}"));
+    // Exactly these two: nothing else was asked or happened.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(cb.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn a_refused_message_reports_16_and_the_mask_filters_reports() {
+    let (smsc, gw) = start().await;
+    smsc.faults().reject_prefix("4495", CommandStatus::EsmeRinvdstadr);
+    let cb = CallbackServer::start().await;
+    let url = |tag: &str| enc(&cb.url(&format!("/{tag}?type=%d&text=%A")));
+    // Refused by the provider: type 16 only (no 8, no final 2), for a mask of 31, and
+    // for a mask of 2 (undelivered), as Kannel reports a refusal then too. Delivered, with
+    // a mask that asks for failures only (18): nothing is called.
+    for (to, mask, tag) in [("44951", 31, "all"), ("44952", 2, "failed"), ("44960", 18, "quiet")] {
+        let r = get(
+            &gw,
+            &format!(
+                "username=tester&password=foobar&from=1&to={to}&text=t&dlr-mask={mask}&dlr-url={}",
+                url(tag)
+            ),
+        )
+        .await;
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    assert!(cb.wait_requests(2, WAIT).await, "{:?}", cb.requests());
+    assert!(smsc.wait_for(WAIT, |s| s.stats().receipts_sent >= 1).await);
+    for tag in ["all", "failed"] {
+        let reqs: Vec<_> = cb
+            .requests()
+            .into_iter()
+            .filter(|r| r.path.starts_with(&format!("/{tag}?")))
+            .collect();
+        assert_eq!(reqs.len(), 1, "{tag}: {reqs:?}");
+        let q = query(&reqs[0]);
+        assert_eq!(param(&q, "type"), "16", "{tag}");
+        assert!(param(&q, "text").starts_with("NACK/"), "{tag}");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        cb.requests().iter().all(|r| !r.path.starts_with("/quiet")),
+        "a delivered message is not reported to a failures-only mask"
+    );
+}
+
+/// A dlr-url survives a SIGKILL and restart as a `callback_url` does: with the file
+/// profiles, reports the URL refused before the kill are delivered after the restart,
+/// still as Kannel GETs with their codes filled in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undelivered_reports_survive_a_restart() {
+    let smsc = smsc().await;
+    let mut gw = gateway(&[durable_config(DLR_FILE).as_str(), USERS].concat(), &smsc).await;
+    let cb = CallbackServer::start().await;
+    cb.set_status(Some(503));
+    let dlr_url = enc(&cb.url("/dlr?type=%d&to=%p&id=%I"));
+    for i in 0..5 {
+        let r = get(
+            &gw,
+            &format!("username=tester&password=foobar&from=Shop&to=44970{i}&text=durable&dlr-mask=3&dlr-url={dlr_url}"),
+        )
+        .await;
+        assert_eq!((r.status, r.text().as_str()), (202, "0: Accepted for delivery"));
+    }
+    assert!(cb.wait_requests(5, WAIT).await, "first attempts refused");
+    gw.kill();
+    cb.heal();
+    gw.restart().await;
+    assert!(
+        cb.wait_accepted(5, Duration::from_secs(60)).await,
+        "accepted {}",
+        cb.accepted().len()
+    );
+    let mut to: Vec<String> = cb
+        .accepted()
+        .iter()
+        .map(|r| {
+            let q = query(r);
+            assert_eq!(param(&q, "type"), "1");
+            param(&q, "to").to_string()
+        })
+        .collect();
+    to.sort();
+    to.dedup();
+    assert_eq!(to, (0..5).map(|i| format!("44970{i}")).collect::<Vec<_>>());
+}
