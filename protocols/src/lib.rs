@@ -30,6 +30,7 @@ pub mod http_provider;
 pub mod multipart;
 pub mod receipt;
 pub mod text;
+pub mod tls;
 
 pub mod smpp;
 

@@ -18,11 +18,11 @@ use futures::future::BoxFuture;
 use futures::stream::FuturesOrdered;
 use futures::{FutureExt, StreamExt};
 use rusmpp::{Command, CommandId, CommandStatus, Pdu};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::net::tcp::WriteHalf;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::codec::{Decoder, LengthDelimitedCodec};
 use tokio_util::sync::CancellationToken;
 
@@ -37,6 +37,7 @@ use super::registry::{self, ChunkReply, DELIVER_QUEUE, DeliverChunk, Registratio
 use super::{CLOSE_GRACE, DeliverOutcome, InboundSubmit, OutboundDeliver, ServerConfig, SubmitHandler, SubmitReply};
 use crate::smpp::build::{self, BindKind};
 use crate::smpp::frame::{self, FrameError};
+use crate::tls;
 
 /// Spare room ensured in the read buffer before each read: up to this much is read per
 /// syscall (several hundred submit_sm).
@@ -97,16 +98,21 @@ pub(super) struct Unbound {
     pub(super) evict: CancellationToken,
 }
 
-/// Runs the session of one accepted connection until it closes.
+/// Runs the session of one accepted connection until it closes. With `tls` the handshake
+/// runs here first, in the connection's own task and within the connection's bind deadline:
+/// the connection holds its unbound place meanwhile, so handshakes that never finish are
+/// bounded by `max-unbound` and `bind-timeout` like connections that never bind.
 pub(super) async fn run(
     stream: TcpStream,
     peer: SocketAddr,
     shared: Arc<Shared>,
     shutdown: CancellationToken,
     unbound: Unbound,
+    tls: Option<TlsAcceptor>,
 ) {
     let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
-    let span = tracing::info_span!("smpp_session", session = id, %peer, account = tracing::field::Empty);
+    let span =
+        tracing::info_span!("smpp_session", session = id, %peer, account = tracing::field::Empty, tls = tls.is_some());
     async move {
         if let Err(err) = stream.set_nodelay(true) {
             tracing::debug!(error = %err, "TCP_NODELAY not set");
@@ -115,7 +121,34 @@ pub(super) async fn run(
         let mut session = Session::new(id, peer, shared, shutdown.clone());
         session.unbound = Some(unbound.ticket);
         session.evict = unbound.evict;
-        session.run(stream, shutdown).await;
+        match tls {
+            None => {
+                let mut stream = stream;
+                let (rd, wr) = stream.split();
+                session.run(rd, wr, shutdown).await;
+            }
+            Some(acceptor) => {
+                let handshake = tls::accept_by(&acceptor, stream, session.bind_deadline);
+                let stream = tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return,
+                    () = session.evict.cancelled() => {
+                        tracing::debug!("SMPP connection in its TLS handshake closed to make room for a newer one");
+                        return;
+                    }
+                    done = handshake => match done {
+                        Ok(stream) => stream,
+                        Err(err) => {
+                            tls::count_handshake_failure("smpp", &err);
+                            tracing::info!(error = %err, "SMPP TLS handshake did not complete; closing");
+                            return;
+                        }
+                    },
+                };
+                let (rd, wr) = tokio::io::split(stream);
+                session.run(rd, wr, shutdown).await;
+            }
+        }
         tracing::info!(
             account = session.account.as_ref().map(|a| &*a.name),
             reason = session.close_reason,
@@ -441,8 +474,11 @@ impl Session {
         }
     }
 
-    async fn run(&mut self, mut stream: TcpStream, shutdown: CancellationToken) {
-        let (mut rd, mut wr) = stream.split();
+    async fn run<R, W>(&mut self, mut rd: R, mut wr: W, shutdown: CancellationToken)
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
         let cancel = shutdown.cancelled_owned();
         tokio::pin!(cancel);
         let timer = tokio::time::sleep_until(self.timer_at);
@@ -519,7 +555,7 @@ impl Session {
     }
 
     /// Writes `out` with one `write_all`; a failed or stalled write ends the session.
-    async fn flush(&mut self, wr: &mut WriteHalf<'_>) {
+    async fn flush<W: AsyncWrite + Unpin>(&mut self, wr: &mut W) {
         if let Some(at) = self.answer_not_before.take() {
             // The session closes after this answer and reads nothing more: waiting here
             // holds up nothing but the guesser.
