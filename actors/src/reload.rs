@@ -22,6 +22,9 @@
 //!   recorded stay as they were;
 //! * `[[mo-routes]]` and `[mo]`: inbound messages arriving after the swap follow them;
 //!   stored ones keep their target.
+//! * TLS certificate and key files (`[smpp.tls]`, `[http.tls]`, `[admin.tls]`): read
+//!   again before anything is swapped (a bad file refuses the reload), then used for new
+//!   connections; established sessions keep theirs (see [`crate::tls`]).
 
 use std::collections::HashMap;
 use std::time::SystemTime;

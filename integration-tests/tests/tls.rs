@@ -391,3 +391,50 @@ async fn startup_with_an_unreadable_key_fails_naming_the_key_and_the_file() {
         "{log}"
     );
 }
+
+fn check_config(config: &str) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sendium.toml");
+    std::fs::write(&path, config).unwrap();
+    let out = sendium_integration_tests::sendium_command()
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn check_config_reads_the_tls_files_and_names_the_bad_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = make_cert(dir.path(), "server");
+    let smpp = smpp_section(&cert, "")
+        .replace("{smpp_port}", "2775")
+        .replace("{smpp_tls_port}", "3550");
+    let destination = tls_destination(2776, &cert.cert);
+    let (ok, out) = check_config(&[smpp.as_str(), &destination].concat());
+    assert!(ok, "{out}");
+    assert!(out.contains("SMPP over TLS on 127.0.0.1:3550"), "{out}");
+    assert!(out.contains("destination secure over TLS, trusts"), "{out}");
+
+    let missing_ca = tls_destination(2776, &dir.path().join("no-ca.pem"));
+    let (ok, out) = check_config(&[smpp.as_str(), &missing_ca].concat());
+    assert!(!ok);
+    assert!(
+        out.contains("destinations[0].tls-ca") && out.contains("no-ca.pem"),
+        "{out}"
+    );
+
+    let off = destination.replace("tls = true\n", "");
+    let (ok, out) = check_config(&[smpp.as_str(), &off].concat());
+    assert!(!ok);
+    assert!(
+        out.contains("destinations[0].tls-ca") && out.contains("only used with tls = true"),
+        "{out}"
+    );
+}
