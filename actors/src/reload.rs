@@ -99,6 +99,11 @@ pub fn smpp_accounts(smpp: &SmppConfig) -> Vec<Account> {
             max_binds: a.max_binds,
             max_tps: a.max_tps,
             allowed_ips: a.allowed_ips.clone(),
+            // Validated at load: the text parses.
+            tls_subject: a
+                .tls_subject
+                .as_deref()
+                .and_then(|t| sendium_protocols::tls::Subject::parse(t).ok()),
         })
         .collect()
 }
@@ -132,6 +137,7 @@ fn not_live_change(old: &Config, new: &Config) -> Option<&'static str> {
             if let Some(t) = &mut s.tls {
                 t.cert = std::path::PathBuf::new();
                 t.key = std::path::PathBuf::new();
+                t.client_ca = None;
             }
             s
         })

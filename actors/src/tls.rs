@@ -26,12 +26,14 @@ fn files(cfg: &Config) -> [Option<ServerTlsFiles>; 3] {
         cert: t.cert.clone(),
         private_key: t.key.clone(),
         alpn: Vec::new(),
+        client_ca: t.client_ca.clone(),
     });
     let https = |key: &str, t: &sendium_profiles::TlsConfig| ServerTlsFiles {
         key: key.into(),
         cert: t.cert.clone(),
         private_key: t.key.clone(),
         alpn: vec![HTTP_ALPN.to_vec()],
+        client_ca: None,
     };
     let http = cfg
         .http

@@ -38,15 +38,29 @@ impl std::fmt::Debug for TlsClient {
 impl TlsClient {
     /// Trusts the certificates in `ca_pem`; checks the server's certificate for `server_name`.
     pub fn trusting(ca_pem: &Path, server_name: &str) -> TlsClient {
+        TlsClient::build(ca_pem, server_name, None)
+    }
+
+    /// [`TlsClient::trusting`], presenting a client certificate (mutual TLS).
+    pub fn trusting_with_certificate(ca_pem: &Path, server_name: &str, cert_pem: &Path, key_pem: &Path) -> TlsClient {
+        TlsClient::build(ca_pem, server_name, Some((cert_pem, key_pem)))
+    }
+
+    fn build(ca_pem: &Path, server_name: &str, identity: Option<(&Path, &Path)>) -> TlsClient {
         let mut roots = rustls::RootCertStore::empty();
         for cert in CertificateDer::pem_file_iter(ca_pem).expect("read CA file") {
             roots.add(cert.expect("CA certificate")).expect("add CA certificate");
         }
-        let config = rustls::ClientConfig::builder_with_provider(provider())
+        let builder = rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .expect("protocol versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+            .with_root_certificates(roots);
+        let config = match identity {
+            None => builder.with_no_client_auth(),
+            Some((cert, key)) => builder
+                .with_client_auth_cert(read_chain(cert), PrivateKeyDer::from_pem_file(key).expect("client key"))
+                .expect("client certificate"),
+        };
         TlsClient {
             config: Arc::new(config),
             server_name: ServerName::try_from(server_name.to_owned()).expect("server name"),
@@ -68,12 +82,16 @@ impl TlsClient {
     }
 }
 
-/// A rustls server configuration from a PEM certificate chain and key.
-pub fn server_config(cert_pem: &Path, key_pem: &Path) -> Arc<rustls::ServerConfig> {
-    let chain = CertificateDer::pem_file_iter(cert_pem)
+fn read_chain(cert_pem: &Path) -> Vec<CertificateDer<'static>> {
+    CertificateDer::pem_file_iter(cert_pem)
         .expect("read certificate file")
         .collect::<Result<Vec<_>, _>>()
-        .expect("certificates");
+        .expect("certificates")
+}
+
+/// A rustls server configuration from a PEM certificate chain and key.
+pub fn server_config(cert_pem: &Path, key_pem: &Path) -> Arc<rustls::ServerConfig> {
+    let chain = read_chain(cert_pem);
     let key = PrivateKeyDer::from_pem_file(key_pem).expect("private key");
     let config = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()

@@ -438,3 +438,115 @@ fn check_config_reads_the_tls_files_and_names_the_bad_key() {
         "{out}"
     );
 }
+
+/// A CA, and client certificates it signs for a subject CN.
+struct ClientCa {
+    dir: PathBuf,
+    cert: PathBuf,
+    ca: rcgen::Certificate,
+    ca_key: rcgen::KeyPair,
+}
+
+impl ClientCa {
+    fn new(dir: &Path) -> ClientCa {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "Test client CA");
+        let key = rcgen::KeyPair::generate().unwrap();
+        let ca = params.self_signed(&key).unwrap();
+        let cert = dir.join("client-ca.pem");
+        std::fs::write(&cert, ca.pem()).unwrap();
+        ClientCa {
+            dir: dir.to_owned(),
+            cert,
+            ca,
+            ca_key: key,
+        }
+    }
+
+    /// A client certificate for `cn`, signed by this CA (or self-signed when `signed` is
+    /// false).
+    fn client(&self, cn: &str, signed: bool) -> Cert {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = if signed {
+            params.signed_by(&key, &self.ca, &self.ca_key).unwrap()
+        } else {
+            params.self_signed(&key).unwrap()
+        };
+        let name = format!("{cn}-{}", if signed { "signed" } else { "self" });
+        let out = Cert {
+            cert: self.dir.join(format!("{name}.pem")),
+            key: self.dir.join(format!("{name}.key")),
+        };
+        std::fs::write(&out.cert, cert.pem()).unwrap();
+        std::fs::write(&out.key, key.serialize_pem()).unwrap();
+        out
+    }
+}
+
+#[tokio::test]
+async fn mutual_tls_binds_only_with_a_certificate_of_the_accounts_subject() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = make_cert(dir.path(), "server");
+    let ca = ClientCa::new(dir.path());
+    let smpp = format!(
+        "[smpp]\nlisten = \"127.0.0.1:{{smpp_port}}\"\n\
+         [smpp.tls]\nlisten = \"127.0.0.1:{{smpp_tls_port}}\"\ncert = \"{}\"\nkey = \"{}\"\nclient-ca = \"{}\"\n\
+         [[smpp.accounts]]\nsystem-id = \"esme1\"\npassword = \"secret\"\ntls-subject = \"CN=esme1\"\n\
+         [[smpp.accounts]]\nsystem-id = \"esme2\"\npassword = \"secret2\"\n",
+        server.cert.display(),
+        server.key.display(),
+        ca.cert.display()
+    );
+    let smsc = smsc().await;
+    let (gw, tls_addr) = tls_gateway(&config_with(&smpp), &smsc).await;
+    let as_client = |c: &Cert| EsmeOptions {
+        tls: Some(TlsClient::trusting_with_certificate(
+            &server.cert,
+            "localhost",
+            &c.cert,
+            &c.key,
+        )),
+        ..EsmeOptions::default()
+    };
+    let bind = |id: &'static str, pw: &'static str, options: EsmeOptions| async move {
+        TestEsme::bind_with(tls_addr, id, pw, BindKind::Transceiver, options).await
+    };
+
+    let esme1 = ca.client("esme1", true);
+    let esme = bind("esme1", "secret", as_client(&esme1)).await.unwrap();
+    submit_ok(&esme, "447700900001", "mutual").await;
+
+    // The right chain, another subject: refused before the password is looked at.
+    let intruder = ca.client("intruder", true);
+    let refused = bind("esme1", "secret", as_client(&intruder)).await;
+    assert!(
+        matches!(refused, Err(BindError::Rejected { status }) if status == sendium_integration_tests::CommandStatus::EsmeRbindfail),
+        "{refused:?}"
+    );
+    // An account without tls-subject takes any certificate of the CA.
+    let other = bind("esme2", "secret2", as_client(&intruder)).await.unwrap();
+    submit_ok(&other, "447700900002", "any subject").await;
+    // No client certificate, or one the CA did not sign: no handshake.
+    assert!(bind("esme2", "secret2", over_tls(&trusting(&server))).await.is_err());
+    assert!(
+        bind("esme1", "secret", as_client(&ca.client("esme1", false)))
+            .await
+            .is_err()
+    );
+    // The account's subject is only reachable over TLS: a plain bind is refused.
+    let plain = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver).await;
+    assert!(matches!(plain, Err(BindError::Rejected { .. })), "{plain:?}");
+    assert!(
+        gw.log()
+            .contains("the account's tls-subject requires a client certificate"),
+        "{}",
+        gw.log()
+    );
+    submit_ok(&esme, "447700900003", "still bound").await;
+}

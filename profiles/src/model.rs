@@ -726,6 +726,10 @@ pub struct SmppAccount {
     /// from elsewhere gets `ESME_RBINDFAIL`.
     #[serde(default, deserialize_with = "deserialize_addresses")]
     pub allowed_ips: Vec<ipnet::IpNet>,
+    /// Mutual TLS: binds must come over `[smpp.tls]` with a client certificate whose
+    /// subject has these attributes, e.g. `CN=esme1` or `CN=esme1, O=Shop`.
+    #[serde(default)]
+    pub tls_subject: Option<String>,
 }
 
 /// `[http]`: the HTTP submission API.
@@ -1179,6 +1183,7 @@ mod tests {
             max_tps: 0,
             max_binds: 4,
             allowed_ips: Vec::new(),
+            tls_subject: None,
         };
         assert!(!format!("{a:?}").contains("hunter2"));
     }

@@ -56,6 +56,9 @@ pub struct ServerTlsFiles {
     pub private_key: PathBuf,
     /// ALPN protocols offered (`http/1.1` for HTTPS, none for SMPP).
     pub alpn: Vec<Vec<u8>>,
+    /// CA certificates a client certificate must chain to; None: no client certificate is
+    /// asked for.
+    pub client_ca: Option<PathBuf>,
 }
 
 fn provider() -> Arc<CryptoProvider> {
@@ -111,14 +114,18 @@ pub fn server_config(files: &ServerTlsFiles) -> Result<Arc<rustls::ServerConfig>
     let key_key = format!("{}.key", files.key);
     let chain = load_certificates(&cert_key, &files.cert)?;
     let private_key = load_key(&key_key, &files.private_key)?;
-    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+    let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|source| TlsError::Rejected {
             key: cert_key.clone(),
             path: files.cert.clone(),
             source,
-        })?
-        .with_no_client_auth()
+        })?;
+    let builder = match &files.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(path) => builder.with_client_cert_verifier(client_verifier(&format!("{}.client-ca", files.key), path)?),
+    };
+    let mut config = builder
         .with_single_cert(chain, private_key)
         .map_err(|source| TlsError::Rejected {
             key: key_key,
@@ -127,6 +134,25 @@ pub fn server_config(files: &ServerTlsFiles) -> Result<Arc<rustls::ServerConfig>
         })?;
     config.alpn_protocols = files.alpn.clone();
     Ok(Arc::new(config))
+}
+
+/// Requires a client certificate that chains to the CAs in `path`.
+fn client_verifier(key: &str, path: &Path) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in load_certificates(key, path)? {
+        roots.add(cert).map_err(|source| TlsError::Rejected {
+            key: key.to_owned(),
+            path: path.to_owned(),
+            source,
+        })?;
+    }
+    rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+        .build()
+        .map_err(|e| TlsError::Pem {
+            key: key.to_owned(),
+            path: path.to_owned(),
+            detail: e.to_string(),
+        })
 }
 
 /// A listener's server identity, replaceable while serving: a reload swaps it, and each
@@ -309,6 +335,9 @@ impl ServerCertVerifier for NoVerification {
         self.0.signature_verification_algorithms.supported_schemes()
     }
 }
+
+mod subject;
+pub use subject::{SUBJECT_ATTRIBUTES, Subject};
 
 #[cfg(test)]
 mod tests;

@@ -19,6 +19,10 @@ pub struct SmppTlsConfig {
     pub cert: PathBuf,
     /// PEM private key (PKCS#8, PKCS#1 or SEC1).
     pub key: PathBuf,
+    /// PEM CA certificates: when set, every TLS connection must present a client
+    /// certificate that chains to one of them (mutual TLS; see the accounts' `tls-subject`).
+    #[serde(default)]
+    pub client_ca: Option<PathBuf>,
 }
 
 /// `[http.tls]` / `[admin.tls]`: the listener serves HTTPS instead of HTTP on its

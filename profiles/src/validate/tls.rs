@@ -20,6 +20,24 @@ impl Validator {
             }
             self.path("smpp.tls.cert", &t.cert);
             self.path("smpp.tls.key", &t.key);
+            if let Some(ca) = &t.client_ca {
+                self.path("smpp.tls.client-ca", ca);
+            }
+        }
+        if let Some(s) = &cfg.smpp {
+            let mutual = s.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
+            for (i, a) in s.accounts.iter().enumerate() {
+                let Some(subject) = &a.tls_subject else { continue };
+                let key = format!("smpp.accounts[{i}].tls-subject");
+                if let Err(reason) = check_subject(subject) {
+                    self.value(&key, format!("{subject:?}"), reason);
+                } else if !mutual {
+                    self.invalid(
+                        &key,
+                        "needs smpp.tls.client-ca (client certificates are only asked for with it)",
+                    );
+                }
+            }
         }
         if let Some(t) = cfg.http.as_ref().and_then(|h| h.tls.as_ref()) {
             self.path("http.tls.cert", &t.cert);
@@ -75,6 +93,26 @@ impl Validator {
     }
 }
 
+/// The attribute names `tls-subject` accepts (the protocols crate reads them from the
+/// certificate).
+const SUBJECT_NAMES: [&str; 6] = ["CN", "O", "OU", "C", "L", "ST"];
+
+/// `NAME=value` pairs separated by commas, NAME one of [`SUBJECT_NAMES`].
+fn check_subject(text: &str) -> Result<(), String> {
+    let expected = format!(
+        "NAME=value pairs separated by commas, NAME one of {}, e.g. \"CN=esme1, O=Shop\"",
+        SUBJECT_NAMES.join(", ")
+    );
+    for part in text.split(',') {
+        match part.split_once('=') {
+            Some((name, value))
+                if SUBJECT_NAMES.iter().any(|n| n.eq_ignore_ascii_case(name.trim())) && !value.trim().is_empty() => {}
+            _ => return Err(expected),
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use crate::load_str;
@@ -114,6 +152,29 @@ mod tests {
         let unknown =
             problems("[smpp]\ntls = { listen = \"127.0.0.1:3550\", cert = \"/c\", key = \"/k\", ca = \"/x\" }\n");
         assert!(unknown.contains("ca"), "{unknown}");
+    }
+
+    #[test]
+    fn tls_subject_needs_a_client_ca_and_known_names() {
+        let base = "[smpp]\ntls = { listen = \"127.0.0.1:3550\", cert = \"/c\", key = \"/k\", client-ca = \"/ca\" }\n\
+                    [[smpp.accounts]]\nsystem-id = \"a\"\npassword = \"pw\"\n";
+        let ok = format!("{base}tls-subject = \"CN=esme1, O=Shop\"\n");
+        assert_eq!(
+            load_str(&ok).unwrap().smpp.unwrap().accounts[0].tls_subject.as_deref(),
+            Some("CN=esme1, O=Shop")
+        );
+        let bad = problems(&format!("{base}tls-subject = \"esme1\"\n"));
+        assert!(
+            bad.contains("smpp.accounts[0].tls-subject") && bad.contains("NAME=value"),
+            "{bad}"
+        );
+        let unknown = problems(&format!("{base}tls-subject = \"SERIAL=1\"\n"));
+        assert!(unknown.contains("CN, O, OU, C, L, ST"), "{unknown}");
+        let no_ca = problems(&format!(
+            "{}tls-subject = \"CN=a\"\n",
+            base.replace(", client-ca = \"/ca\"", "")
+        ));
+        assert!(no_ca.contains("needs smpp.tls.client-ca"), "{no_ca}");
     }
 
     #[test]

@@ -29,6 +29,7 @@ fn files(c: &TestCert) -> ServerTlsFiles {
         cert: c.cert.clone(),
         private_key: c.key.clone(),
         alpn: Vec::new(),
+        client_ca: None,
     }
 }
 

@@ -142,6 +142,10 @@ pub struct Account {
     /// Addresses a bind may come from; empty = any. A bind from elsewhere gets
     /// ESME_RBINDFAIL before its password is looked at.
     pub allowed_ips: Vec<ipnet::IpNet>,
+    /// Mutual TLS: a bind must come over TLS with a client certificate whose subject has
+    /// these attributes; any other bind gets ESME_RBINDFAIL before its password is looked
+    /// at.
+    pub tls_subject: Option<crate::tls::Subject>,
 }
 
 #[derive(Debug, Clone)]

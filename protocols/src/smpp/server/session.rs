@@ -145,6 +145,13 @@ pub(super) async fn run(
                         }
                     },
                 };
+                session.tls = true;
+                session.certificate = stream
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|chain| chain.first())
+                    .and_then(tls::Subject::of);
                 let (rd, wr) = tokio::io::split(stream);
                 session.run(rd, wr, shutdown).await;
             }
@@ -434,6 +441,11 @@ struct Session {
 
     pdus: PduTally,
     errors: ErrorTally,
+
+    /// The connection came over the TLS listener.
+    tls: bool,
+    /// The subject of the client certificate it presented (mutual TLS), if any.
+    certificate: Option<crate::tls::Subject>,
 }
 
 impl Session {
@@ -470,6 +482,8 @@ impl Session {
             deliver_rx: None,
             pdus: PduTally::default(),
             errors: ErrorTally::default(),
+            tls: false,
+            certificate: None,
             shared,
         }
     }
@@ -911,8 +925,24 @@ impl Session {
             );
             Err(CommandStatus::EsmeRbindfail)
         } else {
-            match self.shared.accounts.accounts().bind(system_id, password, ip) {
+            match self
+                .shared
+                .accounts
+                .accounts()
+                .bind_from(system_id, password, ip, self.certificate.as_ref())
+            {
                 Ok(slot) => Ok(slot),
+                Err(BindRefusal::Certificate) => {
+                    ::metrics::counter!("sendium_auth_certificate_refused_total", "listener" => "smpp").increment(1);
+                    tracing::warn!(
+                        system_id,
+                        peer = %ip,
+                        tls = self.tls,
+                        certificate = self.certificate.is_some(),
+                        "SMPP bind refused: the account's tls-subject requires a client certificate with that subject"
+                    );
+                    Err(CommandStatus::EsmeRbindfail)
+                }
                 Err(BindRefusal::Address) => {
                     ::metrics::counter!("sendium_auth_address_refused_total", "listener" => "smpp").increment(1);
                     tracing::warn!(system_id, peer = %ip, "SMPP bind refused: the account's allowed-ips do not include the peer");
