@@ -591,7 +591,8 @@ impl Inner {
 
     async fn write(&self, bytes: &[u8]) -> io::Result<()> {
         let mut writer = self.writer.lock().await;
-        writer.write_all(bytes).await
+        writer.write_all(bytes).await?;
+        writer.flush().await
     }
 }
 
@@ -921,6 +922,7 @@ async fn bind_exchange<S: AsyncRead + AsyncWrite + Unpin>(
     timeout: Duration,
 ) -> Result<(BytesMut, BytesMut), BindError> {
     stream.write_all(bind).await.map_err(BindError::Io)?;
+    stream.flush().await.map_err(BindError::Io)?;
     let mut codec = frame::codec(frame::DEFAULT_MAX_COMMAND_LENGTH);
     let mut rbuf = BytesMut::with_capacity(64 * 1024);
     tokio::time::timeout(timeout, async {

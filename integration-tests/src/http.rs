@@ -239,6 +239,7 @@ async fn exchange<S: AsyncRead + tokio::io::AsyncWrite + Unpin>(
         bytes.extend_from_slice(body);
     }
     stream.write_all(&bytes).await?;
+    stream.flush().await?;
     let mut buf = Vec::new();
     let message = read_message(stream, &mut buf, true)
         .await?

@@ -151,16 +151,17 @@ async fn a_tls_destination_reaches_a_tls_smsc_and_messages_flow() {
     let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
         .await
         .unwrap();
-    let specs: Vec<SubmitSpec> = (0..20)
+    // Enough traffic for full windows and batched writes both ways through TLS.
+    let specs: Vec<SubmitSpec> = (0..500)
         .map(|i| SubmitSpec::gsm("Shop", &format!("4477009{i:05}"), "through TLS").dlr())
         .collect();
-    for o in esme.submit_all(&specs).await.unwrap() {
+    for o in esme.submit_pipelined(&specs, 100).await {
         assert!(o.is_ok(), "{o:?}");
     }
-    assert!(smsc.wait_messages(20, WAIT).await, "{}", gw.log());
+    assert!(smsc.wait_messages(500, WAIT).await, "{}", gw.log());
     assert_eq!(
-        esme.wait_receipts(20, WAIT).await.len(),
-        20,
+        esme.wait_receipts(500, WAIT).await.len(),
+        500,
         "receipts came back through TLS"
     );
 }

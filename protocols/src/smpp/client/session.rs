@@ -401,7 +401,12 @@ async fn write_by(stream: &mut Transport, wbuf: &mut BytesMut, deadline: Instant
     if wbuf.is_empty() {
         return Ok(());
     }
-    match timeout_at(deadline, stream.write_all(wbuf)).await {
+    // The flush matters for TLS only: records left in its buffer by a full socket.
+    let write = async {
+        stream.write_all(wbuf).await?;
+        stream.flush().await
+    };
+    match timeout_at(deadline, write).await {
         Err(_) => Err(SessionError::WriteTimeout),
         Ok(Err(err)) => Err(SessionError::Io(err)),
         Ok(Ok(())) => {
@@ -860,6 +865,7 @@ impl Session {
         } = self;
         let exchange = async {
             stream.write_all(wbuf).await?;
+            stream.flush().await?;
             wbuf.clear();
             loop {
                 while let Some(frame) = codec.decode(rbuf)? {

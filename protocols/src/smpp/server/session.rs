@@ -577,7 +577,13 @@ impl Session {
         }
         if self.write_ok {
             let stall = self.shared.config.idle_timeout.max(Duration::from_millis(100));
-            let result = tokio::time::timeout(stall, wr.write_all(&self.out)).await;
+            // The flush matters for TLS only: a write can leave records in the TLS buffer
+            // when the socket is full, and nothing else would send them.
+            let write = async {
+                wr.write_all(&self.out).await?;
+                wr.flush().await
+            };
+            let result = tokio::time::timeout(stall, write).await;
             let failure = match result {
                 Ok(Ok(())) => None,
                 Ok(Err(err)) => {
