@@ -233,6 +233,9 @@ pub async fn start_from(cfg: &Config, source: ConfigSource) -> Result<Running, S
     if let Some(a) = gateway.smpp_addr() {
         tracing::info!(addr = %a, "SMPP listening");
     }
+    if let Some(a) = gateway.smpp_tls_addr() {
+        tracing::info!(addr = %a, "SMPP over TLS listening");
+    }
     tracing::info!(addr = %admin_addr, tls = cfg.admin.tls.is_some(), "admin listening");
     Ok(Running { gateway, admin_addr })
 }

@@ -75,6 +75,9 @@
 //! connection's bind deadline (`bind_timeout` from accept), while the connection holds its
 //! place in the unbound budget. A failed or unfinished handshake closes the connection and
 //! counts in `sendium_tls_handshake_failures_total{listener="smpp",reason}`.
+//! With a client CA (mutual TLS) the session keeps the subject of the client certificate,
+//! and an account with `tls_subject` binds only when that subject satisfies it (checked
+//! with `allowed_ips`, before the password: see `account.rs`).
 //!
 //! # Outbound deliver_sm
 //!
