@@ -104,3 +104,36 @@ fn check_destinations(cfg: &Config) -> Result<(), TlsError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: &str) -> Config {
+        sendium_profiles::load_str(&format!(
+            "[[destinations]]\nname = \"up\"\nkind = \"smpp\"\nhost = \"127.0.0.1\"\nport = 2776\nsystem-id = \"s\"\n{extra}\
+             [[routes]]\nname = \"default\"\nto = [\"up\"]\n"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_destination_ca_that_cannot_be_read_fails_startup_and_reload_naming_the_key() {
+        let plain = config("");
+        let identities = TlsIdentities::load(&plain).unwrap();
+        assert!(identities.smpp.is_none() && identities.http.is_none() && identities.admin.is_none());
+        let bad = config("tls = true\ntls-ca = \"/nonexistent/ca.pem\"\n");
+        let err = TlsIdentities::load(&bad).unwrap_err().to_string();
+        assert!(
+            err.starts_with("destinations[0].tls-ca: cannot read /nonexistent/ca.pem"),
+            "{err}"
+        );
+        assert!(identities.prepare(&bad).is_err(), "a reload to it is refused");
+        assert!(identities.prepare(&plain).is_ok());
+        // Without tls-ca the webpki roots are used: nothing to read.
+        assert!(TlsIdentities::load(&config("tls = true\n")).is_ok());
+        let name = config("tls = true\ntls-server-name = \"not a name\"\n");
+        let err = TlsIdentities::load(&name).unwrap_err().to_string();
+        assert!(err.starts_with("destinations[0].tls-server-name"), "{err}");
+    }
+}
