@@ -34,6 +34,7 @@ use crate::smpp_ingress::SmppIngress;
 use crate::spec::{DestinationSpec, GatewaySpec};
 use crate::stores::{OpenError, Stores};
 use crate::supervisor::{ActorEntry, DestinationChanges, Supervisor, SupervisorArgs, SupervisorMsg};
+use crate::tls::TlsIdentities;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -47,6 +48,8 @@ pub enum GatewayError {
     Outbox(#[from] OutboxConfigError),
     #[error("invalid {0}")]
     MoRoutes(#[from] sendium_profiles::MoRouteError),
+    #[error("{0}")]
+    Tls(#[from] sendium_protocols::tls::TlsError),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         what: &'static str,
@@ -231,6 +234,9 @@ pub struct Gateway {
     outbox: OutboxRelays,
     live: LiveConfig,
     reloading: tokio::sync::Mutex<()>,
+    /// The listeners' TLS identities, swapped by reloads.
+    tls: TlsIdentities,
+    smpp_tls_addr: Option<SocketAddr>,
 }
 
 impl Gateway {
@@ -244,6 +250,7 @@ impl Gateway {
     pub async fn start_with(cfg: &Config, mode: Mode) -> Result<Gateway, GatewayError> {
         let profile = cfg.storage_profile();
         let guarantee = sendium_profiles::check_supported(&profile)?;
+        let tls = TlsIdentities::load(cfg)?;
         let stores = Stores::open(cfg).await?;
         let mut spec = GatewaySpec::new(cfg, stores);
         spec.accepting = mode == Mode::Serve;
@@ -279,6 +286,7 @@ impl Gateway {
         // Failed binds and API keys back off per address, SMPP and HTTP together.
         let auth_guard = Arc::new(AuthGuard::new());
         let mut smpp_addr = None;
+        let mut smpp_tls_addr = None;
         let mut account_book = None;
         let mut http_access = None;
         let mut provider_receipts = None;
@@ -291,6 +299,20 @@ impl Gateway {
                     source,
                 })?;
             smpp_addr = listener.local_addr().ok();
+            let tls_listener = match (&smpp.tls, &tls.smpp) {
+                (Some(t), Some(identity)) => {
+                    let l = TcpListener::bind(t.listen)
+                        .await
+                        .map_err(|source| GatewayError::Listen {
+                            what: "smpp.tls.listen",
+                            addr: t.listen,
+                            source,
+                        })?;
+                    smpp_tls_addr = l.local_addr().ok();
+                    Some((l, identity.clone()))
+                }
+                _ => None,
+            };
             let book = AccountBook::new(&reload::smpp_accounts(smpp));
             account_book = Some(book.clone());
             let config = Arc::new(ServerConfig {
@@ -310,7 +332,7 @@ impl Gateway {
             let registry = shared.sessions.clone();
             let token = shutdown.clone();
             listeners.push(tokio::spawn(async move {
-                if let Err(e) = server::serve(listener, config, handler, registry, token).await {
+                if let Err(e) = server::serve_with_tls(listener, tls_listener, config, handler, registry, token).await {
                     tracing::error!(error = %e, "SMPP listener stopped");
                 }
             }));
@@ -344,10 +366,11 @@ impl Gateway {
                 max_connections: usize::try_from(http.max_connections).unwrap_or(1024),
                 header_timeout: http.header_timeout,
             };
-            listeners.push(tokio::spawn(http_listener::serve(
+            listeners.push(tokio::spawn(http_listener::serve_with_tls(
                 listener,
                 app,
                 limits,
+                tls.http.clone().map(|identity| (identity, "http")),
                 shutdown.clone(),
             )));
         }
@@ -374,6 +397,8 @@ impl Gateway {
         Ok(Gateway {
             live,
             reloading: tokio::sync::Mutex::new(()),
+            tls,
+            smpp_tls_addr,
             outbox,
             outbox_stop,
             http_addr,
@@ -403,6 +428,16 @@ impl Gateway {
 
     pub fn smpp_addr(&self) -> Option<SocketAddr> {
         self.smpp_addr
+    }
+
+    /// The SMPP TLS listener's address (`[smpp.tls]`).
+    pub fn smpp_tls_addr(&self) -> Option<SocketAddr> {
+        self.smpp_tls_addr
+    }
+
+    /// The listeners' TLS identities (the admin listener, started outside, takes its own).
+    pub fn tls(&self) -> &TlsIdentities {
+        &self.tls
     }
 
     pub fn http_addr(&self) -> Option<SocketAddr> {
@@ -464,6 +499,11 @@ impl Gateway {
     pub async fn reload(&self, new: Config) -> Result<ReloadSummary, ReloadError> {
         let _one_at_a_time = self.reloading.lock().await;
         let destinations_differ = self.live.check(&new)?;
+        // Certificates are read before anything changes: a bad file refuses the reload.
+        let identities = self
+            .tls
+            .prepare(&new)
+            .map_err(|e| ReloadError::Invalid(e.to_string()))?;
         let routes = RouteTable::from_config(&new);
         let mo = MoSettings::from_config(&new).map_err(|e| ReloadError::Invalid(e.to_string()))?;
         let changes = if destinations_differ {
@@ -494,6 +534,7 @@ impl Gateway {
             .flat_map(|s| s.accounts.iter().map(|a| a.system_id.clone()))
             .collect();
         self.shared.mo.replace(mo);
+        TlsIdentities::apply(identities);
         let mut summary = self.live.commit(new);
         summary.destinations = changes;
         self.outbox.set_accounts(accounts);

@@ -34,5 +34,6 @@ pub mod smpp_ingress;
 pub mod spec;
 pub mod stores;
 pub mod supervisor;
+pub mod tls;
 
 pub use gateway::{ClusterView, Gateway, GatewayError, Mode, PartitionHolder, Snapshot, StopReport};

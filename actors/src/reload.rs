@@ -23,6 +23,9 @@
 //!   recorded stay as they were;
 //! * `[[mo-routes]]` and `[mo]`: inbound messages arriving after the swap follow them;
 //!   stored ones keep their target.
+//! * TLS certificate and key files (`[smpp.tls]`, `[http.tls]`, `[admin.tls]`): read
+//!   again before anything is swapped (a bad file refuses the reload), then used for new
+//!   connections; established sessions keep theirs (see [`crate::tls`]).
 
 use std::collections::HashMap;
 use std::time::SystemTime;
@@ -97,6 +100,11 @@ pub fn smpp_accounts(smpp: &SmppConfig) -> Vec<Account> {
             max_binds: a.max_binds,
             max_tps: a.max_tps,
             allowed_ips: a.allowed_ips.clone(),
+            // Validated at load: the text parses.
+            tls_subject: a
+                .tls_subject
+                .as_deref()
+                .and_then(|t| sendium_protocols::tls::Subject::parse(t).ok()),
         })
         .collect()
 }
@@ -137,9 +145,16 @@ pub fn http_access(cfg: &Config, http: &HttpConfig) -> (HttpCredentials, HashMap
 
 /// The first key that differs between `old` and `new` outside the live parts.
 fn not_live_change(old: &Config, new: &Config) -> Option<&'static str> {
+    // TLS certificate and key files are live (re-read at each reload); whether a listener
+    // speaks TLS, and where, is not.
     let smpp_fixed = |c: &Config| {
         c.smpp.clone().map(|mut s| {
             s.accounts.clear();
+            if let Some(t) = &mut s.tls {
+                t.cert = std::path::PathBuf::new();
+                t.key = std::path::PathBuf::new();
+                t.client_ca = None;
+            }
             s
         })
     };
@@ -147,10 +162,17 @@ fn not_live_change(old: &Config, new: &Config) -> Option<&'static str> {
         c.http.clone().map(|mut h| {
             h.api_keys.clear();
             h.sendsms_users.clear();
+            h.tls = h.tls.map(tls_presence);
             h
         })
     };
-    let checks: [(&'static str, bool); 12] = [
+    let admin_fixed = |c: &Config| {
+        let mut a = c.admin.clone();
+        a.tls = a.tls.map(tls_presence);
+        a
+    };
+    let smpp_tls_listen = |c: &Config| c.smpp.as_ref().map(|s| s.tls.as_ref().map(|t| t.listen));
+    let checks: [(&'static str, bool); 15] = [
         ("sms.pending", old.sms.pending == new.sms.pending),
         ("sms.router-queue", old.sms.router_queue == new.sms.router_queue),
         ("sms.routed-work", old.sms.routed_work == new.sms.routed_work),
@@ -161,13 +183,19 @@ fn not_live_change(old: &Config, new: &Config) -> Option<&'static str> {
             "smpp.listen",
             old.smpp.as_ref().map(|s| s.listen) == new.smpp.as_ref().map(|s| s.listen),
         ),
+        ("smpp.tls.listen", smpp_tls_listen(old) == smpp_tls_listen(new)),
         ("smpp", smpp_fixed(old) == smpp_fixed(new)),
         (
             "http.listen",
             old.http.as_ref().map(|h| h.listen) == new.http.as_ref().map(|h| h.listen),
         ),
+        (
+            "http.tls",
+            old.http.as_ref().map(|h| h.tls.is_some()) == new.http.as_ref().map(|h| h.tls.is_some()),
+        ),
         ("http", http_fixed(old) == http_fixed(new)),
-        ("admin", old.admin == new.admin),
+        ("admin.tls", old.admin.tls.is_some() == new.admin.tls.is_some()),
+        ("admin", admin_fixed(old) == admin_fixed(new)),
         ("outbox", old.outbox == new.outbox),
     ];
     checks
@@ -176,6 +204,13 @@ fn not_live_change(old: &Config, new: &Config) -> Option<&'static str> {
         .map(|(key, _)| key)
         .or_else(|| (old.log != new.log).then_some("log"))
         .or_else(|| (old.shutdown != new.shutdown).then_some("shutdown"))
+}
+
+/// A TLS section with its file paths blanked: only whether it is there counts.
+fn tls_presence(mut t: sendium_profiles::TlsConfig) -> sendium_profiles::TlsConfig {
+    t.cert = std::path::PathBuf::new();
+    t.key = std::path::PathBuf::new();
+    t
 }
 
 impl LiveConfig {
@@ -292,6 +327,24 @@ mod tests {
         assert_eq!(not_live_change(&old, &moved), Some("admin"));
         let provider = config("[[destinations]]\nname = \"sim2\"\nkind = \"simulator\"\n");
         assert_eq!(not_live_change(&old, &provider), None, "destinations are live");
+        let tls = |cert: &str, port: u16| {
+            config(&format!(
+                "[smpp.tls]\nlisten = \"127.0.0.1:{port}\"\ncert = \"{cert}\"\nkey = \"/k.pem\"\n[admin.tls]\ncert = \"{cert}\"\nkey = \"/k.pem\"\n"
+            ))
+        };
+        assert_eq!(
+            not_live_change(&tls("/a.pem", 3550), &tls("/b.pem", 3550)),
+            None,
+            "certificate files are live"
+        );
+        assert_eq!(
+            not_live_change(&tls("/a.pem", 3550), &tls("/a.pem", 3551)),
+            Some("smpp.tls.listen")
+        );
+        assert_eq!(not_live_change(&old, &tls("/a.pem", 3550)), Some("smpp.tls.listen"));
+        let https = config("[http]\ntls = { cert = \"/c\", key = \"/k\" }\n");
+        let http = config("[http]\n");
+        assert_eq!(not_live_change(&http, &https), Some("http.tls"));
         let outbox = config("[[outbox.sources]]\nname = \"shop\"\nurl = \"sqlite:///tmp/x.db\"\n");
         assert_eq!(not_live_change(&old, &outbox), Some("outbox"));
     }

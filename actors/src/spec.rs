@@ -70,6 +70,10 @@ impl DestinationSpec {
                     reconnect_min: d.reconnect_min,
                     reconnect_max: d.reconnect_max,
                     max_command_length,
+                    tls: crate::tls::destination_settings(
+                        cfg.destinations.iter().position(|x| x.name == d.name).unwrap_or(0),
+                        d,
+                    ),
                 }),
                 None,
             ),

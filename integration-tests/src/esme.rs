@@ -31,9 +31,8 @@ use sendium_protocols::receipt::{ReceiptState, ReceiptText};
 use sendium_protocols::smpp::build::{self, Address, BindCredentials, BindKind, BuildError, ShortMessage};
 use sendium_protocols::smpp::frame::{self, FrameError, RawHeader};
 use sendium_protocols::text::{self, Alphabet};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::util::wait_until;
@@ -61,6 +60,8 @@ pub struct EsmeOptions {
     pub bind_timeout: Duration,
     /// Answer the server's enquire_link automatically (otherwise it is queued for next_pdu).
     pub answer_enquire_link: bool,
+    /// Connect over TLS, trusting what this client trusts.
+    pub tls: Option<crate::tls::TlsClient>,
 }
 
 impl Default for EsmeOptions {
@@ -71,6 +72,7 @@ impl Default for EsmeOptions {
             resp_timeout: Duration::from_secs(10),
             bind_timeout: Duration::from_secs(10),
             answer_enquire_link: true,
+            tls: None,
         }
     }
 }
@@ -559,8 +561,12 @@ enum Waiter {
     Batch(mpsc::UnboundedSender<ReceivedPdu>),
 }
 
+/// The socket's halves: plain TCP or TLS.
+type Reader = Box<dyn AsyncRead + Send + Unpin>;
+type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+
 struct Inner {
-    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    writer: tokio::sync::Mutex<Writer>,
     seq: AtomicU32,
     waiters: Mutex<HashMap<u32, Waiter>>,
     receipts: Mutex<Vec<Receipt>>,
@@ -585,7 +591,8 @@ impl Inner {
 
     async fn write(&self, bytes: &[u8]) -> io::Result<()> {
         let mut writer = self.writer.lock().await;
-        writer.write_all(bytes).await
+        writer.write_all(bytes).await?;
+        writer.flush().await
     }
 }
 
@@ -651,30 +658,31 @@ impl TestEsme {
     ) -> Result<TestEsme, BindError> {
         let stream = TcpStream::connect(addr).await.map_err(BindError::Io)?;
         let _ = stream.set_nodelay(true);
-        let mut conn = crate::wire::Conn::new(stream);
         let creds = BindCredentials {
             system_id,
             password,
             system_type: &options.system_type,
         };
         let bind = build::bind(kind, 1, &creds).map_err(|e| BindError::Unexpected(e.to_string()))?;
-        conn.push(&bind);
-        conn.flush().await.map_err(BindError::Io)?;
-        let frame = tokio::time::timeout(options.bind_timeout, async {
-            loop {
-                match conn.next_frame() {
-                    Ok(Some(frame)) => return Ok(frame),
-                    Ok(None) => {}
-                    Err(e) => return Err(BindError::Io(e)),
-                }
-                if conn.eof {
-                    return Err(BindError::Closed);
-                }
-                conn.fill(1 << 20).await.map_err(BindError::Io)?;
+        let bind = crate::wire::encode_to_vec(&bind);
+        let (read_half, write_half, frame, rbuf): (Reader, Writer, _, _) = match &options.tls {
+            None => {
+                let mut stream = stream;
+                let (frame, rbuf) = bind_exchange(&mut stream, &bind, options.bind_timeout).await?;
+                let (r, w) = stream.into_split();
+                (Box::new(r), Box::new(w), frame, rbuf)
             }
-        })
-        .await
-        .map_err(|_| BindError::Timeout)??;
+            Some(tls) => {
+                let handshake = tokio::time::timeout(options.bind_timeout, tls.handshake(stream));
+                let mut stream = handshake
+                    .await
+                    .map_err(|_| BindError::Timeout)?
+                    .map_err(BindError::Io)?;
+                let (frame, rbuf) = bind_exchange(&mut stream, &bind, options.bind_timeout).await?;
+                let (r, w) = tokio::io::split(stream);
+                (Box::new(r), Box::new(w), frame, rbuf)
+            }
+        };
         let pdu = received(frame, Instant::now());
         let expected = BindKind::from_command_id(pdu.command_id()) == Some(kind) && pdu.command_id().is_response();
         if pdu.status() != CommandStatus::EsmeRok && (expected || pdu.command_id() == CommandId::GenericNack) {
@@ -684,8 +692,6 @@ impl TestEsme {
             return Err(BindError::Unexpected(format!("{:?}", pdu.command_id())));
         }
 
-        let crate::wire::Conn { stream, rbuf, .. } = conn;
-        let (read_half, write_half) = stream.into_split();
         let inner = Arc::new(Inner {
             writer: tokio::sync::Mutex::new(write_half),
             seq: AtomicU32::new(2),
@@ -908,8 +914,37 @@ impl TestEsme {
     }
 }
 
-async fn read_loop(inner: Arc<Inner>, mut read_half: tokio::net::tcp::OwnedReadHalf, mut rbuf: BytesMut) {
-    use tokio::io::AsyncReadExt;
+/// Writes the bind and reads until the first whole PDU (its answer): that frame, and
+/// whatever arrived after it.
+async fn bind_exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    bind: &[u8],
+    timeout: Duration,
+) -> Result<(BytesMut, BytesMut), BindError> {
+    stream.write_all(bind).await.map_err(BindError::Io)?;
+    stream.flush().await.map_err(BindError::Io)?;
+    let mut codec = frame::codec(frame::DEFAULT_MAX_COMMAND_LENGTH);
+    let mut rbuf = BytesMut::with_capacity(64 * 1024);
+    tokio::time::timeout(timeout, async {
+        loop {
+            match tokio_util::codec::Decoder::decode(&mut codec, &mut rbuf) {
+                Ok(Some(frame)) => return Ok((frame, rbuf)),
+                Ok(None) => {}
+                Err(e) => return Err(BindError::Io(e)),
+            }
+            rbuf.reserve(64 * 1024);
+            match stream.read_buf(&mut rbuf).await {
+                Ok(0) => return Err(BindError::Closed),
+                Ok(_) => {}
+                Err(e) => return Err(BindError::Io(e)),
+            }
+        }
+    })
+    .await
+    .map_err(|_| BindError::Timeout)?
+}
+
+async fn read_loop(inner: Arc<Inner>, mut read_half: Reader, mut rbuf: BytesMut) {
     let mut codec = frame::codec(frame::DEFAULT_MAX_COMMAND_LENGTH);
     loop {
         let now = Instant::now();

@@ -185,38 +185,76 @@ pub async fn request_with_timeout(
 ) -> io::Result<HttpResponse> {
     let exchange = async {
         let mut stream = TcpStream::connect(addr).await?;
-        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-        for (name, value) in headers {
-            head.push_str(&format!("{name}: {value}\r\n"));
-        }
-        if let Some(body) = body {
-            head.push_str(&format!("Content-Length: {}\r\n", body.len()));
-        }
-        head.push_str("\r\n");
-        let mut bytes = head.into_bytes();
-        if let Some(body) = body {
-            bytes.extend_from_slice(body);
-        }
-        stream.write_all(&bytes).await?;
-        let mut buf = Vec::new();
-        let message = read_message(&mut stream, &mut buf, true)
-            .await?
-            .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
-        let status = message
-            .start_line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse::<u16>().ok())
-            .ok_or_else(|| bad("bad status line"))?;
-        Ok(HttpResponse {
-            status,
-            headers: message.headers,
-            body: message.body,
-        })
+        exchange(&mut stream, addr, method, path, headers, body).await
     };
+    within(timeout, method, path, exchange).await
+}
+
+async fn within(
+    timeout: Duration,
+    method: &str,
+    path: &str,
+    exchange: impl std::future::Future<Output = io::Result<HttpResponse>>,
+) -> io::Result<HttpResponse> {
     tokio::time::timeout(timeout, exchange)
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, format!("{method} {path} timed out")))?
+}
+
+/// [`request`] over HTTPS, trusting what `tls` trusts.
+pub async fn request_tls(
+    addr: SocketAddr,
+    tls: &crate::tls::TlsClient,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> io::Result<HttpResponse> {
+    let exchange = async {
+        let mut stream = tls.connect(addr).await?;
+        exchange(&mut stream, addr, method, path, headers, body).await
+    };
+    within(DEFAULT_TIMEOUT, method, path, exchange).await
+}
+
+/// Writes one request on `stream` and reads its response.
+async fn exchange<S: AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    stream: &mut S,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> io::Result<HttpResponse> {
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if let Some(body) = body {
+        head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    head.push_str("\r\n");
+    let mut bytes = head.into_bytes();
+    if let Some(body) = body {
+        bytes.extend_from_slice(body);
+    }
+    stream.write_all(&bytes).await?;
+    stream.flush().await?;
+    let mut buf = Vec::new();
+    let message = read_message(stream, &mut buf, true)
+        .await?
+        .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+    let status = message
+        .start_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse::<u16>().ok())
+        .ok_or_else(|| bad("bad status line"))?;
+    Ok(HttpResponse {
+        status,
+        headers: message.headers,
+        body: message.body,
+    })
 }
 
 pub async fn get(addr: SocketAddr, path: &str) -> io::Result<HttpResponse> {

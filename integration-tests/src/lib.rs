@@ -40,6 +40,7 @@ pub mod outbox_load;
 pub mod pgstats;
 pub mod smsc;
 pub mod soak;
+pub mod tls;
 pub mod wire;
 
 mod util;
@@ -56,6 +57,7 @@ pub use smsc::{
     BoundSession, DestMatch, Duplicate, Faults, IdStyle, MoSpec, ReceiptOutcome, ReceiptRule, SmscAccount, SmscConfig,
     SmscMessage, SmscStats, SubmitRecord, TestSmsc,
 };
+pub use tls::{TlsClient, TlsFront};
 
 /// Re-exported so tests need no direct dependency for the common types.
 pub use rusmpp::{Command, CommandId, CommandStatus};

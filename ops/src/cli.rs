@@ -136,6 +136,8 @@ fn run(args: &[String]) -> Result<(), Failure> {
                 },
             };
             let cfg = load(Some(&path))?;
+            // The certificate, key and CA files are read as `serve` would read them.
+            sendium_actors::tls::TlsIdentities::load(&cfg).map_err(|e| Failure::Config(e.to_string()))?;
             print!("{}", check_config_report(&cfg));
             Ok(())
         }
@@ -303,6 +305,34 @@ fn outbox(args: &[String]) -> Result<(), Failure> {
     }
 }
 
+/// The TLS lines of `check-config`: one per listener or destination that speaks TLS
+/// (nothing when none does).
+fn tls_report(cfg: &Config) -> String {
+    let mut lines = Vec::new();
+    if let Some(t) = cfg.smpp.as_ref().and_then(|s| s.tls.as_ref()) {
+        lines.push(format!("  SMPP over TLS on {} (cert {})", t.listen, t.cert.display()));
+    }
+    if let Some(t) = cfg.http.as_ref().and_then(|h| h.tls.as_ref()) {
+        lines.push(format!("  HTTP ingress serves HTTPS (cert {})", t.cert.display()));
+    }
+    if let Some(t) = &cfg.admin.tls {
+        lines.push(format!("  admin serves HTTPS (cert {})", t.cert.display()));
+    }
+    for d in cfg.destinations.iter().filter(|d| d.tls) {
+        let trust = match (&d.tls_ca, d.tls_insecure_skip_verify) {
+            (_, true) => "certificate NOT verified (tls-insecure-skip-verify)".to_owned(),
+            (Some(ca), false) => format!("trusts {}", ca.display()),
+            (None, false) => "trusts the webpki roots".to_owned(),
+        };
+        lines.push(format!("  destination {} over TLS, {trust}", d.name));
+    }
+    if lines.is_empty() {
+        String::new()
+    } else {
+        format!("TLS:\n{}\n", lines.join("\n"))
+    }
+}
+
 /// What `check-config` prints: the chosen profile, its restart guarantee, and the table
 /// of every supported profile.
 pub fn check_config_report(cfg: &Config) -> String {
@@ -368,6 +398,7 @@ pub fn check_config_report(cfg: &Config) -> String {
             );
         }
     }
+    out.push_str(&tls_report(cfg));
     out.push_str("\nsupported storage profiles:\n");
     out.push_str(&sendium_profiles::guarantee_table());
     out

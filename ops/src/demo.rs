@@ -75,6 +75,7 @@ async fn smpp_round_trip(cfg: &Config, port: u16) -> Result<(), DemoError> {
             reconnect_min: Duration::from_millis(200),
             reconnect_max: Duration::from_secs(2),
             max_command_length: 65_536,
+            tls: None,
         },
         Arc::new(Events(tx)),
     );

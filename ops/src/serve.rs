@@ -8,7 +8,15 @@ use sendium_actors::reload::{ReloadError, ReloadSummary};
 use sendium_profiles::{Config, DlrBackend};
 use tokio::net::TcpListener;
 
+use sendium_protocols::http_listener::{self, ListenerLimits};
+
 use crate::admin::{self, AdminState};
+
+/// The admin listener's limits when it serves HTTPS: a few operators and scrapers.
+const ADMIN_LIMITS: ListenerLimits = ListenerLimits {
+    max_connections: 64,
+    header_timeout: std::time::Duration::from_secs(10),
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -204,17 +212,31 @@ pub async fn start_from(cfg: &Config, source: ConfigSource) -> Result<Running, S
         source,
     });
     let token = gateway.shutdown_token();
-    gateway.add_listener(tokio::spawn(async move {
-        let app = admin::router(state);
-        let serve = axum::serve(listener, app).with_graceful_shutdown(async move { token.cancelled().await });
-        if let Err(e) = serve.await {
-            tracing::error!(error = %e, "admin listener stopped");
-        }
-    }));
+    let app = admin::router(state);
+    match gateway.tls().admin.clone() {
+        None => gateway.add_listener(tokio::spawn(async move {
+            let serve = axum::serve(listener, app).with_graceful_shutdown(async move { token.cancelled().await });
+            if let Err(e) = serve.await {
+                tracing::error!(error = %e, "admin listener stopped");
+            }
+        })),
+        // HTTPS goes through the ingress's listener: its handshake and header timeouts
+        // bound what an unauthenticated peer can hold open.
+        Some(identity) => gateway.add_listener(tokio::spawn(http_listener::serve_with_tls(
+            listener,
+            app,
+            ADMIN_LIMITS,
+            Some((identity, "admin")),
+            token,
+        ))),
+    }
     if let Some(a) = gateway.smpp_addr() {
         tracing::info!(addr = %a, "SMPP listening");
     }
-    tracing::info!(addr = %admin_addr, "admin listening");
+    if let Some(a) = gateway.smpp_tls_addr() {
+        tracing::info!(addr = %a, "SMPP over TLS listening");
+    }
+    tracing::info!(addr = %admin_addr, tls = cfg.admin.tls.is_some(), "admin listening");
     Ok(Running { gateway, admin_addr })
 }
 

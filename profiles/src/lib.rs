@@ -27,6 +27,7 @@ pub use load::{ENV_PREFIX, ENV_SEPARATOR, QUICKSTART, load, load_str, load_str_w
 pub use mo_routing::{MoMessage, MoRoute, MoRouteError, MoRouteTable, MoTarget, keyword_of};
 pub use model::SendsmsUser;
 pub use model::http::{PLACEHOLDERS, TemplateError, TemplatePiece, default_fields, is_json_pointer, parse_template};
+pub use model::tls::{SmppTlsConfig, TlsConfig};
 pub use model::{
     AdminConfig, ApiKey, BindMode, Config, DestinationConfig, DestinationKind, DlrBackend, DlrConfig,
     FileStorageConfig, HttpBody, HttpConfig, HttpMethod, HttpParts, IdFormat, LogConfig, LogFormat, LogLevel,

@@ -190,6 +190,7 @@ word_enum! {
 }
 
 pub mod http;
+pub mod tls;
 pub use http::{HttpBody, HttpMethod, HttpParts, ReceiptSignature, ReceiptState};
 
 word_enum! {
@@ -679,6 +680,8 @@ pub struct SmppConfig {
     pub deliver_timeout: Duration,
     /// `[[smpp.accounts]]`
     pub accounts: Vec<SmppAccount>,
+    /// `[smpp.tls]`: a TLS listener beside the plain one.
+    pub tls: Option<tls::SmppTlsConfig>,
 }
 
 impl Default for SmppConfig {
@@ -694,6 +697,7 @@ impl Default for SmppConfig {
             idle_timeout: Duration::from_secs(120),
             deliver_timeout: Duration::from_secs(10),
             accounts: Vec::new(),
+            tls: None,
         }
     }
 }
@@ -722,6 +726,10 @@ pub struct SmppAccount {
     /// from elsewhere gets `ESME_RBINDFAIL`.
     #[serde(default, deserialize_with = "deserialize_addresses")]
     pub allowed_ips: Vec<ipnet::IpNet>,
+    /// Mutual TLS: binds must come over `[smpp.tls]` with a client certificate whose
+    /// subject has these attributes, e.g. `CN=esme1` or `CN=esme1, O=Shop`.
+    #[serde(default)]
+    pub tls_subject: Option<String>,
 }
 
 /// `[http]`: the HTTP submission API.
@@ -759,6 +767,8 @@ pub struct HttpConfig {
     /// private or otherwise internal (refused by default).
     #[serde(deserialize_with = "deserialize_networks")]
     pub callback_allow: Vec<ipnet::IpNet>,
+    /// `[http.tls]`: serve HTTPS on `listen`.
+    pub tls: Option<tls::TlsConfig>,
 }
 
 impl Default for HttpConfig {
@@ -774,6 +784,7 @@ impl Default for HttpConfig {
             api_keys: Vec::new(),
             sendsms_users: Vec::new(),
             callback_allow: Vec::new(),
+            tls: None,
         }
     }
 }
@@ -893,6 +904,8 @@ pub struct AdminConfig {
     pub listen: SocketAddr,
     /// Bearer token; required when `listen` is not a loopback address.
     pub token: Secret,
+    /// `[admin.tls]`: serve HTTPS on `listen`.
+    pub tls: Option<tls::TlsConfig>,
 }
 
 impl Default for AdminConfig {
@@ -900,6 +913,7 @@ impl Default for AdminConfig {
         Self {
             listen: loopback(9090),
             token: Secret::default(),
+            tls: None,
         }
     }
 }
@@ -997,6 +1011,20 @@ pub struct DestinationConfig {
     /// Longest reconnect delay.
     #[serde(default = "default_reconnect_max", deserialize_with = "crate::duration::deserialize")]
     pub reconnect_max: Duration,
+    /// SMPP only: TLS over the connection.
+    #[serde(default)]
+    pub tls: bool,
+    /// SMPP with `tls`: PEM CA certificates to trust instead of the webpki roots.
+    #[serde(default)]
+    pub tls_ca: Option<PathBuf>,
+    /// SMPP with `tls`: the name the SMSC's certificate must carry (and SNI); `host`
+    /// when not set.
+    #[serde(default)]
+    pub tls_server_name: Option<String>,
+    /// SMPP with `tls`: accept any certificate. Explicit opt-in, warned about at every
+    /// connect.
+    #[serde(default)]
+    pub tls_insecure_skip_verify: bool,
     /// Work this destination holds moves to the next reachable destination of its route
     /// once the destination has been unreachable, or has kept throttling it, this long.
     /// (A submission left unanswered by a lost session or a response timeout moves at
@@ -1183,6 +1211,7 @@ mod tests {
             max_tps: 0,
             max_binds: 4,
             allowed_ips: Vec::new(),
+            tls_subject: None,
         };
         assert!(!format!("{a:?}").contains("hunter2"));
     }

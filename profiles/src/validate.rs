@@ -52,6 +52,7 @@ pub fn validate(cfg: &Config) -> Result<(), ConfigError> {
     v.routes(cfg);
     v.mo(cfg);
     v.outbox(cfg);
+    v.tls(cfg);
     v.nonzero("shutdown.timeout", cfg.shutdown.timeout);
     if let Err(e) = check_supported(&cfg.storage_profile()) {
         v.problems.push(e);
@@ -61,6 +62,8 @@ pub fn validate(cfg: &Config) -> Result<(), ConfigError> {
         Some(e) => Err(e),
     }
 }
+
+mod tls;
 
 #[derive(Default)]
 struct Validator {

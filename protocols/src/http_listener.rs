@@ -10,6 +10,9 @@
 //! - its body within `body_timeout` once the headers arrived (checked by the handler,
 //!   see [`crate::http`]: 408, `sendium_http_timeouts_total{what="body"}`).
 //!
+//! With TLS ([`serve_with_tls`]) the handshake comes first, in the connection's task and
+//! slot, within `header_timeout`.
+//!
 //! `sendium_http_connections` is the number open now. Every request carries the peer
 //! address ([`axum::extract::ConnectInfo`]) for the failed-key back-off.
 
@@ -28,6 +31,8 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tower_service::Service;
 
+use crate::tls::{self, ServerTls};
+
 /// Connection limits of an HTTP listener.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ListenerLimits {
@@ -41,6 +46,20 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 /// Serve `app` on `listener` until `shutdown` fires (then in-flight requests finish,
 /// within a short grace period).
 pub async fn serve(listener: TcpListener, app: Router, limits: ListenerLimits, shutdown: CancellationToken) {
+    serve_with_tls(listener, app, limits, None, shutdown).await;
+}
+
+/// [`serve`], speaking HTTPS with `tls` when given. The handshake runs in the connection's
+/// task, holding its connection slot, and must finish within `header_timeout` (the same
+/// bound a plain connection has for its first request's headers); failures count in
+/// `sendium_tls_handshake_failures_total{listener}` with `label`.
+pub async fn serve_with_tls(
+    listener: TcpListener,
+    app: Router,
+    limits: ListenerLimits,
+    tls: Option<(ServerTls, &'static str)>,
+    shutdown: CancellationToken,
+) {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let mut connections = JoinSet::new();
     loop {
@@ -64,9 +83,26 @@ pub async fn serve(listener: TcpListener, app: Router, limits: ListenerLimits, s
                 };
                 let app = app.clone();
                 let stop = shutdown.clone();
+                let acceptor = tls.as_ref().map(|(identity, label)| (identity.acceptor(), *label));
                 connections.spawn(async move {
                     metrics::gauge!("sendium_http_connections").increment(1.0);
-                    connection(stream, peer, app, limits, stop).await;
+                    match acceptor {
+                        None => connection(stream, peer, app, limits, stop).await,
+                        Some((acceptor, label)) => {
+                            let deadline = tokio::time::Instant::now() + limits.header_timeout;
+                            let handshake = tls::accept_by(&acceptor, stream, deadline);
+                            tokio::select! {
+                                () = stop.cancelled() => {}
+                                done = handshake => match done {
+                                    Ok(stream) => connection(stream, peer, app, limits, stop).await,
+                                    Err(err) => {
+                                        tls::count_handshake_failure(label, &err);
+                                        tracing::debug!(%peer, error = %err, listener = label, "HTTPS handshake did not complete");
+                                    }
+                                },
+                            }
+                        }
+                    }
                     metrics::gauge!("sendium_http_connections").decrement(1.0);
                     drop(slot);
                 });
@@ -83,13 +119,10 @@ pub async fn serve(listener: TcpListener, app: Router, limits: ListenerLimits, s
     }
 }
 
-async fn connection(
-    stream: tokio::net::TcpStream,
-    peer: SocketAddr,
-    app: Router,
-    limits: ListenerLimits,
-    stop: CancellationToken,
-) {
+async fn connection<S>(stream: S, peer: SocketAddr, app: Router, limits: ListenerLimits, stop: CancellationToken)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         req.extensions_mut().insert(ConnectInfo(peer));
         let mut app = app.clone();

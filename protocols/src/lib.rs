@@ -33,6 +33,7 @@ pub mod kannel;
 pub mod multipart;
 pub mod receipt;
 pub mod text;
+pub mod tls;
 
 pub mod smpp;
 

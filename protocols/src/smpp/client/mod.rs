@@ -101,6 +101,7 @@ pub use pdu::{inbound_data_sm, inbound_deliver};
 mod session;
 #[cfg(test)]
 mod tests;
+mod transport;
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -162,6 +163,8 @@ pub struct ClientConfig {
     /// Longest PDU accepted from the SMSC; 0 means
     /// [`DEFAULT_MAX_COMMAND_LENGTH`](crate::smpp::frame::DEFAULT_MAX_COMMAND_LENGTH).
     pub max_command_length: u32,
+    /// TLS over the TCP connection (`tls = true`); None for plain SMPP.
+    pub tls: Option<crate::tls::ClientTlsSettings>,
 }
 
 /// Written by hand so that the password never reaches a log line.
@@ -182,6 +185,7 @@ impl fmt::Debug for ClientConfig {
             .field("reconnect_min", &self.reconnect_min)
             .field("reconnect_max", &self.reconnect_max)
             .field("max_command_length", &self.max_command_length)
+            .field("tls", &self.tls)
             .finish()
     }
 }

@@ -19,6 +19,7 @@ use tokio::time::{Instant, sleep, sleep_until, timeout, timeout_at};
 use tokio_util::codec::{Decoder, LengthDelimitedCodec};
 
 use super::pace::{Backoff, SeqGen, TokenBucket};
+use super::transport::{self, Transport};
 use super::{ClientConfig, ClientEvent, Cmd, DeliverAck, OutboundSubmit, Shared, SubmitFailure, pdu};
 use crate::smpp::build::{self, BindCredentials, BindKind, BuildError};
 use crate::smpp::frame::{self, FrameError, decode_frame, encode, is_frame_too_long, peek_header};
@@ -43,6 +44,12 @@ pub(crate) enum SessionError {
     Connect(io::Error),
     #[error("TCP connect timed out")]
     ConnectTimeout,
+    #[error("TLS set-up failed: {0}")]
+    TlsSetup(String),
+    #[error("TLS handshake failed: {0}")]
+    TlsHandshake(io::Error),
+    #[error("TLS handshake timed out")]
+    TlsTimeout,
     #[error("bind request not encodable: {0}")]
     BindRequest(#[from] BuildError),
     #[error("bind refused with {status:?} ({code:#010x})")]
@@ -218,6 +225,9 @@ impl Slot {
             let attempt = while_unbound(&mut self.rx, &self.shared, connect_and_bind(&self.config, self.kind)).await;
             let Some(attempt) = attempt else { break };
             match attempt {
+                Err(err @ (SessionError::TlsSetup(_) | SessionError::TlsHandshake(_) | SessionError::TlsTimeout)) => {
+                    tracing::warn!(destination = %name, bind = ?self.kind, error = %err, "SMPP destination TLS failed; nothing sent, reconnecting with backoff");
+                }
                 Err(SessionError::BindRefused { status, code }) => {
                     tracing::warn!(destination = %name, bind = ?self.kind, status = ?status, code, "SMPP bind refused");
                 }
@@ -294,7 +304,7 @@ impl Slot {
 
 /// A connected and bound TCP session, as the bind exchange leaves it.
 struct Bound {
-    stream: TcpStream,
+    stream: Transport,
     codec: LengthDelimitedCodec,
     /// Bytes read after the bind response (the SMSC may send at once).
     rbuf: BytesMut,
@@ -311,12 +321,16 @@ fn max_command_length(config: &ClientConfig) -> u32 {
 
 async fn connect_and_bind(config: &ClientConfig, kind: BindKind) -> Result<Bound, SessionError> {
     let deadline = Instant::now() + config.response_timeout;
-    let mut stream = match timeout_at(deadline, TcpStream::connect((config.host.as_str(), config.port))).await {
+    let stream = match timeout_at(deadline, TcpStream::connect((config.host.as_str(), config.port))).await {
         Err(_) => return Err(SessionError::ConnectTimeout),
         Ok(Err(err)) => return Err(SessionError::Connect(err)),
         Ok(Ok(stream)) => stream,
     };
     stream.set_nodelay(true).map_err(SessionError::Io)?;
+    let mut stream = match timeout_at(deadline, transport::secure(config, stream)).await {
+        Err(_) => return Err(SessionError::TlsTimeout),
+        Ok(result) => result?,
+    };
 
     // The bind response gets its own full response timeout, after the connect.
     let deadline = Instant::now() + config.response_timeout;
@@ -383,11 +397,16 @@ async fn connect_and_bind(config: &ClientConfig, kind: BindKind) -> Result<Bound
 }
 
 /// Writes and clears `wbuf` (if it holds anything) before `deadline`.
-async fn write_by(stream: &mut TcpStream, wbuf: &mut BytesMut, deadline: Instant) -> Result<(), SessionError> {
+async fn write_by(stream: &mut Transport, wbuf: &mut BytesMut, deadline: Instant) -> Result<(), SessionError> {
     if wbuf.is_empty() {
         return Ok(());
     }
-    match timeout_at(deadline, stream.write_all(wbuf)).await {
+    // The flush matters for TLS only: records left in its buffer by a full socket.
+    let write = async {
+        stream.write_all(wbuf).await?;
+        stream.flush().await
+    };
+    match timeout_at(deadline, write).await {
         Err(_) => Err(SessionError::WriteTimeout),
         Ok(Err(err)) => Err(SessionError::Io(err)),
         Ok(Ok(())) => {
@@ -422,7 +441,7 @@ struct Session {
     shared: Arc<Shared>,
     metrics: Metrics,
     counts: Counts,
-    stream: TcpStream,
+    stream: Transport,
     codec: LengthDelimitedCodec,
     rbuf: BytesMut,
     /// Everything written in one wake-up, sent with one `write_all`.
@@ -846,6 +865,7 @@ impl Session {
         } = self;
         let exchange = async {
             stream.write_all(wbuf).await?;
+            stream.flush().await?;
             wbuf.clear();
             loop {
                 while let Some(frame) = codec.decode(rbuf)? {

@@ -541,6 +541,7 @@ fn config(addr: SocketAddr, bind: BindMode) -> ClientConfig {
         reconnect_min: Duration::from_millis(50),
         reconnect_max: Duration::from_millis(200),
         max_command_length: 0,
+        tls: None,
     }
 }
 

@@ -12,6 +12,7 @@ use subtle::{Choice, ConstantTimeEq};
 use tokio::time::Instant;
 
 use super::Account;
+use crate::tls::Subject;
 
 /// Passwords are compared over this many octets whatever their length, so the comparison
 /// time says nothing about the length either. SMPP 3.4 passwords have at most 8 octets
@@ -99,6 +100,8 @@ pub(super) struct AccountState {
     secret: RwLock<Secret>,
     /// Empty: any address.
     allowed_ips: RwLock<Vec<ipnet::IpNet>>,
+    /// Mutual TLS: the client certificate's subject must have these attributes.
+    tls_subject: RwLock<Option<Subject>>,
     binds: AtomicU32,
     bucket: Mutex<Option<Bucket>>,
 }
@@ -110,6 +113,7 @@ impl AccountState {
             max_binds: AtomicU32::new(account.max_binds),
             secret: RwLock::new(Secret::new(account.password.as_bytes())),
             allowed_ips: RwLock::new(account.allowed_ips.clone()),
+            tls_subject: RwLock::new(account.tls_subject.clone()),
             binds: AtomicU32::new(0),
             bucket: Mutex::new((account.max_tps > 0).then(|| Bucket::new(account.max_tps, now))),
         }
@@ -120,6 +124,7 @@ impl AccountState {
         self.max_binds.store(account.max_binds, Ordering::Release);
         *self.secret.write() = Secret::new(account.password.as_bytes());
         *self.allowed_ips.write() = account.allowed_ips.clone();
+        *self.tls_subject.write() = account.tls_subject.clone();
         let mut bucket = self.bucket.lock();
         let rate = f64::from(account.max_tps);
         if bucket.as_ref().map_or(0.0, |b| b.rate) != rate {
@@ -166,13 +171,16 @@ pub(super) enum BindRefusal {
     Status(CommandStatus),
     /// The account does not accept binds from this address (ESME_RBINDFAIL).
     Address,
+    /// The account requires a client certificate with its `tls-subject`, and the
+    /// connection has none, or one with another subject (ESME_RBINDFAIL).
+    Certificate,
 }
 
 impl BindRefusal {
     pub(super) fn status(self) -> CommandStatus {
         match self {
             BindRefusal::Status(s) => s,
-            BindRefusal::Address => CommandStatus::EsmeRbindfail,
+            BindRefusal::Address | BindRefusal::Certificate => CommandStatus::EsmeRbindfail,
         }
     }
 }
@@ -268,14 +276,34 @@ impl Accounts {
     /// Unknown system_id → ESME_RINVSYSID, wrong password → ESME_RINVPASWD (the password is
     /// compared in constant time, against a dummy for an unknown id), no free slot →
     /// ESME_RBINDFAIL. An account with `allowed-ips` refuses a bind from any other
-    /// address with ESME_RBINDFAIL ([`BindRefusal::Address`]), whatever its password.
+    /// address with ESME_RBINDFAIL ([`BindRefusal::Address`]), whatever its password;
+    /// one with `tls-subject` refuses a connection without a client certificate that has
+    /// that subject ([`BindRefusal::Certificate`]) the same way.
+    #[cfg(test)]
     pub(super) fn bind(&self, system_id: &str, password: &[u8], peer: IpAddr) -> Result<BindSlot, BindRefusal> {
+        self.bind_from(system_id, password, peer, None)
+    }
+
+    /// [`Self::bind`] for a connection whose client certificate has `certificate` as its
+    /// subject (None: plain, or TLS without a client certificate).
+    pub(super) fn bind_from(
+        &self,
+        system_id: &str,
+        password: &[u8],
+        peer: IpAddr,
+        certificate: Option<&Subject>,
+    ) -> Result<BindSlot, BindRefusal> {
         let by_id = self.by_id.read();
         let account = by_id.get(system_id);
         if let Some(account) = account {
             let allowed = account.allowed_ips.read();
             if !allowed.is_empty() && !allowed.iter().any(|net| net.contains(&canonical(peer))) {
                 return Err(BindRefusal::Address);
+            }
+            if let Some(required) = &*account.tls_subject.read()
+                && !certificate.is_some_and(|c| c.satisfies(required))
+            {
+                return Err(BindRefusal::Certificate);
             }
         }
         let password_ok = bool::from(match account {
@@ -318,6 +346,7 @@ mod tests {
             max_binds,
             max_tps,
             allowed_ips: Vec::new(),
+            tls_subject: None,
         }
     }
 

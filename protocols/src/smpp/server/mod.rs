@@ -68,6 +68,17 @@
 //! for it, a system_id) is refused with `ESME_RBINDFAIL` without its password being
 //! checked.
 //!
+//! # TLS
+//!
+//! [`serve_with_tls`] also accepts on a TLS listener. Its sessions are the same sessions;
+//! the handshake runs first in the connection's own task and must finish by the
+//! connection's bind deadline (`bind_timeout` from accept), while the connection holds its
+//! place in the unbound budget. A failed or unfinished handshake closes the connection and
+//! counts in `sendium_tls_handshake_failures_total{listener="smpp",reason}`.
+//! With a client CA (mutual TLS) the session keeps the subject of the client certificate,
+//! and an account with `tls_subject` binds only when that subject satisfies it (checked
+//! with `allowed_ips`, before the password: see `account.rs`).
+//!
 //! # Outbound deliver_sm
 //!
 //! [`SessionRegistry::deliver`] spreads a batch over the account's receiver/transceiver
@@ -102,13 +113,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::SmppAddress;
 use crate::auth_guard::AuthGuard;
 use crate::multipart::Concat;
+use crate::tls::ServerTls;
 
 pub use account::AccountBook;
 pub use registry::SessionRegistry;
@@ -133,6 +145,10 @@ pub struct Account {
     /// Addresses a bind may come from; empty = any. A bind from elsewhere gets
     /// ESME_RBINDFAIL before its password is looked at.
     pub allowed_ips: Vec<ipnet::IpNet>,
+    /// Mutual TLS: a bind must come over TLS with a client certificate whose subject has
+    /// these attributes; any other bind gets ESME_RBINDFAIL before its password is looked
+    /// at.
+    pub tls_subject: Option<crate::tls::Subject>,
 }
 
 #[derive(Debug, Clone)]
@@ -271,49 +287,77 @@ pub async fn serve(
     registry: SessionRegistry,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    serve_with_tls(listener, None, config, handler, registry, shutdown).await
+}
+
+/// [`serve`], and TLS connections on a second listener: the same accounts, limits and
+/// sessions; only the transport differs. Each TLS connection's handshake runs in its own
+/// task within its bind deadline (see `session::run`), never in the accept loop.
+pub async fn serve_with_tls(
+    listener: TcpListener,
+    tls: Option<(TcpListener, ServerTls)>,
+    config: Arc<ServerConfig>,
+    handler: Arc<dyn SubmitHandler>,
+    registry: SessionRegistry,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     let unbound = budget::UnboundBudget::new(config.max_unbound, config.max_unbound_per_address);
     let shared = Arc::new(session::Shared::new(config, handler, registry));
     let mut sessions = JoinSet::new();
     let mut backoff = Duration::from_millis(5);
     tracing::info!(
         addr = ?listener.local_addr().ok(),
+        tls_addr = ?tls.as_ref().and_then(|(l, _)| l.local_addr().ok()),
         max_connections = shared.config.max_connections,
         accounts = shared.config.accounts.len(),
         "SMPP server listening"
     );
 
     loop {
-        tokio::select! {
+        let accepted = tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
-            Some(done) = sessions.join_next(), if !sessions.is_empty() => log_session_end(done),
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    backoff = Duration::from_millis(5);
-                    let evict = CancellationToken::new();
-                    match unbound.admit(peer.ip(), evict.clone()) {
-                        Ok(ticket) => {
-                            let shared = shared.clone();
-                            let token = shutdown.child_token();
-                            sessions.spawn(session::run(stream, peer, shared, token, session::Unbound { ticket, evict }));
-                        }
-                        Err(budget::TooManyFromAddress) => {
-                            ::metrics::counter!("sendium_smpp_connections_refused_total", "reason" => "unbound-per-address").increment(1);
-                            tracing::debug!(%peer, "SMPP connection refused: too many unbound connections from its address");
-                            drop(stream);
-                        }
+            Some(done) = sessions.join_next(), if !sessions.is_empty() => {
+                log_session_end(done);
+                continue;
+            }
+            accepted = listener.accept() => accepted.map(|(stream, peer)| (stream, peer, None)),
+            accepted = accept_tls(tls.as_ref()) => accepted,
+        };
+        match accepted {
+            Ok((stream, peer, acceptor)) => {
+                backoff = Duration::from_millis(5);
+                let evict = CancellationToken::new();
+                match unbound.admit(peer.ip(), evict.clone()) {
+                    Ok(ticket) => {
+                        let shared = shared.clone();
+                        let token = shutdown.child_token();
+                        sessions.spawn(session::run(
+                            stream,
+                            peer,
+                            shared,
+                            token,
+                            session::Unbound { ticket, evict },
+                            acceptor,
+                        ));
+                    }
+                    Err(budget::TooManyFromAddress) => {
+                        ::metrics::counter!("sendium_smpp_connections_refused_total", "reason" => "unbound-per-address").increment(1);
+                        tracing::debug!(%peer, "SMPP connection refused: too many unbound connections from its address");
+                        drop(stream);
                     }
                 }
-                Err(err) => {
-                    tracing::warn!(error = %err, "SMPP accept failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
-                }
-            },
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "SMPP accept failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
         }
     }
 
     drop(listener);
+    drop(tls);
     tracing::info!(sessions = sessions.len(), "SMPP server shutting down");
     let drained = tokio::time::timeout(SHUTDOWN_TIMEOUT, async {
         while let Some(done) = sessions.join_next().await {
@@ -330,6 +374,20 @@ pub async fn serve(
         while sessions.join_next().await.is_some() {}
     }
     Ok(())
+}
+
+/// The next connection on the TLS listener, with the identity current at its accept; never
+/// ready without one.
+async fn accept_tls(
+    tls: Option<&(TcpListener, ServerTls)>,
+) -> std::io::Result<(TcpStream, SocketAddr, Option<tokio_rustls::TlsAcceptor>)> {
+    match tls {
+        Some((listener, identity)) => {
+            let (stream, peer) = listener.accept().await?;
+            Ok((stream, peer, Some(identity.acceptor())))
+        }
+        None => std::future::pending().await,
+    }
 }
 
 fn log_session_end(done: Result<(), tokio::task::JoinError>) {

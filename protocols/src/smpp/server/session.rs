@@ -18,11 +18,11 @@ use futures::future::BoxFuture;
 use futures::stream::FuturesOrdered;
 use futures::{FutureExt, StreamExt};
 use rusmpp::{Command, CommandId, CommandStatus, Pdu};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::net::tcp::WriteHalf;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::codec::{Decoder, LengthDelimitedCodec};
 use tokio_util::sync::CancellationToken;
 
@@ -37,6 +37,7 @@ use super::registry::{self, ChunkReply, DELIVER_QUEUE, DeliverChunk, Registratio
 use super::{CLOSE_GRACE, DeliverOutcome, InboundSubmit, OutboundDeliver, ServerConfig, SubmitHandler, SubmitReply};
 use crate::smpp::build::{self, BindKind};
 use crate::smpp::frame::{self, FrameError};
+use crate::tls;
 
 /// Spare room ensured in the read buffer before each read: up to this much is read per
 /// syscall (several hundred submit_sm).
@@ -97,16 +98,21 @@ pub(super) struct Unbound {
     pub(super) evict: CancellationToken,
 }
 
-/// Runs the session of one accepted connection until it closes.
+/// Runs the session of one accepted connection until it closes. With `tls` the handshake
+/// runs here first, in the connection's own task and within the connection's bind deadline:
+/// the connection holds its unbound place meanwhile, so handshakes that never finish are
+/// bounded by `max-unbound` and `bind-timeout` like connections that never bind.
 pub(super) async fn run(
     stream: TcpStream,
     peer: SocketAddr,
     shared: Arc<Shared>,
     shutdown: CancellationToken,
     unbound: Unbound,
+    tls: Option<TlsAcceptor>,
 ) {
     let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
-    let span = tracing::info_span!("smpp_session", session = id, %peer, account = tracing::field::Empty);
+    let span =
+        tracing::info_span!("smpp_session", session = id, %peer, account = tracing::field::Empty, tls = tls.is_some());
     async move {
         if let Err(err) = stream.set_nodelay(true) {
             tracing::debug!(error = %err, "TCP_NODELAY not set");
@@ -115,7 +121,41 @@ pub(super) async fn run(
         let mut session = Session::new(id, peer, shared, shutdown.clone());
         session.unbound = Some(unbound.ticket);
         session.evict = unbound.evict;
-        session.run(stream, shutdown).await;
+        match tls {
+            None => {
+                let mut stream = stream;
+                let (rd, wr) = stream.split();
+                session.run(rd, wr, shutdown).await;
+            }
+            Some(acceptor) => {
+                let handshake = tls::accept_by(&acceptor, stream, session.bind_deadline);
+                let stream = tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return,
+                    () = session.evict.cancelled() => {
+                        tracing::debug!("SMPP connection in its TLS handshake closed to make room for a newer one");
+                        return;
+                    }
+                    done = handshake => match done {
+                        Ok(stream) => stream,
+                        Err(err) => {
+                            tls::count_handshake_failure("smpp", &err);
+                            tracing::info!(error = %err, "SMPP TLS handshake did not complete; closing");
+                            return;
+                        }
+                    },
+                };
+                session.tls = true;
+                session.certificate = stream
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|chain| chain.first())
+                    .and_then(tls::Subject::of);
+                let (rd, wr) = tokio::io::split(stream);
+                session.run(rd, wr, shutdown).await;
+            }
+        }
         tracing::info!(
             account = session.account.as_ref().map(|a| &*a.name),
             reason = session.close_reason,
@@ -401,6 +441,11 @@ struct Session {
 
     pdus: PduTally,
     errors: ErrorTally,
+
+    /// The connection came over the TLS listener.
+    tls: bool,
+    /// The subject of the client certificate it presented (mutual TLS), if any.
+    certificate: Option<crate::tls::Subject>,
 }
 
 impl Session {
@@ -437,12 +482,17 @@ impl Session {
             deliver_rx: None,
             pdus: PduTally::default(),
             errors: ErrorTally::default(),
+            tls: false,
+            certificate: None,
             shared,
         }
     }
 
-    async fn run(&mut self, mut stream: TcpStream, shutdown: CancellationToken) {
-        let (mut rd, mut wr) = stream.split();
+    async fn run<R, W>(&mut self, mut rd: R, mut wr: W, shutdown: CancellationToken)
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
         let cancel = shutdown.cancelled_owned();
         tokio::pin!(cancel);
         let timer = tokio::time::sleep_until(self.timer_at);
@@ -519,7 +569,7 @@ impl Session {
     }
 
     /// Writes `out` with one `write_all`; a failed or stalled write ends the session.
-    async fn flush(&mut self, wr: &mut WriteHalf<'_>) {
+    async fn flush<W: AsyncWrite + Unpin>(&mut self, wr: &mut W) {
         if let Some(at) = self.answer_not_before.take() {
             // The session closes after this answer and reads nothing more: waiting here
             // holds up nothing but the guesser.
@@ -527,7 +577,13 @@ impl Session {
         }
         if self.write_ok {
             let stall = self.shared.config.idle_timeout.max(Duration::from_millis(100));
-            let result = tokio::time::timeout(stall, wr.write_all(&self.out)).await;
+            // The flush matters for TLS only: a write can leave records in the TLS buffer
+            // when the socket is full, and nothing else would send them.
+            let write = async {
+                wr.write_all(&self.out).await?;
+                wr.flush().await
+            };
+            let result = tokio::time::timeout(stall, write).await;
             let failure = match result {
                 Ok(Ok(())) => None,
                 Ok(Err(err)) => {
@@ -875,8 +931,24 @@ impl Session {
             );
             Err(CommandStatus::EsmeRbindfail)
         } else {
-            match self.shared.accounts.accounts().bind(system_id, password, ip) {
+            match self
+                .shared
+                .accounts
+                .accounts()
+                .bind_from(system_id, password, ip, self.certificate.as_ref())
+            {
                 Ok(slot) => Ok(slot),
+                Err(BindRefusal::Certificate) => {
+                    ::metrics::counter!("sendium_auth_certificate_refused_total", "listener" => "smpp").increment(1);
+                    tracing::warn!(
+                        system_id,
+                        peer = %ip,
+                        tls = self.tls,
+                        certificate = self.certificate.is_some(),
+                        "SMPP bind refused: the account's tls-subject requires a client certificate with that subject"
+                    );
+                    Err(CommandStatus::EsmeRbindfail)
+                }
                 Err(BindRefusal::Address) => {
                     ::metrics::counter!("sendium_auth_address_refused_total", "listener" => "smpp").increment(1);
                     tracing::warn!(system_id, peer = %ip, "SMPP bind refused: the account's allowed-ips do not include the peer");

@@ -48,6 +48,7 @@ pub(super) fn accounts() -> Vec<Account> {
             max_binds: 4,
             max_tps: 0,
             allowed_ips: Vec::new(),
+            tls_subject: None,
         },
         Account {
             system_id: "esme2".into(),
@@ -55,6 +56,7 @@ pub(super) fn accounts() -> Vec<Account> {
             max_binds: 1,
             max_tps: 0,
             allowed_ips: Vec::new(),
+            tls_subject: None,
         },
     ]
 }
