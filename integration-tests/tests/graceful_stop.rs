@@ -69,8 +69,9 @@ async fn sigterm_under_load_on_file_stages_exits_0_and_the_restart_loses_nothing
     let twice: Vec<_> = count.iter().filter(|(_, n)| **n > 1).take(5).collect();
     assert!(twice.is_empty(), "in flight at the stop and sent again: {twice:?}");
 
-    // Every acknowledged message has its receipt, on the first session or on the second
-    // (bound after the restart), whichever was bound when the receipt was delivered.
+    // Every acknowledged message has its receipt: a receipt goes to whichever session of
+    // the account is bound when it is delivered (the one bound before the stop, or the
+    // one bound after the restart).
     let ids: HashSet<String> = acked.values().cloned().collect();
     let got = |a: &TestEsme, b: &TestEsme| -> HashSet<String> {
         a.receipts()

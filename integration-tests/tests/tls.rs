@@ -1,6 +1,6 @@
 //! TLS on the real gateway, with certificates made in each test (rcgen, self-signed for
 //! `localhost` and 127.0.0.1): an ESME binds on `[smpp.tls]` and gets its receipt while the
-//! plain listener serves as before; a `tls = true` destination reaches a TLS-fronted test
+//! plain listener keeps serving plain SMPP; a `tls = true` destination reaches a TLS-fronted test
 //! SMSC, and one that does not trust the SMSC's certificate sends nothing and says why; a
 //! flood of connections that never finish a handshake does not keep a real ESME out; the
 //! HTTP ingress and the admin listener serve HTTPS; SIGHUP swaps the certificate for new

@@ -223,7 +223,7 @@ impl RouterState {
             self.expire(key);
         }
         // In admission order (unit ids are time-ordered): messages that waited out an
-        // outage go out in the order they came, not in the map's.
+        // outage go out in the order they came.
         due.sort_unstable_by_key(|(key, _)| *key);
         for (key, waited) in due {
             self.place(key, Occasion::Waited(waited));
