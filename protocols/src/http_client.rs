@@ -53,12 +53,11 @@ use hyper::client::conn::http1::{Connection, SendRequest};
 use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use rustls::pki_types::{CertificateDer, ServerName};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
-use tokio_rustls::client::TlsStream;
 
 use crate::callback::CallbackTargets;
+use crate::tls::ClientStream;
 
 /// How a [`HttpClient`] behaves. [`Config::default`] suits short API calls.
 #[derive(Clone, Debug)]
@@ -628,8 +627,8 @@ impl Inner {
         let tcp = connect_any(&addrs, deadline).await.map_err(Error::Connect)?;
         tcp.set_nodelay(true).map_err(Error::Connect)?;
         let stream = match &parts.server_name {
-            None => Stream::Tcp(tcp),
-            Some(name) => Stream::Tls(Box::new(self.tls.connect(name.clone(), tcp).await.map_err(Error::Tls)?)),
+            None => ClientStream::Plain(tcp),
+            Some(name) => ClientStream::Tls(Box::new(self.tls.connect(name.clone(), tcp).await.map_err(Error::Tls)?)),
         };
         let (sender, driver) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
@@ -669,7 +668,7 @@ async fn connect_any(addrs: &[SocketAddr], deadline: tokio::time::Instant) -> io
     Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address to connect to")))
 }
 
-type Driver = Connection<TokioIo<Stream>, Full<Bytes>>;
+type Driver = Connection<TokioIo<ClientStream>, Full<Bytes>>;
 
 /// One HTTP/1.1 connection: hyper's request handle and its connection future, which this
 /// client polls itself from the task making the request instead of spawning it.
@@ -851,62 +850,6 @@ impl BodyRead {
 
     fn into_bytes(self) -> Bytes {
         self.first.unwrap_or_else(|| self.more.freeze())
-    }
-}
-
-/// A connection's socket, plain or TLS (one type, so one pool and one hyper connection type).
-enum Stream {
-    Tcp(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>),
-}
-
-impl AsyncRead for Stream {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Stream {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(&mut **s).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Tls(s) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Stream::Tcp(s) => s.is_write_vectored(),
-            Stream::Tls(s) => s.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => Pin::new(&mut **s).poll_shutdown(cx),
-        }
     }
 }
 

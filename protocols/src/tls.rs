@@ -336,7 +336,9 @@ impl ServerCertVerifier for NoVerification {
     }
 }
 
+mod stream;
 mod subject;
+pub use stream::ClientStream;
 pub use subject::{SUBJECT_ATTRIBUTES, Subject};
 
 #[cfg(test)]
