@@ -81,6 +81,8 @@ pub fn record(s: HttpSubmission) -> Result<PendingRecord, (&'static str, String)
         accepted_at: Timestamp::now(),
         valid_until: None,
         dlr_mask: None,
+        route_priority: 0,
+        destination_hint: None,
     })
 }
 
@@ -138,6 +140,8 @@ pub fn sendsms_records(account: &str, s: &Sendsms, now: Timestamp, multipart_exp
                 .validity_minutes
                 .map(|m| now.saturating_add(Duration::from_secs(u64::from(m) * 60))),
             dlr_mask,
+            route_priority: 0,
+            destination_hint: s.smsc.clone(),
         })
         .collect()
 }

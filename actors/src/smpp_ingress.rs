@@ -68,6 +68,8 @@ pub fn record(account: &str, s: InboundSubmit, now: Timestamp, multipart_expiry:
         accepted_at: now,
         valid_until: s.validity.map(Timestamp),
         dlr_mask: None,
+        route_priority: 0,
+        destination_hint: None,
     }
 }
 

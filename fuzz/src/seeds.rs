@@ -309,6 +309,8 @@ fn cbor_envelope() -> Vec<Seed> {
         accepted_at: Timestamp(1_779_999_000_000),
         valid_until: Some(Timestamp(1_780_100_000_000)),
         dlr_mask: None,
+        route_priority: 0,
+        destination_hint: None,
     };
     let routed = RoutedUnit {
         id,

@@ -86,8 +86,9 @@ impl RecordKind {
     /// The (major, minor) version this build writes and reads.
     pub fn version(self) -> (u16, u16) {
         match self {
-            // Minor 1: `dm` (a Kannel dlr-mask).
-            RecordKind::PendingRecord => (1, 1),
+            // Minor 1: `dm` (a Kannel dlr-mask). Minor 2: `rp` (route priority) and `sh`
+            // (a destination hint).
+            RecordKind::PendingRecord => (1, 2),
             // Minor 1: a receipt target's reply may be `Kannel`.
             RecordKind::DlrTrack => (1, 1),
             RecordKind::PendingUnit
@@ -415,6 +416,8 @@ mod tests {
             accepted_at: Timestamp::now(),
             valid_until: None,
             dlr_mask: None,
+            route_priority: 0,
+            destination_hint: None,
         }
     }
 
@@ -592,6 +595,27 @@ mod tests {
         let v: Value = ciborium::from_reader(unseal(&bytes).unwrap()).unwrap();
         let keys: Vec<_> = v.as_map().unwrap().iter().filter_map(|(k, _)| k.as_text()).collect();
         assert!(!keys.contains(&"dm"), "{keys:?}");
+    }
+
+    /// Route priority and destination hint round-trip, and are left out when unset.
+    #[test]
+    fn a_route_priority_and_destination_hint_round_trip_and_are_absent_when_unset() {
+        let mut r = record(11);
+        r.route_priority = 9;
+        r.destination_hint = Some("upstream-b".into());
+        round_trip(RecordKind::PendingRecord, &r);
+        r.route_priority = 0;
+        r.destination_hint = None;
+        let bytes = encode(RecordKind::PendingRecord, &r).unwrap();
+        let v: Value = ciborium::from_reader(unseal(&bytes).unwrap()).unwrap();
+        let keys: Vec<_> = v.as_map().unwrap().iter().filter_map(|(k, _)| k.as_text()).collect();
+        assert!(!keys.contains(&"rp") && !keys.contains(&"sh"), "{keys:?}");
+        let old: PendingRecord = decode(
+            RecordKind::PendingRecord,
+            &to_bytes(&Value::Map(old_minor_record(r.id))),
+        )
+        .unwrap();
+        assert_eq!((old.route_priority, old.destination_hint), (0, None));
     }
 
     #[test]

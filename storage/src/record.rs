@@ -113,6 +113,20 @@ pub struct PendingRecord {
     /// POST. Minor version 1 of the record; absent in older ones.
     #[serde(default, rename = "dm", skip_serializing_if = "Option::is_none")]
     pub dlr_mask: Option<u8>,
+    /// The `priority` (0–9) of the route this message matched when it was admitted: its
+    /// place in the pending stage's ready order (higher first, arrival order within one
+    /// priority). Minor version 2 of the record; absent (0) in older ones.
+    #[serde(default, rename = "rp", skip_serializing_if = "is_zero")]
+    pub route_priority: u8,
+    /// The destination the client asked for (Kannel's `smsc` parameter): preferred when
+    /// it is one of the matched route's `to` destinations, ignored otherwise. Minor
+    /// version 2 of the record; absent in older ones.
+    #[serde(default, rename = "sh", skip_serializing_if = "Option::is_none")]
+    pub destination_hint: Option<String>,
+}
+
+fn is_zero(v: &u8) -> bool {
+    *v == 0
 }
 
 impl PendingRecord {
@@ -182,6 +196,10 @@ impl PendingRecord {
         // Only when present, so digests stored before the field existed stay equal.
         if let Some(mask) = self.dlr_mask {
             field(&[mask]);
+        }
+        if let Some(hint) = &self.destination_hint {
+            field(b"sh");
+            field(hint.as_bytes());
         }
         d.finalize()
     }

@@ -112,6 +112,8 @@ mod tests {
             accepted_at: Timestamp::now(),
             valid_until: None,
             dlr_mask: None,
+            route_priority: 0,
+            destination_hint: None,
         }
     }
 

@@ -364,6 +364,8 @@ mod tests {
             accepted_at: Timestamp(at),
             valid_until: valid.map(Timestamp),
             dlr_mask: None,
+            route_priority: 0,
+            destination_hint: None,
         };
         let unit = |parts: Vec<sendium_storage::PendingRecord>| Unit {
             id: parts[0].id,

@@ -166,6 +166,8 @@ copy-to = ["audit"]
             accepted_at: Timestamp::now(),
             valid_until: None,
             dlr_mask: None,
+            route_priority: 0,
+            destination_hint: None,
         };
         Unit {
             id,

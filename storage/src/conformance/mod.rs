@@ -62,6 +62,8 @@ pub(crate) fn record(account: &str, to: &str, text: &str) -> PendingRecord {
         accepted_at: Timestamp::now(),
         valid_until: None,
         dlr_mask: None,
+        route_priority: 0,
+        destination_hint: None,
     }
 }
 
