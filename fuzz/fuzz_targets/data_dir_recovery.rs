@@ -118,6 +118,8 @@ fn record(account: &str, destination: &str, text: &str, part: Option<(u16, u8, u
         accepted_at: now,
         valid_until: None,
         dlr_mask: None,
+        route_priority: 0,
+        destination_hint: None,
     }
 }
 

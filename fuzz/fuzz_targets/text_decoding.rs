@@ -220,6 +220,8 @@ fn record(account: &str, destination: &str, reference: u16, total: u8, seq: u8, 
         accepted_at: now,
         valid_until: None,
         dlr_mask: None,
+        route_priority: 0,
+        destination_hint: None,
     }
 }
 
