@@ -442,3 +442,54 @@ async fn a_message_nobody_can_take_expires_at_its_validity() {
     assert_eq!(esme.receipts().len(), 3, "one receipt each");
     assert_eq!(live.messages().len(), 1);
 }
+
+/// Kannel's `smsc` parameter picks a destination among the route's: the named one comes
+/// first in the failover order. A name the route does not list is ignored, so a client
+/// cannot send where the operator's routes do not allow.
+#[tokio::test]
+async fn a_kannel_smsc_parameter_chooses_among_the_routes_destinations() {
+    let first = provider().await;
+    let second = provider().await;
+    let other = provider().await;
+    let config = [
+        SMPP,
+        HTTP,
+        ADMIN,
+        &destination("first", "first_port"),
+        &destination("second", "second_port"),
+        &destination("other", "other_port"),
+        "\n[[routes]]\nname = \"default\"\nto = [\"first\", \"second\"]\n",
+        "\n[[http.sendsms-users]]\nusername = \"tester\"\npassword = \"foobar\"\naccount = \"esme1\"\n",
+    ]
+    .concat();
+    let gw = GatewayProcess::builder(&config)
+        .var("first_port", &first.port().to_string())
+        .var("second_port", &second.port().to_string())
+        .var("other_port", &other.port().to_string())
+        .start()
+        .await;
+    for (to, smsc) in [
+        ("4670000001", Some("second")),
+        ("4670000002", None),
+        ("4670000003", Some("other")),
+        ("4670000004", Some("first")),
+    ] {
+        let hint = smsc.map(|s| format!("&smsc={s}")).unwrap_or_default();
+        let path = format!("/cgi-bin/sendsms?username=tester&password=foobar&from=1234&to={to}&text=hi{hint}");
+        let r = sendium_integration_tests::http::request(gw.http_addr(), "GET", &path, &[], None)
+            .await
+            .unwrap();
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    assert!(first.wait_messages(3, WAIT).await);
+    assert!(second.wait_messages(1, WAIT).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let to = |smsc: &TestSmsc| {
+        let mut v: Vec<String> = smsc.messages().iter().map(|m| m.destination.clone()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(to(&second), ["4670000001"]);
+    assert_eq!(to(&first), ["4670000002", "4670000003", "4670000004"]);
+    assert!(other.messages().is_empty(), "not on the route: the hint is ignored");
+}

@@ -40,7 +40,7 @@ pub(super) fn plan(routes: &RouteTable, unit: &Unit) -> RoutedUnit {
                 let mut branches = vec![Branch {
                     no: 0,
                     kind: BranchKind::Primary,
-                    targets: r.to.clone(),
+                    targets: primary_targets(&r.to, p.destination_hint.as_deref()),
                     outcome: None,
                     failed_over_from: Vec::new(),
                 }];
@@ -79,6 +79,19 @@ pub(super) fn plan(routes: &RouteTable, unit: &Unit) -> RoutedUnit {
         routed_at: Timestamp::now(),
         branches,
     }
+}
+
+/// The primary branch's failover order: the route's `to` list, with the destination the
+/// client asked for (Kannel's `smsc` parameter) moved to the front when it is on the
+/// list. A hint naming a destination the route does not list is ignored: the route
+/// decides where a message may go, the client only chooses among those.
+fn primary_targets(to: &[String], hint: Option<&str>) -> Vec<String> {
+    let mut targets = to.to_vec();
+    if let Some(at) = hint.and_then(|h| targets.iter().position(|t| t == h)) {
+        let preferred = targets.remove(at);
+        targets.insert(0, preferred);
+    }
+    targets
 }
 
 /// Receipt targets of a unit: one per submission that asked for a receipt.
@@ -200,6 +213,28 @@ copy-to = ["audit"]
                 .iter()
                 .all(|b| b.outcome.is_none() && b.failed_over_from.is_empty())
         );
+    }
+
+    #[test]
+    fn a_destination_hint_on_the_route_goes_first_and_one_elsewhere_is_ignored() {
+        let targets = |hint: Option<&str>| {
+            let mut u = unit("447700900123", Disposition::Deliver, None);
+            u.parts[0].destination_hint = hint.map(str::to_string);
+            let routed = plan(&routes(), &u);
+            (routed.branches[0].targets.clone(), routed.branches[1].targets.clone())
+        };
+        let ab = vec!["a".to_string(), "b".to_string()];
+        let ba = vec!["b".to_string(), "a".to_string()];
+        let audit = vec!["audit".to_string()];
+        assert_eq!(targets(Some("b")), (ba, audit.clone()));
+        assert_eq!(targets(Some("a")), (ab.clone(), audit.clone()));
+        assert_eq!(
+            targets(Some("audit")),
+            (ab.clone(), audit.clone()),
+            "not on the route's `to` list"
+        );
+        assert_eq!(targets(Some("nowhere")), (ab.clone(), audit.clone()));
+        assert_eq!(targets(None), (ab, audit));
     }
 
     #[test]
