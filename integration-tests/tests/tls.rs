@@ -3,7 +3,8 @@
 //! plain listener keeps serving plain SMPP; a `tls = true` destination reaches a TLS-fronted test
 //! SMSC, and one that does not trust the SMSC's certificate sends nothing and says why; a
 //! flood of connections that never finish a handshake does not keep a real ESME out; the
-//! HTTP ingress and the admin listener serve HTTPS; SIGHUP swaps the certificate for new
+//! HTTP ingress and the admin listener serve HTTPS, and `sendium healthcheck` reaches the
+//! latter by its configuration or a CA file; SIGHUP swaps the certificate for new
 //! connections while a bound session keeps working, and a bad certificate refuses the
 //! reload; an unreadable key fails startup naming the key and the file.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -18,6 +19,7 @@ use sendium_integration_tests::BindError;
 use sendium_integration_tests::esme::EsmeOptions;
 use sendium_integration_tests::{
     BindKind, GatewayProcess, SmscConfig, SubmitSpec, TestEsme, TestSmsc, TlsClient, TlsFront, free_port, http,
+    sendium_command,
 };
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -302,6 +304,45 @@ async fn the_http_ingress_and_the_admin_listener_serve_https() {
     tokio::time::timeout(WAIT, ready)
         .await
         .unwrap_or_else(|_| panic!("{}", gw.log()));
+
+    // `sendium healthcheck` over HTTPS: from the configuration (exactly its certificate),
+    // or against a CA file; not over plain HTTP, not trusting another certificate.
+    let other = make_cert(dir.path(), "other");
+    let admin_addr = gw.admin_addr().to_string();
+    let config_path = gw.config_path().display().to_string();
+    let healthcheck = |args: &[&str]| {
+        let out = sendium_command().arg("healthcheck").args(args).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ok, err) = healthcheck(&["--config", &config_path]);
+    assert!(ok, "{err}");
+    let (ok, err) = healthcheck(&["--addr", &admin_addr, "--ca", &cert.cert.display().to_string()]);
+    assert!(ok, "{err}");
+    let (ok, err) = healthcheck(&[
+        "--addr",
+        &admin_addr,
+        "--ca",
+        &cert.cert.display().to_string(),
+        "--server-name",
+        "localhost",
+    ]);
+    assert!(ok, "{err}");
+    let (ok, _) = healthcheck(&["--addr", &admin_addr]);
+    assert!(!ok, "plain HTTP to the HTTPS admin listener");
+    let (ok, err) = healthcheck(&["--addr", &admin_addr, "--ca", &other.cert.display().to_string()]);
+    assert!(!ok && err.contains("certificate"), "another CA: {err}");
+    let pinned_other = dir.path().join("other.toml");
+    let cfg = std::fs::read_to_string(gw.config_path()).unwrap();
+    std::fs::write(
+        &pinned_other,
+        cfg.replace(&cert.cert.display().to_string(), &other.cert.display().to_string()),
+    )
+    .unwrap();
+    let (ok, err) = healthcheck(&["--config", &pinned_other.display().to_string()]);
+    assert!(
+        !ok && err.contains("not the configured one"),
+        "another pinned certificate: {err}"
+    );
 
     let body = br#"{"from": "Shop", "to": "447700900123", "text": "over HTTPS"}"#;
     let headers = [("Authorization", "Bearer key-1"), ("Content-Type", "application/json")];

@@ -266,7 +266,10 @@ pub fn client_config(settings: &ClientTlsSettings) -> Result<Arc<rustls::ClientC
             source,
         })?;
     if settings.insecure_skip_verify {
-        let verifier = Arc::new(NoVerification(provider()));
+        let verifier = Arc::new(Verification {
+            provider: provider(),
+            pinned: None,
+        });
         return Ok(Arc::new(
             builder
                 .dangerous()
@@ -291,26 +294,67 @@ pub fn client_config(settings: &ClientTlsSettings) -> Result<Arc<rustls::ClientC
     Ok(Arc::new(builder.with_root_certificates(roots).with_no_client_auth()))
 }
 
+/// A client configuration that accepts exactly the server whose certificate is the first
+/// one in `cert` (the `cert` file of a listener's `tls`), whatever names it carries; the
+/// handshake's signatures are still checked, so only the holder of its key passes. For
+/// `sendium healthcheck`, which reaches its own admin listener by a loopback address its
+/// certificate does not name. `key` names the configuration key in errors.
+pub fn pinned_client_config(key: &str, cert: &Path) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let pinned = load_certificates(key, cert)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| TlsError::NoCertificate {
+            key: key.to_owned(),
+            path: cert.to_owned(),
+        })?;
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|source| TlsError::Rejected {
+            key: key.to_owned(),
+            path: cert.to_owned(),
+            source,
+        })?;
+    let verifier = Arc::new(Verification {
+        provider: provider(),
+        pinned: Some(pinned),
+    });
+    Ok(Arc::new(
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(verifier)
+            .with_no_client_auth(),
+    ))
+}
+
 /// The server name to verify and send as SNI.
 pub fn server_name(name: &str) -> Result<ServerName<'static>, rustls::pki_types::InvalidDnsNameError> {
     ServerName::try_from(name.to_owned())
 }
 
-/// `tls-insecure-skip-verify`: any certificate passes, signatures are still checked (the
-/// session is encrypted, but to whoever answers).
+/// A certificate check without a CA: with no pin (`tls-insecure-skip-verify`) any
+/// certificate passes (the session is encrypted, but to whoever answers); with a pin only
+/// that exact certificate does. Handshake signatures are checked either way.
 #[derive(Debug)]
-struct NoVerification(Arc<CryptoProvider>);
+struct Verification {
+    provider: Arc<CryptoProvider>,
+    pinned: Option<CertificateDer<'static>>,
+}
 
-impl ServerCertVerifier for NoVerification {
+impl ServerCertVerifier for Verification {
     fn verify_server_cert(
         &self,
-        _end_entity: &CertificateDer<'_>,
+        end_entity: &CertificateDer<'_>,
         _intermediates: &[CertificateDer<'_>],
         _server_name: &ServerName<'_>,
         _ocsp_response: &[u8],
         _now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
+        match &self.pinned {
+            Some(pinned) if pinned.as_ref() != end_entity.as_ref() => Err(rustls::Error::General(
+                "the server's certificate is not the configured one".into(),
+            )),
+            _ => Ok(ServerCertVerified::assertion()),
+        }
     }
 
     fn verify_tls12_signature(
@@ -319,7 +363,7 @@ impl ServerCertVerifier for NoVerification {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
     }
 
     fn verify_tls13_signature(
@@ -328,11 +372,11 @@ impl ServerCertVerifier for NoVerification {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        self.provider.signature_verification_algorithms.supported_schemes()
     }
 }
 

@@ -129,6 +129,40 @@ async fn a_client_trusting_the_ca_file_talks_and_one_trusting_webpki_is_refused(
     server.await.unwrap().unwrap();
 }
 
+/// The pinned client accepts the server holding exactly the configured certificate, under
+/// any name, and refuses another server's certificate.
+#[tokio::test]
+async fn a_pinned_client_takes_only_the_configured_certificate() {
+    let ours = test_cert();
+    let theirs = test_cert();
+    let pinned = TlsConnector::from(pinned_client_config("admin.tls.cert", &ours.cert).unwrap());
+    for (served, accepted) in [(&ours, true), (&theirs, false)] {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(echo_once(listener, ServerTls::load(files(served)).unwrap()));
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        // A name the certificate does not carry: the pin alone decides.
+        let result = pinned.connect(server_name("sendium.invalid").unwrap(), tcp).await;
+        match result {
+            Ok(mut s) => {
+                assert!(accepted, "another server's certificate was accepted");
+                s.write_all(b"ping").await.unwrap();
+                let mut buf = [0u8; 4];
+                s.read_exact(&mut buf).await.unwrap();
+                assert_eq!(&buf, b"ping");
+                server.await.unwrap().unwrap();
+            }
+            Err(e) => {
+                assert!(!accepted, "the configured certificate was refused: {e}");
+                assert!(e.to_string().contains("not the configured one"), "{e}");
+                assert!(server.await.unwrap().is_err());
+            }
+        }
+    }
+    let err = pinned_client_config("admin.tls.cert", &ours.key).unwrap_err();
+    assert!(matches!(err, TlsError::NoCertificate { .. }), "{err}");
+}
+
 #[tokio::test]
 async fn a_peer_that_never_speaks_times_out() {
     let c = test_cert();
