@@ -14,9 +14,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use sendium_profiles::Config;
+
+use crate::healthcheck;
 
 const USAGE: &str = "\
 usage:
@@ -69,7 +70,6 @@ pub fn main() -> ExitCode {
     }
 }
 
-#[derive(Debug)]
 enum Failure {
     Usage(String),
     Config(String),
@@ -179,7 +179,21 @@ fn run(args: &[String]) -> Result<(), Failure> {
                 .map_err(|e| Failure::Runtime(e.to_string()))
         }
         "outbox" => outbox(&args[1..]),
-        "healthcheck" => runtime()?.block_on(healthcheck(&HealthcheckArgs::parse(&args[1..])?)),
+        "healthcheck" => {
+            let check = healthcheck::HealthcheckArgs::parse(&args[1..]).map_err(Failure::Usage)?;
+            let admin = match &check.config {
+                Some(path) => Some(load(Some(path))?.admin),
+                None => None,
+            };
+            match runtime()?.block_on(healthcheck::run(&check, admin.as_ref())) {
+                Ok(body) => {
+                    println!("{body}");
+                    Ok(())
+                }
+                Err(healthcheck::HealthcheckError::Config(e)) => Err(Failure::Config(e)),
+                Err(healthcheck::HealthcheckError::Unhealthy(e)) => Err(Failure::Runtime(e)),
+            }
+        }
         "demo" => {
             let cfg = load(None)?;
             crate::telemetry::init(&cfg.log);
@@ -201,135 +215,6 @@ fn run(args: &[String]) -> Result<(), Failure> {
         }
         other => Err(Failure::Usage(format!("unknown command {other:?}"))),
     }
-}
-
-/// What `sendium healthcheck` was told.
-#[derive(Debug, Default, PartialEq)]
-struct HealthcheckArgs {
-    /// `--addr HOST:PORT`.
-    addr: Option<String>,
-    /// `--config FILE`: the admin listener's address and TLS certificate.
-    config: Option<PathBuf>,
-    /// `--ca FILE`: HTTPS, the server's certificate checked against these CA certificates.
-    ca: Option<PathBuf>,
-    /// `--server-name NAME`: the name that certificate must carry (default: the host).
-    server_name: Option<String>,
-}
-
-impl HealthcheckArgs {
-    fn parse(args: &[String]) -> Result<Self, Failure> {
-        let mut parsed = HealthcheckArgs::default();
-        let mut it = args.iter();
-        while let Some(flag) = it.next() {
-            let mut value = |what: &str| {
-                it.next()
-                    .cloned()
-                    .ok_or_else(|| Failure::Usage(format!("{flag} needs {what}")))
-            };
-            match flag.as_str() {
-                "--addr" => parsed.addr = Some(value("HOST:PORT")?),
-                "--config" | "-c" => parsed.config = Some(PathBuf::from(value("a file")?)),
-                "--ca" => parsed.ca = Some(PathBuf::from(value("a PEM file")?)),
-                "--server-name" => parsed.server_name = Some(value("a name")?),
-                other => return Err(Failure::Usage(format!("unexpected argument {other:?}"))),
-            }
-        }
-        if parsed.server_name.is_some() && parsed.ca.is_none() {
-            return Err(Failure::Usage("--server-name needs --ca".into()));
-        }
-        Ok(parsed)
-    }
-}
-
-/// `sendium healthcheck`: 0 when the admin endpoint answers `/readyz` with 200, 1
-/// otherwise (for a container's HEALTHCHECK, where no HTTP client is installed).
-///
-/// The endpoint is `--addr`, else `[admin] listen` of `--config` (an unspecified address
-/// is reached on loopback), else 127.0.0.1:9090. It speaks HTTPS when `--ca` is given
-/// (the certificate must chain to it and carry `--server-name` or the host) or when the
-/// configuration's `[admin] tls` is set: then exactly the certificate in its `cert` file
-/// is accepted, under whatever name, since a healthcheck reaches its own gateway by a
-/// loopback address the certificate does not name.
-async fn healthcheck(args: &HealthcheckArgs) -> Result<(), Failure> {
-    let admin = match &args.config {
-        Some(path) => Some(load(Some(path))?.admin),
-        None => None,
-    };
-    let addr = match (&args.addr, &admin) {
-        (Some(addr), _) => addr.clone(),
-        (None, Some(admin)) => reachable(admin.listen).to_string(),
-        (None, None) => "127.0.0.1:9090".to_owned(),
-    };
-    let runtime_error = |e: &dyn std::fmt::Display| Failure::Runtime(format!("healthcheck: {e}"));
-    let mut client = reqwest::Client::builder().timeout(std::time::Duration::from_secs(3));
-    let url = if let Some(ca) = &args.ca {
-        let socket: std::net::SocketAddr = tokio::net::lookup_host(&addr)
-            .await
-            .map_err(|e| runtime_error(&format!("{addr}: {e}")))?
-            .next()
-            .ok_or_else(|| runtime_error(&format!("{addr}: no address")))?;
-        let host = addr.rsplit_once(':').map_or(addr.as_str(), |(host, _)| host);
-        let name = args
-            .server_name
-            .clone()
-            .unwrap_or_else(|| host.trim_matches(['[', ']']).to_owned());
-        let config = sendium_protocols::tls::client_config(&sendium_protocols::tls::ClientTlsSettings {
-            server_name: name.clone(),
-            ca: Some(ca.clone()),
-            insecure_skip_verify: false,
-            key: "--ca".into(),
-        })
-        .map_err(|e| Failure::Usage(e.to_string()))?;
-        client = client.use_preconfigured_tls(Arc::unwrap_or_clone(config));
-        if name.parse::<std::net::IpAddr>().is_err() {
-            // Connect to `addr` while checking the certificate against `name`.
-            client = client.resolve(&name, socket);
-        }
-        let host = if name.contains(':') { format!("[{name}]") } else { name };
-        format!("https://{host}:{}/readyz", socket.port())
-    } else if let Some(tls) = admin.as_ref().and_then(|a| a.tls.as_ref()) {
-        let config = sendium_protocols::tls::pinned_client_config("admin.tls.cert", &tls.cert)
-            .map_err(|e| Failure::Config(e.to_string()))?;
-        client = client.use_preconfigured_tls(Arc::unwrap_or_clone(config));
-        format!("https://{addr}/readyz")
-    } else {
-        format!("http://{addr}/readyz")
-    };
-    let client = client.build().map_err(|e| runtime_error(&e))?;
-    let resp = client
-        .get(&url)
-        .send()
-        .await
-        .map_err(|e| Failure::Runtime(format!("{url}: {}", error_chain(&e))))?;
-    let status = resp.status();
-    let body = resp.text().await.unwrap_or_default();
-    if status.is_success() {
-        println!("{body}");
-        Ok(())
-    } else {
-        Err(Failure::Runtime(format!("{url}: {status} {body}")))
-    }
-}
-
-/// A listen address as a local client reaches it: an unspecified IP is loopback.
-fn reachable(listen: std::net::SocketAddr) -> std::net::SocketAddr {
-    match listen.ip() {
-        std::net::IpAddr::V4(ip) if ip.is_unspecified() => (std::net::Ipv4Addr::LOCALHOST, listen.port()).into(),
-        std::net::IpAddr::V6(ip) if ip.is_unspecified() => (std::net::Ipv6Addr::LOCALHOST, listen.port()).into(),
-        _ => listen,
-    }
-}
-
-/// An error and its sources on one line (reqwest's own message hides the TLS reason).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 /// `sendium outbox …`.
@@ -497,53 +382,4 @@ pub fn check_config_report(cfg: &Config) -> String {
     out.push_str("\nsupported storage profiles:\n");
     out.push_str(&sendium_profiles::guarantee_table());
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn args(a: &[&str]) -> Vec<String> {
-        a.iter().map(|s| (*s).to_owned()).collect()
-    }
-
-    #[test]
-    fn healthcheck_flags_are_read_and_misuse_is_named() {
-        let parsed = HealthcheckArgs::parse(&args(&[
-            "--config",
-            "/etc/sendium/sendium.toml",
-            "--ca",
-            "/ca.pem",
-            "--server-name",
-            "admin.example.com",
-        ]))
-        .unwrap();
-        assert_eq!(
-            parsed,
-            HealthcheckArgs {
-                addr: None,
-                config: Some("/etc/sendium/sendium.toml".into()),
-                ca: Some("/ca.pem".into()),
-                server_name: Some("admin.example.com".into()),
-            }
-        );
-        for (bad, says) in [
-            (&["--addr"][..], "--addr needs HOST:PORT"),
-            (&["--server-name", "x"][..], "--server-name needs --ca"),
-            (&["--port", "1"][..], "unexpected argument \"--port\""),
-        ] {
-            match HealthcheckArgs::parse(&args(bad)) {
-                Err(Failure::Usage(m)) => assert!(m.contains(says), "{m}"),
-                other => panic!("{bad:?}: {other:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn an_unspecified_listen_address_is_reached_on_loopback() {
-        let r = |s: &str| reachable(s.parse().unwrap()).to_string();
-        assert_eq!(r("0.0.0.0:9090"), "127.0.0.1:9090");
-        assert_eq!(r("[::]:9090"), "[::1]:9090");
-        assert_eq!(r("10.1.2.3:9090"), "10.1.2.3:9090");
-    }
 }

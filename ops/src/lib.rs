@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod cli;
 pub mod demo;
+pub mod healthcheck;
 pub mod metrics;
 pub mod outbox_cli;
 pub mod serve;
