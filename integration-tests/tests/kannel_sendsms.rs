@@ -9,7 +9,10 @@ mod support;
 use std::time::Duration;
 
 use sendium_integration_tests::http::{HttpResponse, request};
-use sendium_integration_tests::{CallbackRequest, CallbackServer, CommandStatus, GatewayProcess, TestSmsc};
+use sendium_integration_tests::{
+    CallbackRequest, CallbackServer, CommandStatus, DestMatch, GatewayProcess, ReceiptOutcome, ReceiptRule,
+    ReceiptState, TestSmsc,
+};
 use support::*;
 
 /// The user of Kannel's examples, for `esme1`.
@@ -290,6 +293,45 @@ async fn a_refused_message_reports_16_and_the_mask_filters_reports() {
     );
 }
 
+/// A provider that accepts the message and then sends a final REJECTD receipt: Kannel's
+/// SMPP module reports that as undelivered (2), not as a refusal (16), and sends nothing
+/// to a mask that asks for refusals only.
+#[tokio::test]
+async fn a_rejectd_receipt_reports_2() {
+    let (smsc, gw) = start().await;
+    smsc.set_receipt_rules(vec![ReceiptRule::dest_prefix("4498", ReceiptState::Rejected, "008")]);
+    let cb = CallbackServer::start().await;
+    let url = |tag: &str| enc(&cb.url(&format!("/{tag}?type=%d&text=%A")));
+    for (to, mask, tag) in [("44981", 31, "all"), ("44982", 16, "refusals")] {
+        let r = get(
+            &gw,
+            &format!(
+                "username=tester&password=foobar&from=1&to={to}&text=t&dlr-mask={mask}&dlr-url={}",
+                url(tag)
+            ),
+        )
+        .await;
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    // 8 then 2 for the mask of 31.
+    assert!(cb.wait_requests(2, WAIT).await, "{:?}", cb.requests());
+    assert!(smsc.wait_for(WAIT, |s| s.stats().receipts_sent >= 2).await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let reqs = cb.requests();
+    let types: Vec<String> = reqs
+        .iter()
+        .filter(|r| r.path.starts_with("/all?"))
+        .map(|r| param(&query(r), "type").to_string())
+        .collect();
+    assert_eq!(types, ["8", "2"], "{reqs:?}");
+    let last = reqs.iter().rfind(|r| r.path.starts_with("/all?")).unwrap();
+    assert!(param(&query(last), "text").contains("stat:REJECTD"), "{last:?}");
+    assert!(
+        reqs.iter().all(|r| !r.path.starts_with("/refusals")),
+        "a REJECTD receipt is no refusal: {reqs:?}"
+    );
+}
+
 /// A dlr-url survives a SIGKILL and restart as a `callback_url` does: with the file
 /// profiles, reports the URL refused before the kill are delivered after the restart,
 /// still as Kannel GETs with their codes filled in.
@@ -329,4 +371,99 @@ async fn undelivered_reports_survive_a_restart() {
     to.sort();
     to.dedup();
     assert_eq!(to, (0..5).map(|i| format!("44970{i}")).collect::<Vec<_>>());
+}
+
+/// An intermediate receipt (ENROUTE) before the final one: a mask with 4 gets 8, then
+/// 4 with the provider's receipt text, then 1 (the message still awaited its final
+/// receipt after the 4); a mask without 4 gets 8 and 1 only.
+#[tokio::test]
+async fn an_intermediate_receipt_reports_4_and_the_final_one_follows() {
+    let (smsc, gw) = start().await;
+    smsc.set_receipt_delay(Duration::from_millis(300));
+    smsc.set_receipt_rules(vec![ReceiptRule {
+        dest: DestMatch::Prefix("4499".into()),
+        outcome: ReceiptOutcome::Spaced {
+            receipts: vec![
+                (ReceiptState::Enroute, "000".into()),
+                (ReceiptState::Delivered, "000".into()),
+            ],
+            gap: Duration::from_millis(600),
+        },
+    }]);
+    let cb = CallbackServer::start().await;
+    let url = |tag: &str| enc(&cb.url(&format!("/{tag}?type=%d&text=%A&fid=%F&smsc=%i&id=%I")));
+    for (to, mask, tag) in [("44991", 31, "all"), ("44992", 27, "no4")] {
+        let r = get(
+            &gw,
+            &format!(
+                "username=tester&password=foobar&from=1&to={to}&text=t&dlr-mask={mask}&dlr-url={}",
+                url(tag)
+            ),
+        )
+        .await;
+        assert_eq!((r.status, r.text().as_str()), (202, "0: Accepted for delivery"));
+    }
+    assert!(cb.wait_requests(5, WAIT).await, "{:?}", cb.requests());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let reqs = cb.requests();
+    let of = |tag: &str| -> Vec<Vec<(String, String)>> {
+        reqs.iter()
+            .filter(|r| r.path.starts_with(&format!("/{tag}?")))
+            .map(query)
+            .collect()
+    };
+    let all = of("all");
+    let types: Vec<&str> = all.iter().map(|q| param(q, "type")).collect();
+    assert_eq!(types, ["8", "4", "1"], "{reqs:?}");
+    let buffered = &all[1];
+    assert!(param(buffered, "text").contains("stat:ENROUTE"), "{buffered:?}");
+    assert_eq!(param(buffered, "smsc"), "upstream");
+    assert_eq!(param(buffered, "id"), param(&all[0], "id"));
+    assert!(!param(buffered, "fid").is_empty());
+    assert!(param(&all[2], "text").contains("stat:DELIVRD"));
+    let types: Vec<String> = of("no4").iter().map(|q| param(q, "type").to_string()).collect();
+    assert_eq!(types, ["8", "1"], "{reqs:?}");
+}
+
+/// A type 8 report is stored with the provider's id: killed after the provider accepted
+/// the messages and while the dlr-url refuses the report, the restarted process still
+/// delivers it (file profile).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepted_reports_survive_a_restart() {
+    let smsc = smsc().await;
+    let mut gw = gateway(&[durable_config(DLR_FILE).as_str(), USERS].concat(), &smsc).await;
+    let cb = CallbackServer::start().await;
+    cb.set_status(Some(503));
+    let dlr_url = enc(&cb.url("/dlr?type=%d&to=%p&id=%I&fid=%F"));
+    for i in 0..3 {
+        let r = get(
+            &gw,
+            &format!("username=tester&password=foobar&from=Shop&to=44975{i}&text=durable&dlr-mask=8&dlr-url={dlr_url}"),
+        )
+        .await;
+        assert_eq!((r.status, r.text().as_str()), (202, "0: Accepted for delivery"));
+    }
+    assert!(smsc.wait_accepted(3, WAIT).await);
+    assert!(cb.wait_requests(3, WAIT).await, "first attempts refused");
+    gw.kill();
+    cb.heal();
+    gw.restart().await;
+    assert!(
+        cb.wait_accepted(3, Duration::from_secs(60)).await,
+        "accepted {}",
+        cb.accepted().len()
+    );
+    let mut to: Vec<String> = cb
+        .accepted()
+        .iter()
+        .map(|r| {
+            let q = query(r);
+            assert_eq!(param(&q, "type"), "8");
+            assert!(!param(&q, "fid").is_empty());
+            param(&q, "to").to_string()
+        })
+        .collect();
+    to.sort();
+    to.dedup();
+    assert_eq!(to, (0..3).map(|i| format!("44975{i}")).collect::<Vec<_>>());
 }

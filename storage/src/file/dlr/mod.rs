@@ -335,6 +335,9 @@ impl DlrStore for FileDlrStore {
                     for h in step.handoffs {
                         tx.hand_off(h, now)?;
                     }
+                    for r in &step.intermediate {
+                        tx.record_intermediate(r, now)?;
+                    }
                     let matches = step
                         .receipts
                         .into_iter()
