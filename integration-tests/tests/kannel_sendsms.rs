@@ -11,7 +11,7 @@ use std::time::Duration;
 use sendium_integration_tests::http::{HttpResponse, request};
 use sendium_integration_tests::{
     CallbackRequest, CallbackServer, CommandStatus, DestMatch, GatewayProcess, ReceiptOutcome, ReceiptRule,
-    ReceiptState, TestSmsc,
+    ReceiptState, SmscConfig, TestSmsc,
 };
 use support::*;
 
@@ -26,7 +26,20 @@ account = "esme1"
 async fn start() -> (TestSmsc, GatewayProcess) {
     let smsc = smsc().await;
     let gw = gateway(&[memory_config().as_str(), USERS].concat(), &smsc).await;
+    wait_bound(&gw).await;
     (smsc, gw)
+}
+
+/// Until `upstream` is bound: before, a sendsms is answered `3: Queued for later
+/// delivery` (ready does not wait for destinations).
+async fn wait_bound(gw: &GatewayProcess) {
+    for _ in 0..200 {
+        if destination_state(gw, "upstream").await == "bound" {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("upstream never bound");
 }
 
 async fn get(gw: &GatewayProcess, query: &str) -> HttpResponse {
@@ -339,6 +352,7 @@ async fn a_rejectd_receipt_reports_2() {
 async fn undelivered_reports_survive_a_restart() {
     let smsc = smsc().await;
     let mut gw = gateway(&[durable_config(DLR_FILE).as_str(), USERS].concat(), &smsc).await;
+    wait_bound(&gw).await;
     let cb = CallbackServer::start().await;
     cb.set_status(Some(503));
     let dlr_url = enc(&cb.url("/dlr?type=%d&to=%p&id=%I"));
@@ -432,6 +446,7 @@ async fn an_intermediate_receipt_reports_4_and_the_final_one_follows() {
 async fn accepted_reports_survive_a_restart() {
     let smsc = smsc().await;
     let mut gw = gateway(&[durable_config(DLR_FILE).as_str(), USERS].concat(), &smsc).await;
+    wait_bound(&gw).await;
     let cb = CallbackServer::start().await;
     cb.set_status(Some(503));
     let dlr_url = enc(&cb.url("/dlr?type=%d&to=%p&id=%I&fid=%F"));
@@ -466,4 +481,58 @@ async fn accepted_reports_survive_a_restart() {
     to.sort();
     to.dedup();
     assert_eq!(to, (0..3).map(|i| format!("44975{i}")).collect::<Vec<_>>());
+}
+
+/// The state of destination `name` in `/admin/destinations`.
+async fn destination_state(gw: &GatewayProcess, name: &str) -> String {
+    let (status, body) = gw.admin_get("/admin/destinations").await;
+    assert_eq!(status, 200, "{body}");
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == name)
+        .map(|d| d["state"].as_str().unwrap_or_default().to_string())
+        .unwrap_or_default()
+}
+
+/// Kannel's `3: Queued for later delivery`: the message is stored as always, and the
+/// answer says no destination of its route can take it now; it goes once the SMSC is
+/// back. With the SMSC up the answer is `0: Accepted for delivery`.
+#[tokio::test]
+async fn a_message_whose_destinations_are_down_is_queued_for_later_delivery() {
+    let smsc = smsc().await;
+    let port = smsc.port();
+    let gw = gateway(&[memory_config().as_str(), USERS].concat(), &smsc).await;
+    wait_bound(&gw).await;
+    async fn send(gw: &GatewayProcess, to: &str) -> HttpResponse {
+        get(gw, &format!("username=tester&password=foobar&from=1&to={to}&text=q")).await
+    }
+    let r = send(&gw, "44961").await;
+    assert_eq!((r.status, r.text().as_str()), (202, "0: Accepted for delivery"));
+    assert!(smsc.wait_messages(1, WAIT).await);
+    smsc.shutdown().await;
+    let mut state = String::new();
+    for _ in 0..100 {
+        state = destination_state(&gw, "upstream").await;
+        if state != "bound" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_ne!(state, "bound", "the link went down");
+    let r = send(&gw, "44962").await;
+    assert_eq!((r.status, r.text().as_str()), (202, "3: Queued for later delivery"));
+    // The SMSC comes back on its port: the queued message goes, and answers are `0:` again.
+    let smsc = TestSmsc::start(SmscConfig {
+        port,
+        ..SmscConfig::default()
+    })
+    .await;
+    assert!(smsc.wait_messages(1, WAIT).await, "the queued message is delivered");
+    assert_eq!(smsc.messages_to("44962").len(), 1);
+    wait_bound(&gw).await;
+    let r = send(&gw, "44963").await;
+    assert_eq!((r.status, r.text().as_str()), (202, "0: Accepted for delivery"));
+    assert!(smsc.wait_messages(2, WAIT).await);
 }

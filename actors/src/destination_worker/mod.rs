@@ -576,9 +576,11 @@ impl WorkerState {
 
     /// Tell the Router whether this destination can take work (never while retiring).
     fn report_state(&self) {
+        let up = self.up && self.retiring.is_none();
+        self.shared.links.set(&self.name, up);
         self.shared.dir.router.send(RouterMsg::DestinationState {
             name: self.name.clone(),
-            up: self.up && self.retiring.is_none(),
+            up,
         });
     }
 
