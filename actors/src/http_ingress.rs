@@ -124,13 +124,14 @@ pub fn record(s: HttpSubmission) -> Result<PendingRecord, (&'static str, String)
 
 /// registered_delivery for a Kannel dlr-mask with a dlr-url: a receipt on every final
 /// outcome when the mask asks for delivered ones; on failures only when it asks for
-/// failures (undelivered, or refused by the provider) or for the provider's acceptance
-/// alone (that report hangs on the receipt's handoff; an unasked failure is then not
-/// reported); none otherwise. Only part 1 of a long message asks, as Kannel does.
+/// failures (undelivered, or refused by the provider), or for the provider's acceptance
+/// or intermediate reports without final ones (those reports hang on the receipt's
+/// correlation; an unasked failure is then not reported); none otherwise. Only part 1
+/// of a long message asks, as Kannel does.
 fn kannel_registered_delivery(mask: u8) -> u8 {
     if mask & kind::DELIVERED != 0 {
         0x01
-    } else if mask & (kind::UNDELIVERED | kind::SMSC_REJECT | kind::SMSC_SUCCESS) != 0 {
+    } else if mask & (kind::UNDELIVERED | kind::SMSC_REJECT | kind::SMSC_SUCCESS | kind::BUFFERED) != 0 {
         0x02
     } else {
         0x00
@@ -251,7 +252,7 @@ mod tests {
 
     #[test]
     fn a_dlr_mask_asks_for_the_receipts_its_reports_need() {
-        for (mask, rd) in [(0, 0), (4, 0), (1, 1), (31, 1), (2, 2), (16, 2), (18, 2), (8, 2)] {
+        for (mask, rd) in [(0, 0), (4, 2), (1, 1), (31, 1), (2, 2), (16, 2), (18, 2), (8, 2)] {
             assert_eq!(kannel_registered_delivery(mask), rd, "mask {mask}");
         }
         let params = sendium_protocols::kannel::Params::parse(
