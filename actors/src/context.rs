@@ -122,3 +122,20 @@ impl Shared {
         self.dir.dlr.send(DlrMsg::ProviderReceipts(batch))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_destination_is_down_until_its_worker_says_it_is_up() {
+        let links = DestinationLinks::default();
+        let route = ["a".to_string(), "b".to_string()];
+        assert!(!links.any_up(&route));
+        links.set("b", true);
+        assert!(links.any_up(&route), "one destination of the route up is enough");
+        links.set("b", false);
+        links.set("c", true);
+        assert!(!links.any_up(&route));
+    }
+}

@@ -389,7 +389,7 @@ async fn undelivered_reports_survive_a_restart() {
 
 /// An intermediate receipt (ENROUTE) before the final one: a mask with 4 gets 8, then
 /// 4 with the provider's receipt text, then 1 (the message still awaited its final
-/// receipt after the 4); a mask without 4 gets 8 and 1 only.
+/// receipt after the 4); a mask without 4 gets 8 and 1 only, a mask of 4 alone the 4.
 #[tokio::test]
 async fn an_intermediate_receipt_reports_4_and_the_final_one_follows() {
     let (smsc, gw) = start().await;
@@ -406,7 +406,7 @@ async fn an_intermediate_receipt_reports_4_and_the_final_one_follows() {
     }]);
     let cb = CallbackServer::start().await;
     let url = |tag: &str| enc(&cb.url(&format!("/{tag}?type=%d&text=%A&fid=%F&smsc=%i&id=%I")));
-    for (to, mask, tag) in [("44991", 31, "all"), ("44992", 27, "no4")] {
+    for (to, mask, tag) in [("44991", 31, "all"), ("44992", 27, "no4"), ("44993", 4, "only4")] {
         let r = get(
             &gw,
             &format!(
@@ -417,7 +417,7 @@ async fn an_intermediate_receipt_reports_4_and_the_final_one_follows() {
         .await;
         assert_eq!((r.status, r.text().as_str()), (202, "0: Accepted for delivery"));
     }
-    assert!(cb.wait_requests(5, WAIT).await, "{:?}", cb.requests());
+    assert!(cb.wait_requests(6, WAIT).await, "{:?}", cb.requests());
     tokio::time::sleep(Duration::from_millis(500)).await;
     let reqs = cb.requests();
     let of = |tag: &str| -> Vec<Vec<(String, String)>> {
@@ -437,6 +437,8 @@ async fn an_intermediate_receipt_reports_4_and_the_final_one_follows() {
     assert!(param(&all[2], "text").contains("stat:DELIVRD"));
     let types: Vec<String> = of("no4").iter().map(|q| param(q, "type").to_string()).collect();
     assert_eq!(types, ["8", "1"], "{reqs:?}");
+    let types: Vec<String> = of("only4").iter().map(|q| param(q, "type").to_string()).collect();
+    assert_eq!(types, ["4"], "a mask of 4 alone: {reqs:?}");
 }
 
 /// A type 8 report is stored with the provider's id: killed after the provider accepted

@@ -236,10 +236,10 @@ pub struct AppliedStep {
 
 pub struct DlrCorrelator;
 
-/// A branch the provider refused is stored as [`sendium_storage::DlrState::Refused`]. The Router hands it
-/// off as `Rejected`, the state its receipts show; a failed handoff never comes from a
-/// provider's receipt, and Kannel's reports tell a refusal (16) from a REJECTD receipt
-/// (2).
+/// A branch the provider refused is stored as [`sendium_storage::DlrState::Refused`].
+/// The Router hands it off as `Rejected`, the state its receipts show; a failed handoff
+/// never comes from a provider's receipt, and Kannel's reports tell a refusal (16) from
+/// a REJECTD receipt (2).
 fn refused_as_such(h: &mut Handoff) {
     if let HandoffOutcome::Failed(outcome) = &mut h.outcome
         && outcome.state == sendium_storage::DlrState::Rejected
