@@ -9,6 +9,7 @@ mod support;
 use std::time::Duration;
 
 use sendium_integration_tests::http::{HttpResponse, request};
+use sendium_integration_tests::http_provider::{FakeProvider, Proof, post_receipt};
 use sendium_integration_tests::{
     CallbackRequest, CallbackServer, CommandStatus, DestMatch, GatewayProcess, ReceiptOutcome, ReceiptRule,
     ReceiptState, SmscConfig, TestSmsc,
@@ -537,4 +538,59 @@ async fn a_message_whose_destinations_are_down_is_queued_for_later_delivery() {
     let r = send(&gw, "44963").await;
     assert_eq!((r.status, r.text().as_str()), (202, "0: Accepted for delivery"));
     assert!(smsc.wait_messages(2, WAIT).await);
+}
+
+/// An HTTP provider's receipts report like an SMSC's: its acceptance is 8, a posted
+/// intermediate status 4, a posted failure 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_providers_receipts_are_reported_like_an_smscs() {
+    let provider = FakeProvider::start().await;
+    let destination = "\n[[destinations]]\nname = \"h\"\nkind = \"http\"\n\
+        url = \"http://127.0.0.1:{h_port}/send\"\nfields = { to = \"{to}\", msg = \"{text}\" }\n\
+        id-pointer = \"/message_id\"\nresponse-timeout = \"2s\"\n\
+        receipt-secret = \"rs-1\"\nreceipt-signature = \"hmac-sha256\"\n\
+        receipt-status = { failed = \"UNDELIV\", queued = \"ENROUTE\" }\n\
+        receipt-id-pointer = \"/message_id\"\nreceipt-status-pointer = \"/status\"\n\
+        \n[[routes]]\nname = \"default\"\nto = [\"h\"]\n";
+    let config = [SMPP, HTTP, ADMIN, destination, USERS].concat();
+    let mut b = GatewayProcess::builder(&config).var("h_port", &provider.addr().port().to_string());
+    for p in ["to", "text"] {
+        b = b.var(p, &format!("{{{p}}}"));
+    }
+    let gw = b.start().await;
+    for _ in 0..200 {
+        if destination_state(&gw, "h").await == "bound" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let cb = CallbackServer::start().await;
+    let url = enc(&cb.url("/dlr?type=%d&text=%A&smsc=%i"));
+    let r = get(
+        &gw,
+        &format!("username=tester&password=foobar&from=1&to=44994&text=t&dlr-mask=31&dlr-url={url}"),
+    )
+    .await;
+    assert_eq!((r.status, r.text().as_str()), (202, "0: Accepted for delivery"));
+    assert!(provider.wait_requests(1, WAIT).await);
+    let id = provider.requests()[0].message_id.clone().unwrap();
+    assert!(cb.wait_requests(1, WAIT).await, "the acceptance");
+    let queued = format!("{{\"message_id\":\"{id}\",\"status\":\"queued\"}}");
+    assert_eq!(
+        post_receipt(gw.http_addr(), "h", &queued, Proof::Hmac("rs-1")).await,
+        200
+    );
+    assert!(cb.wait_requests(2, WAIT).await, "the intermediate report");
+    let failed = format!("{{\"message_id\":\"{id}\",\"status\":\"failed\"}}");
+    assert_eq!(
+        post_receipt(gw.http_addr(), "h", &failed, Proof::Hmac("rs-1")).await,
+        200
+    );
+    assert!(cb.wait_requests(3, WAIT).await, "{:?}", cb.requests());
+    let qs: Vec<_> = cb.requests().iter().map(query).collect();
+    let types: Vec<&str> = qs.iter().map(|q| param(q, "type")).collect();
+    assert_eq!(types, ["8", "4", "2"], "{qs:?}");
+    assert_eq!(param(&qs[1], "text"), "stat:queued");
+    assert_eq!(param(&qs[1], "smsc"), "h");
+    assert!(param(&qs[2], "text").contains("stat:UNDELIV"));
 }
