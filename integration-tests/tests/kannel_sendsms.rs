@@ -594,3 +594,46 @@ async fn an_http_providers_receipts_are_reported_like_an_smscs() {
     assert_eq!(param(&qs[1], "smsc"), "h");
     assert!(param(&qs[2], "text").contains("stat:UNDELIV"));
 }
+
+/// An intermediate receipt sent right after the provider's answer, before the message's
+/// handoff can have been stored, is still reported: it is tried again until its
+/// correlation is there.
+#[tokio::test]
+async fn an_intermediate_receipt_ahead_of_the_handoff_is_reported() {
+    let (smsc, gw) = start().await;
+    smsc.set_receipt_delay(Duration::ZERO);
+    smsc.set_receipt_rules(vec![ReceiptRule {
+        dest: DestMatch::Prefix("4490".into()),
+        outcome: ReceiptOutcome::Spaced {
+            receipts: vec![
+                (ReceiptState::Accepted, "000".into()),
+                (ReceiptState::Delivered, "000".into()),
+            ],
+            gap: Duration::from_millis(2500),
+        },
+    }]);
+    let cb = CallbackServer::start().await;
+    let url = enc(&cb.url("/dlr?type=%d&text=%A"));
+    for to in ["44901", "44902", "44903"] {
+        let r = get(
+            &gw,
+            &format!("username=tester&password=foobar&from=1&to={to}&text=t&dlr-mask=31&dlr-url={url}"),
+        )
+        .await;
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    assert!(cb.wait_requests(9, WAIT).await, "{:?}", cb.requests());
+    let mut types: Vec<String> = cb
+        .requests()
+        .iter()
+        .map(|r| param(&query(r), "type").to_string())
+        .collect();
+    types.sort();
+    assert_eq!(types, ["1", "1", "1", "4", "4", "4", "8", "8", "8"]);
+    assert!(
+        cb.requests()
+            .iter()
+            .filter(|r| param(&query(r), "type") == "4")
+            .all(|r| param(&query(r), "text").contains("stat:ACCEPTD"))
+    );
+}

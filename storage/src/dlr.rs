@@ -184,9 +184,10 @@ pub struct ProgressReport {
 }
 
 /// A provider receipt that reports no final state (ENROUTE, ACCEPTD, BUFFRED, or an
-/// intermediate message_state). It matches a message only while the message awaits its
-/// final receipt, changes nothing of its state, and is reported to the `dlr-url`s whose
-/// mask has 4; one that matches nothing is dropped (never kept as an orphan).
+/// intermediate message_state). It changes nothing of the message's state, and is
+/// reported to the `dlr-url`s whose mask has 4 while the message awaits its final
+/// receipt. One that matches no correlation is not kept (no orphan): the step names it in
+/// [`DlrWriteOutcome::unmatched_intermediate`], and the caller may write it again.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IntermediateReceipt {
     pub destination: String,
@@ -389,6 +390,10 @@ pub struct DlrWriteOutcome {
     /// [`DlrWrite::claim_created`]); `claim_due` does not return them until their lease
     /// lapses. Empty when the step failed or the backend does not claim in its writes.
     pub claimed: Vec<Delivery>,
+    /// The positions in [`DlrWrite::intermediate`] of the intermediate receipts that
+    /// matched no correlation (their handoff may not be stored yet). Empty when the step
+    /// failed.
+    pub unmatched_intermediate: Vec<usize>,
 }
 
 impl DlrWriteOutcome {
@@ -401,6 +406,7 @@ impl DlrWriteOutcome {
             inbound: Ok(()),
             complete_groups: Vec::new(),
             claimed,
+            unmatched_intermediate: Vec::new(),
         }
     }
 
@@ -413,6 +419,7 @@ impl DlrWriteOutcome {
             inbound: Err(e),
             complete_groups: Vec::new(),
             claimed: Vec::new(),
+            unmatched_intermediate: Vec::new(),
         }
     }
 }

@@ -108,6 +108,9 @@ pub enum DlrMsg {
     /// type 4 reports for the Kannel targets that ask for them (see
     /// [`sendium_storage::IntermediateReceipt`]).
     Intermediate(Vec<IntermediateReceipt>),
+    /// Intermediate receipts that matched no correlation, tried again (with how many
+    /// times each was tried): their handoff may have been on its way.
+    IntermediateAgain(Vec<(IntermediateReceipt, u8)>),
     Inbound(InboundBatch),
     /// Claim and deliver due receipts.
     DeliverDue,
@@ -177,8 +180,8 @@ pub struct DlrState {
     writing_ids: HashMap<String, HashMap<String, usize>>,
     /// Receipt batches for ids in `writing_ids`, waiting for those steps to commit.
     held_receipts: Vec<ReceiptBatch>,
-    /// Intermediate receipts for ids in `writing_ids`, likewise.
-    held_intermediate: Vec<IntermediateReceipt>,
+    /// Intermediate receipts for ids in `writing_ids`, likewise (with their tries).
+    held_intermediate: Vec<(IntermediateReceipt, u8)>,
 }
 
 /// A batched write step and what to do with its outcome. The context travels with
@@ -192,6 +195,8 @@ struct Step {
     inbound_acks: Vec<ReceiptAcks>,
     /// Multipart groups the step writes or drops.
     groups: Vec<u64>,
+    /// How many times each of `write.intermediate` was tried before.
+    intermediate_tries: Vec<u8>,
 }
 
 /// One provider receipt batch's share of a step: where it came from, how many of the
@@ -231,6 +236,8 @@ pub struct AppliedStep {
     ids: Vec<(String, String)>,
     /// It may have created progress reports.
     progress: bool,
+    /// Its intermediate receipts, with their tries before this step.
+    intermediate: Vec<(IntermediateReceipt, u8)>,
     outcome: DlrWriteOutcome,
 }
 
@@ -258,6 +265,11 @@ const MAX_IN_FLIGHT: usize = 20_000;
 const CLAIM_PACE: Duration = Duration::from_millis(10);
 /// Concurrent HTTP callbacks (all rounds together).
 const HTTP_CONCURRENCY: usize = 64;
+/// An intermediate receipt that matched no correlation is written this many times in
+/// all, this long apart: a provider may send it before the Router's handoff of the
+/// message reached the store.
+const INTERMEDIATE_TRIES: u8 = 5;
+const INTERMEDIATE_RETRY: Duration = Duration::from_secs(1);
 
 impl DlrState {
     /// Coalesce delivery rounds: at most one `DeliverDue` waits in the mailbox. (A send
@@ -330,19 +342,39 @@ impl DlrState {
     /// Queue intermediate receipts for the next step, holding those for an id a step is
     /// committing right now (as [`Self::queue_receipts`] does: written beside that step,
     /// they would not find its correlation, and be dropped).
-    fn queue_intermediate(&mut self, batch: Vec<IntermediateReceipt>) {
-        for r in batch {
+    fn queue_intermediate(&mut self, batch: Vec<(IntermediateReceipt, u8)>) {
+        for (r, tries) in batch {
             let writing = self
                 .writing_ids
                 .get(&r.destination)
                 .is_some_and(|ids| r.keys.iter().any(|k| ids.contains_key(k)));
             if writing {
-                self.held_intermediate.push(r);
+                self.held_intermediate.push((r, tries));
             } else {
                 self.queued.write.intermediate.push(r);
+                self.queued.intermediate_tries.push(tries);
             }
         }
         self.write_queued();
+    }
+
+    /// Try again, a while later, the step's intermediate receipts that matched nothing
+    /// (or were not stored), up to [`INTERMEDIATE_TRIES`] writes each.
+    fn retry_unmatched(&self, intermediate: &[(IntermediateReceipt, u8)], unmatched: &[usize]) {
+        let again: Vec<(IntermediateReceipt, u8)> = unmatched
+            .iter()
+            .filter_map(|&i| intermediate.get(i))
+            .filter(|(_, tries)| tries.saturating_add(1) < INTERMEDIATE_TRIES)
+            .map(|(r, tries)| (r.clone(), tries.saturating_add(1)))
+            .collect();
+        if again.is_empty() {
+            return;
+        }
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(INTERMEDIATE_RETRY).await;
+            shared.dir.dlr.send(DlrMsg::IntermediateAgain(again));
+        });
     }
 
     fn queue_finishes(&mut self, results: Vec<DeliveryFinish>) {
@@ -418,7 +450,10 @@ impl DlrState {
             receipt_batches,
             inbound_acks,
             groups,
+            intermediate_tries,
         } = std::mem::take(&mut self.queued);
+        let intermediate: Vec<(IntermediateReceipt, u8)> =
+            write.intermediate.iter().cloned().zip(intermediate_tries).collect();
         let inbound = (write.inbound.len(), write.inbound_parts.len());
         // What the step resolves is claimed in the same write where the store can (one
         // statement less per receipt), within what may be in flight: each step writing
@@ -480,6 +515,7 @@ impl DlrState {
                 incarnation,
                 ids,
                 progress,
+                intermediate,
                 outcome,
             })));
         });
@@ -503,8 +539,15 @@ impl DlrState {
             incarnation,
             ids,
             progress,
+            intermediate,
             mut outcome,
         } = applied;
+        // A failed step stored none of them: all are tried again.
+        let unmatched = match outcome.receipts {
+            Ok(_) => std::mem::take(&mut outcome.unmatched_intermediate),
+            Err(_) => (0..intermediate.len()).collect(),
+        };
+        self.retry_unmatched(&intermediate, &unmatched);
         for no in &groups {
             self.groups_writing.remove(no);
         }
@@ -915,7 +958,8 @@ impl Actor for DlrCorrelator {
                 state.queue_handoffs(batch);
             }
             DlrMsg::ProviderReceipts(batch) => state.queue_receipts(batch),
-            DlrMsg::Intermediate(batch) => state.queue_intermediate(batch),
+            DlrMsg::Intermediate(batch) => state.queue_intermediate(batch.into_iter().map(|r| (r, 0)).collect()),
+            DlrMsg::IntermediateAgain(batch) => state.queue_intermediate(batch),
             DlrMsg::Inbound(batch) => state.queue_inbound(batch),
             DlrMsg::DeliverDue => state.deliver_due().await,
             DlrMsg::AccountBound(account) => match state.store.wake_account(&account, Timestamp::now()).await {

@@ -278,6 +278,11 @@ pub(crate) async fn kannel_progress_reports(f: &dyn Factory) {
         .apply(step(vec![buffered(&["nobody", "q2"]), buffered(&["unknown"])]))
         .await;
     assert!(out.receipts.is_ok());
+    assert_eq!(
+        out.unmatched_intermediate,
+        vec![1],
+        "the receipt whose ids nobody knows"
+    );
     let due = s.claim_due(later(), LEASE, 10, ClaimScope::All).await.unwrap();
     assert_eq!(due.len(), 1, "one type 4 report: {due:?}");
     assert_eq!(due[0].target, all);

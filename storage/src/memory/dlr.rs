@@ -403,18 +403,21 @@ impl MemoryDlrStore {
     }
 
     /// Type 4 reports of intermediate receipts for messages awaiting their final one.
-    fn record_intermediate(&self, batch: Vec<IntermediateReceipt>) {
+    /// Returns the positions of those that matched no correlation.
+    fn record_intermediate(&self, batch: Vec<IntermediateReceipt>) -> Vec<usize> {
+        let mut unmatched = Vec::new();
         if batch.is_empty() {
-            return;
+            return unmatched;
         }
         let now = Timestamp::now();
         let mut inner = self.inner.lock();
-        for r in batch {
+        for (i, r) in batch.into_iter().enumerate() {
             let found = r.keys.iter().find_map(|k| {
                 let ck = (r.destination.clone(), k.clone());
                 inner.corr.get(&ck).map(|t| (*t, k.clone()))
             });
             let Some((key, part_key)) = found else {
+                unmatched.push(i);
                 continue;
             };
             let reports: Vec<(ReceiptTarget, DeliveryContent)> = inner
@@ -432,6 +435,7 @@ impl MemoryDlrStore {
                 self.create_progress(&mut inner, target, content, now);
             }
         }
+        unmatched
     }
 
     fn record_receipts(&self, batch: Vec<ProviderReceipt>) -> Result<Vec<ReceiptMatch>, DlrError> {
@@ -638,7 +642,7 @@ impl DlrStore for MemoryDlrStore {
             });
         }
         let handoffs = self.hand_off(step.handoffs);
-        self.record_intermediate(step.intermediate);
+        let unmatched_intermediate = self.record_intermediate(step.intermediate);
         let receipts = self.record_receipts(step.receipts);
         let finishes = self.finish(step.finishes);
         let (inbound, complete_groups) = self.inbound(step.inbound_parts, step.inbound, step.inbound_dropped);
@@ -650,6 +654,7 @@ impl DlrStore for MemoryDlrStore {
             inbound,
             complete_groups,
             claimed,
+            unmatched_intermediate,
         }
     }
 

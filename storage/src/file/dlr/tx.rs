@@ -495,8 +495,9 @@ impl<'t> Tx<'t> {
     }
 
     /// Type 4 reports of one intermediate receipt, when it matches a branch still awaiting
-    /// its final receipt (see [`IntermediateReceipt`]).
-    pub(crate) fn record_intermediate(&mut self, r: &IntermediateReceipt, now: Timestamp) -> Result<(), Fail> {
+    /// its final receipt (see [`IntermediateReceipt`]). Returns whether it matched a
+    /// correlation.
+    pub(crate) fn record_intermediate(&mut self, r: &IntermediateReceipt, now: Timestamp) -> Result<bool, Fail> {
         let mut found = None;
         for k in &r.keys {
             if let Some(v) = self.corr.get(corr_key(&r.destination, k).as_slice())? {
@@ -505,7 +506,7 @@ impl<'t> Tx<'t> {
             }
         }
         let Some((tk, part_key)) = found else {
-            return Ok(());
+            return Ok(false);
         };
         self.load(&tk)?;
         let reports: Vec<(StoredTarget, DeliveryContent)> = match self.cached(&tk) {
@@ -522,7 +523,7 @@ impl<'t> Tx<'t> {
         for (target, content) in reports {
             self.create_delivery(target, content, now)?;
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Match one provider receipt (see [`DlrStore::record_receipts`](crate::DlrStore::record_receipts)).

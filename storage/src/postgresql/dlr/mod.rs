@@ -278,17 +278,18 @@ impl DlrStore for PostgresDlrStore {
                     // from now (not from before the pool and earlier attempts).
                     let mut claim = ClaimBudget::of(step.claim_created, ms(Timestamp::now()));
                     self.hand_off_tx(tx, &hands, now, &mut claim).await?;
-                    self.intermediate_tx(tx, &step.intermediate, now).await?;
+                    let unmatched = self.intermediate_tx(tx, &step.intermediate, now).await?;
                     let matches = self.record_receipts_tx(tx, &receipts, now, &mut claim).await?;
                     self.finish_tx(tx, &finishes).await?;
                     let ready = self.inbound_tx(tx, &parts, &messages, &dropped, now, &mut claim).await?;
-                    (matches, claim.claimed, ready)
+                    (matches, claim.claimed, ready, unmatched)
                 })
             })
             .await;
         match result {
-            Ok((matches, claimed, complete_groups)) => DlrWriteOutcome {
+            Ok((matches, claimed, complete_groups, unmatched_intermediate)) => DlrWriteOutcome {
                 complete_groups,
+                unmatched_intermediate,
                 ..DlrWriteOutcome::committed(matches, claimed)
             },
             Err(e) => DlrWriteOutcome::failed(e),

@@ -62,15 +62,16 @@ SELECT x.a, false, x.t::jsonb, x.p::jsonb, 0, $4::int8, $4::int8, $5::int8
 
     /// Type 4 reports of a step's intermediate receipts: each matched by its first
     /// correlated id to a branch still awaiting its final receipt; one statement to find
-    /// them, one to store the reports.
+    /// them, one to store the reports. Returns the positions of the receipts that matched
+    /// no correlation.
     pub(super) async fn intermediate_tx(
         &self,
         conn: &mut PgConnection,
         batch: &[IntermediateReceipt],
         now: i64,
-    ) -> Result<(), OpError> {
+    ) -> Result<Vec<usize>, OpError> {
         if batch.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let (mut dests, mut keys, mut which) = (Vec::new(), Vec::new(), Vec::new());
         for (i, r) in batch.iter().enumerate() {
@@ -82,13 +83,13 @@ SELECT x.a, false, x.t::jsonb, x.p::jsonb, 0, $4::int8, $4::int8, $5::int8
                 which.push(i64::try_from(i * 64 + j.min(63)).unwrap_or(i64::MAX));
             }
         }
+        // A correlation of a resolved track matches (no report); an orphan does not.
         let found = sqlx::query(
             "
-SELECT x.w, t.targets::text AS targets
+SELECT x.w, t.targets::text AS targets, t.resolved_at IS NULL AS awaiting
   FROM UNNEST($1::text[], $2::text[], $3::int8[]) AS x(d, k, w)
   JOIN dlr_correlations c ON c.destination = x.d AND c.provider_key = x.k
   JOIN dlr_tracks t ON t.unit = c.unit AND t.branch = c.branch
- WHERE t.resolved_at IS NULL
  ORDER BY x.w",
         )
         .bind(&dests)
@@ -97,17 +98,24 @@ SELECT x.w, t.targets::text AS targets
         .fetch_all(&mut *conn)
         .await?;
         // The first matching id of each receipt (rows come in receipt, then id order).
-        let mut matched: Vec<(usize, usize, String)> = Vec::new();
+        let mut matched: Vec<(usize, usize, Option<String>)> = Vec::new();
         for row in &found {
             let w = usize::try_from(row.try_get::<i64, _>("w")?).unwrap_or(usize::MAX);
             let (i, j) = (w / 64, w % 64);
             if matched.last().is_some_and(|(last, _, _)| *last == i) {
                 continue;
             }
-            matched.push((i, j, row.try_get("targets")?));
+            let awaiting: bool = row.try_get("awaiting")?;
+            matched.push((i, j, awaiting.then(|| row.try_get("targets")).transpose()?));
         }
+        let unmatched: Vec<usize> = (0..batch.len())
+            .filter(|i| !matched.iter().any(|(m, _, _)| m == i))
+            .collect();
         let mut rows = Vec::new();
         for (i, j, targets) in matched {
+            let Some(targets) = targets else {
+                continue;
+            };
             let (Some(r), Some(key)) = (batch.get(i), batch.get(i).and_then(|r| r.keys.get(j))) else {
                 continue;
             };
@@ -125,6 +133,8 @@ SELECT x.w, t.targets::text AS targets
                 }
             }
         }
-        self.insert_progress(conn, &rows.iter().collect::<Vec<_>>(), now).await
+        self.insert_progress(conn, &rows.iter().collect::<Vec<_>>(), now)
+            .await?;
+        Ok(unmatched)
     }
 }
