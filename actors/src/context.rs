@@ -61,8 +61,39 @@ impl Stopping {
     }
 }
 
+/// Which destinations have their provider link up, as their workers last reported it
+/// (the state the Router also gets). Read on the `/cgi-bin/sendsms` path to answer
+/// Kannel's `3: Queued for later delivery` without a round trip to any actor; written
+/// only when a link goes up or down. A destination no worker reported yet is down.
+#[derive(Default)]
+pub struct DestinationLinks {
+    up: parking_lot::RwLock<std::collections::HashSet<String>>,
+}
+
+impl DestinationLinks {
+    pub fn set(&self, name: &str, up: bool) {
+        if up == self.up.read().contains(name) {
+            return;
+        }
+        let mut set = self.up.write();
+        if up {
+            set.insert(name.to_string());
+        } else {
+            set.remove(name);
+        }
+    }
+
+    /// Whether any of `names` is up.
+    pub fn any_up(&self, names: &[String]) -> bool {
+        let set = self.up.read();
+        names.iter().any(|n| set.contains(n))
+    }
+}
+
 pub struct Shared {
     pub dir: Directory,
+    /// Each destination's link state (see [`DestinationLinks`]).
+    pub links: DestinationLinks,
     pub health: Health,
     pub sessions: SessionRegistry,
     pub restarts: Restarts,
@@ -89,5 +120,22 @@ impl Shared {
             return true;
         }
         self.dir.dlr.send(DlrMsg::ProviderReceipts(batch))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_destination_is_down_until_its_worker_says_it_is_up() {
+        let links = DestinationLinks::default();
+        let route = ["a".to_string(), "b".to_string()];
+        assert!(!links.any_up(&route));
+        links.set("b", true);
+        assert!(links.any_up(&route), "one destination of the route up is enough");
+        links.set("b", false);
+        links.set("c", true);
+        assert!(!links.any_up(&route));
     }
 }

@@ -257,6 +257,7 @@ impl Gateway {
         let spec = Arc::new(spec);
         let shared = Arc::new(Shared {
             dir: Directory::new(cfg.destinations.iter().map(|d| d.name.clone())),
+            links: crate::context::DestinationLinks::default(),
             health: Health::default(),
             sessions: SessionRegistry::new(),
             restarts: Restarts::default(),
@@ -360,7 +361,11 @@ impl Gateway {
                     auth: auth_guard.clone(),
                     body_timeout: http.body_timeout,
                 },
-                Arc::new(HttpIngress::new(shared.clone(), receipts).multipart_expiry(spec.multipart_expiry)),
+                Arc::new(
+                    HttpIngress::new(shared.clone(), receipts)
+                        .multipart_expiry(spec.multipart_expiry)
+                        .routes(spec.routes.clone()),
+                ),
             );
             let limits = ListenerLimits {
                 max_connections: usize::try_from(http.max_connections).unwrap_or(1024),

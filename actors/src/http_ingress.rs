@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sendium_profiles::RouteQuery;
 use sendium_protocols::http::{HttpOutcome, HttpSubmission, HttpSubmitHandler};
 use sendium_protocols::kannel::Sendsms;
 use sendium_protocols::kannel::dlr_url::kind;
@@ -15,6 +16,7 @@ use sendium_storage::{Address, Channel, MessageId, PartInfo, PendingRecord, Time
 
 use crate::context::Shared;
 use crate::ingress::{self, Admission, Refusal};
+use crate::spec::LiveRoutes;
 
 pub struct HttpIngress {
     shared: Arc<Shared>,
@@ -22,6 +24,10 @@ pub struct HttpIngress {
     /// How long the parts of a long message sent part by part (a `/cgi-bin/sendsms`
     /// concatenation UDH) wait for each other: `[sms] multipart-expiry`.
     multipart_expiry: Duration,
+    /// The route table the Router plans with, to tell a `/cgi-bin/sendsms` client its
+    /// message waits for a destination (`3: Queued for later delivery`); without it the
+    /// answer is always `0: Accepted for delivery`.
+    routes: Option<LiveRoutes>,
 }
 
 /// `[sms] multipart-expiry` when the caller does not say.
@@ -33,7 +39,37 @@ impl HttpIngress {
             shared,
             receipts,
             multipart_expiry: DEFAULT_MULTIPART_EXPIRY,
+            routes: None,
         }
+    }
+
+    /// The live route table: `/cgi-bin/sendsms` answers tell a message that waits for a
+    /// destination.
+    pub fn routes(mut self, routes: LiveRoutes) -> Self {
+        self.routes = Some(routes);
+        self
+    }
+
+    /// Whether a message would wait for a destination now: its route matches and no
+    /// destination the route sends to (failover ones included) has its link up. Kannel's
+    /// bearerbox says the same (`3: Queued for later delivery`) when every SMSC of the
+    /// route is down. Reads the route table and the link flags; asks no actor.
+    fn waits_for_a_destination(&self, r: &PendingRecord) -> bool {
+        let Some(routes) = &self.routes else {
+            return false;
+        };
+        let table = routes.current();
+        let text = table
+            .needs_text()
+            .then(|| text::decode(r.data_coding, &r.payload).ok())
+            .flatten();
+        let route = table.resolve(&RouteQuery {
+            account: &r.account,
+            source: &r.source.addr,
+            destination: &r.destination.addr,
+            text: text.as_deref(),
+        });
+        route.is_some_and(|route| !route.to.is_empty() && !self.shared.links.any_up(&route.to))
     }
 
     /// The configured `[sms] multipart-expiry`.
@@ -88,13 +124,14 @@ pub fn record(s: HttpSubmission) -> Result<PendingRecord, (&'static str, String)
 
 /// registered_delivery for a Kannel dlr-mask with a dlr-url: a receipt on every final
 /// outcome when the mask asks for delivered ones; on failures only when it asks for
-/// failures (undelivered, or refused by the provider) or for the provider's acceptance
-/// alone (that report hangs on the receipt's handoff; an unasked failure is then not
-/// reported); none otherwise. Only part 1 of a long message asks, as Kannel does.
+/// failures (undelivered, or refused by the provider), or for the provider's acceptance
+/// or intermediate reports without final ones (those reports hang on the receipt's
+/// correlation; an unasked failure is then not reported); none otherwise. Only part 1
+/// of a long message asks, as Kannel does.
 fn kannel_registered_delivery(mask: u8) -> u8 {
     if mask & kind::DELIVERED != 0 {
         0x01
-    } else if mask & (kind::UNDELIVERED | kind::SMSC_REJECT | kind::SMSC_SUCCESS) != 0 {
+    } else if mask & (kind::UNDELIVERED | kind::SMSC_REJECT | kind::SMSC_SUCCESS | kind::BUFFERED) != 0 {
         0x02
     } else {
         0x00
@@ -186,9 +223,15 @@ impl HttpSubmitHandler for HttpIngress {
 
     async fn sendsms(&self, account: &str, request: Sendsms) -> Vec<HttpOutcome> {
         let records = sendsms_records(account, &request, Timestamp::now(), self.multipart_expiry);
-        let n = records.len();
+        let waits: Vec<bool> = records.iter().map(|r| self.waits_for_a_destination(r)).collect();
         let mut answers = ingress::admit(&self.shared, records).await.into_iter();
-        (0..n).map(|_| outcome(answers.next())).collect()
+        waits
+            .into_iter()
+            .map(|waits| match outcome(answers.next()) {
+                HttpOutcome::Accepted(id) if waits => HttpOutcome::Queued(id),
+                other => other,
+            })
+            .collect()
     }
 }
 
@@ -209,7 +252,7 @@ mod tests {
 
     #[test]
     fn a_dlr_mask_asks_for_the_receipts_its_reports_need() {
-        for (mask, rd) in [(0, 0), (4, 0), (1, 1), (31, 1), (2, 2), (16, 2), (18, 2), (8, 2)] {
+        for (mask, rd) in [(0, 0), (4, 2), (1, 1), (31, 1), (2, 2), (16, 2), (18, 2), (8, 2)] {
             assert_eq!(kannel_registered_delivery(mask), rd, "mask {mask}");
         }
         let params = sendium_protocols::kannel::Params::parse(

@@ -12,10 +12,10 @@ use axum::http::{HeaderMap, StatusCode};
 use sendium_profiles::{Config, DestinationKind, ReceiptSignature, ReceiptState};
 use sendium_protocols::http_provider::receipts::{self, Signature};
 use sendium_protocols::receipt::{IdFormat, resp_key};
-use sendium_storage::{DlrState, ProviderReceipt, ReceiptOutcome, Timestamp};
+use sendium_storage::{DlrState, IntermediateReceipt, ProviderReceipt, ReceiptOutcome, Timestamp};
 
 use crate::context::Shared;
-use crate::dlr_correlator::{ReceiptAcks, ReceiptBatch};
+use crate::dlr_correlator::{DlrMsg, ReceiptAcks, ReceiptBatch};
 
 /// One HTTP destination's receipt settings.
 struct ReceiptSettings {
@@ -111,6 +111,7 @@ impl ProviderReceipts {
             }
         };
         let mut batch = Vec::with_capacity(posted.len());
+        let mut intermediate = Vec::new();
         for r in posted {
             let Some(state) = receipts::map_status(&s.status, &r.status) else {
                 tracing::warn!(
@@ -119,7 +120,15 @@ impl ProviderReceipts {
                 );
                 return StatusCode::BAD_REQUEST;
             };
-            let Some(state) = dlr_state(state) else { continue };
+            let Some(state) = dlr_state(state) else {
+                intermediate.push(IntermediateReceipt {
+                    destination: destination.to_owned(),
+                    keys: vec![resp_key(s.id_format, &r.id)],
+                    text: format!("stat:{}", r.status),
+                    at: Timestamp::now(),
+                });
+                continue;
+            };
             batch.push(ProviderReceipt {
                 destination: destination.to_owned(),
                 keys: vec![resp_key(s.id_format, &r.id)],
@@ -131,6 +140,11 @@ impl ProviderReceipts {
                     done_at: Timestamp::now(),
                 },
             });
+        }
+        // Acknowledged with the answer, whatever becomes of them: stored as type 4 reports
+        // when a Kannel dlr-url asks for them.
+        if !intermediate.is_empty() && shared.dlr_enabled {
+            shared.dir.dlr.send(DlrMsg::Intermediate(intermediate));
         }
         if batch.is_empty() {
             return StatusCode::OK;
@@ -153,8 +167,8 @@ impl ProviderReceipts {
     }
 }
 
-/// The stored state of a final receipt; `None` for intermediate ones (acknowledged,
-/// not recorded, as for SMPP).
+/// The stored state of a final receipt; `None` for intermediate ones (acknowledged, and
+/// reported only to Kannel dlr-urls that ask for type 4, as for SMPP).
 fn dlr_state(s: ReceiptState) -> Option<DlrState> {
     Some(match s {
         ReceiptState::Delivrd => DlrState::Delivered,

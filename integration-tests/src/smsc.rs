@@ -161,14 +161,28 @@ pub enum ReceiptOutcome {
     Sequence(Vec<(ReceiptState, String)>),
     /// No receipt at all (to test receipt expiry).
     NoReceipt,
+    /// Several receipts in this order, each `gap` after the one before (the first after
+    /// the receipt delay): an intermediate receipt, then the final one a while later.
+    Spaced {
+        receipts: Vec<(ReceiptState, String)>,
+        gap: Duration,
+    },
 }
 
 impl ReceiptOutcome {
     fn receipts(&self) -> Vec<(ReceiptState, String)> {
         match self {
             ReceiptOutcome::Receipt { state, err } => vec![(*state, err.clone())],
-            ReceiptOutcome::Sequence(list) => list.clone(),
+            ReceiptOutcome::Sequence(list) | ReceiptOutcome::Spaced { receipts: list, .. } => list.clone(),
             ReceiptOutcome::NoReceipt => Vec::new(),
+        }
+    }
+
+    /// How long after the one before each receipt is sent.
+    fn gap(&self) -> Duration {
+        match self {
+            ReceiptOutcome::Spaced { gap, .. } => *gap,
+            _ => Duration::ZERO,
         }
     }
 }
@@ -572,6 +586,8 @@ struct PendingReceipt {
     err: String,
     submit_unix: i64,
     excerpt: String,
+    /// Sent this long after the receipt delay (see [`ReceiptOutcome::Spaced`]).
+    after: Duration,
 }
 
 type ReceiptTx = mpsc::UnboundedSender<Vec<PendingReceipt>>;
@@ -652,14 +668,15 @@ impl Shared {
         Duration::from_micros(self.receipt_delay_us.load(Ordering::Relaxed))
     }
 
-    fn outcome_for(&self, destination: &str) -> Vec<(ReceiptState, String)> {
+    /// The receipts a message to `destination` gets, and the gap between them.
+    fn outcome_for(&self, destination: &str) -> (Vec<(ReceiptState, String)>, Duration) {
         if self.rules_active.load(Ordering::Acquire) {
             let rules = self.rules.lock();
             if let Some(rule) = rules.iter().find(|r| r.dest.matches(destination)) {
-                return rule.outcome.receipts();
+                return (rule.outcome.receipts(), rule.outcome.gap());
             }
         }
-        vec![(ReceiptState::Delivered, "000".to_owned())]
+        (vec![(ReceiptState::Delivered, "000".to_owned())], Duration::ZERO)
     }
 
     /// Hands receipts to bound receivers (one channel message per session) or holds them.
@@ -950,6 +967,7 @@ impl TestSmsc {
                 err: String::new(),
                 submit_unix: 0,
                 excerpt: String::new(),
+                after: Duration::ZERO,
             })
             .collect();
         self.shared.dispatch(pending);
@@ -1399,16 +1417,17 @@ impl Session {
                 batch.answered_submits = true;
                 let wants = registered_delivery & 0x03;
                 if wants == 1 || wants == 2 {
-                    let outcome = self.shared.outcome_for(destination);
+                    let (outcome, gap) = self.shared.outcome_for(destination);
                     let excerpt = if self.shared.config.receipt_text {
                         ascii_excerpt(data_coding, user_data)
                     } else {
                         String::new()
                     };
-                    for (state, err) in outcome {
+                    for (n, (state, err)) in outcome.into_iter().enumerate() {
                         if wants == 2 && state.is_success() {
                             continue;
                         }
+                        let after = gap * u32::try_from(n).unwrap_or(u32::MAX);
                         batch.receipts.push(PendingReceipt {
                             mo: None,
                             system_id: system_id.clone().unwrap_or_else(|| Arc::from("")),
@@ -1428,6 +1447,7 @@ impl Session {
                             err,
                             submit_unix: unix,
                             excerpt: excerpt.clone(),
+                            after,
                         });
                     }
                 }
@@ -1522,7 +1542,14 @@ impl Session {
         }
         if !batch.receipts.is_empty() {
             let due = Instant::now() + self.shared.receipt_delay();
-            let _ = self.shared.sched_tx.send((due, batch.receipts));
+            let (now, mut later): (Vec<_>, Vec<_>) = batch.receipts.into_iter().partition(|r| r.after.is_zero());
+            if !now.is_empty() {
+                let _ = self.shared.sched_tx.send((due, now));
+            }
+            later.sort_by_key(|r| r.after);
+            for r in later {
+                let _ = self.shared.sched_tx.send((due + r.after, vec![r]));
+            }
         }
         self.shared.notify.notify_waiters();
     }

@@ -9,7 +9,11 @@ mod support;
 use std::time::Duration;
 
 use sendium_integration_tests::http::{HttpResponse, request};
-use sendium_integration_tests::{CallbackRequest, CallbackServer, CommandStatus, GatewayProcess, TestSmsc};
+use sendium_integration_tests::http_provider::{FakeProvider, Proof, post_receipt};
+use sendium_integration_tests::{
+    CallbackRequest, CallbackServer, CommandStatus, DestMatch, GatewayProcess, ReceiptOutcome, ReceiptRule,
+    ReceiptState, SmscConfig, TestSmsc,
+};
 use support::*;
 
 /// The user of Kannel's examples, for `esme1`.
@@ -23,7 +27,20 @@ account = "esme1"
 async fn start() -> (TestSmsc, GatewayProcess) {
     let smsc = smsc().await;
     let gw = gateway(&[memory_config().as_str(), USERS].concat(), &smsc).await;
+    wait_bound(&gw).await;
     (smsc, gw)
+}
+
+/// Until `upstream` is bound: before, a sendsms is answered `3: Queued for later
+/// delivery` (ready does not wait for destinations).
+async fn wait_bound(gw: &GatewayProcess) {
+    for _ in 0..200 {
+        if destination_state(gw, "upstream").await == "bound" {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("upstream never bound");
 }
 
 async fn get(gw: &GatewayProcess, query: &str) -> HttpResponse {
@@ -290,6 +307,45 @@ async fn a_refused_message_reports_16_and_the_mask_filters_reports() {
     );
 }
 
+/// A provider that accepts the message and then sends a final REJECTD receipt: Kannel's
+/// SMPP module reports that as undelivered (2), not as a refusal (16), and sends nothing
+/// to a mask that asks for refusals only.
+#[tokio::test]
+async fn a_rejectd_receipt_reports_2() {
+    let (smsc, gw) = start().await;
+    smsc.set_receipt_rules(vec![ReceiptRule::dest_prefix("4498", ReceiptState::Rejected, "008")]);
+    let cb = CallbackServer::start().await;
+    let url = |tag: &str| enc(&cb.url(&format!("/{tag}?type=%d&text=%A")));
+    for (to, mask, tag) in [("44981", 31, "all"), ("44982", 16, "refusals")] {
+        let r = get(
+            &gw,
+            &format!(
+                "username=tester&password=foobar&from=1&to={to}&text=t&dlr-mask={mask}&dlr-url={}",
+                url(tag)
+            ),
+        )
+        .await;
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    // 8 then 2 for the mask of 31.
+    assert!(cb.wait_requests(2, WAIT).await, "{:?}", cb.requests());
+    assert!(smsc.wait_for(WAIT, |s| s.stats().receipts_sent >= 2).await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let reqs = cb.requests();
+    let types: Vec<String> = reqs
+        .iter()
+        .filter(|r| r.path.starts_with("/all?"))
+        .map(|r| param(&query(r), "type").to_string())
+        .collect();
+    assert_eq!(types, ["8", "2"], "{reqs:?}");
+    let last = reqs.iter().rfind(|r| r.path.starts_with("/all?")).unwrap();
+    assert!(param(&query(last), "text").contains("stat:REJECTD"), "{last:?}");
+    assert!(
+        reqs.iter().all(|r| !r.path.starts_with("/refusals")),
+        "a REJECTD receipt is no refusal: {reqs:?}"
+    );
+}
+
 /// A dlr-url survives a SIGKILL and restart as a `callback_url` does: with the file
 /// profiles, reports the URL refused before the kill are delivered after the restart,
 /// still as Kannel GETs with their codes filled in.
@@ -297,6 +353,7 @@ async fn a_refused_message_reports_16_and_the_mask_filters_reports() {
 async fn undelivered_reports_survive_a_restart() {
     let smsc = smsc().await;
     let mut gw = gateway(&[durable_config(DLR_FILE).as_str(), USERS].concat(), &smsc).await;
+    wait_bound(&gw).await;
     let cb = CallbackServer::start().await;
     cb.set_status(Some(503));
     let dlr_url = enc(&cb.url("/dlr?type=%d&to=%p&id=%I"));
@@ -329,4 +386,254 @@ async fn undelivered_reports_survive_a_restart() {
     to.sort();
     to.dedup();
     assert_eq!(to, (0..5).map(|i| format!("44970{i}")).collect::<Vec<_>>());
+}
+
+/// An intermediate receipt (ENROUTE) before the final one: a mask with 4 gets 8, then
+/// 4 with the provider's receipt text, then 1 (the message still awaited its final
+/// receipt after the 4); a mask without 4 gets 8 and 1 only, a mask of 4 alone the 4.
+#[tokio::test]
+async fn an_intermediate_receipt_reports_4_and_the_final_one_follows() {
+    let (smsc, gw) = start().await;
+    smsc.set_receipt_delay(Duration::from_millis(300));
+    smsc.set_receipt_rules(vec![ReceiptRule {
+        dest: DestMatch::Prefix("4499".into()),
+        outcome: ReceiptOutcome::Spaced {
+            receipts: vec![
+                (ReceiptState::Enroute, "000".into()),
+                (ReceiptState::Delivered, "000".into()),
+            ],
+            gap: Duration::from_millis(600),
+        },
+    }]);
+    let cb = CallbackServer::start().await;
+    let url = |tag: &str| enc(&cb.url(&format!("/{tag}?type=%d&text=%A&fid=%F&smsc=%i&id=%I")));
+    for (to, mask, tag) in [("44991", 31, "all"), ("44992", 27, "no4"), ("44993", 4, "only4")] {
+        let r = get(
+            &gw,
+            &format!(
+                "username=tester&password=foobar&from=1&to={to}&text=t&dlr-mask={mask}&dlr-url={}",
+                url(tag)
+            ),
+        )
+        .await;
+        assert_eq!((r.status, r.text().as_str()), (202, "0: Accepted for delivery"));
+    }
+    assert!(cb.wait_requests(6, WAIT).await, "{:?}", cb.requests());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let reqs = cb.requests();
+    let of = |tag: &str| -> Vec<Vec<(String, String)>> {
+        reqs.iter()
+            .filter(|r| r.path.starts_with(&format!("/{tag}?")))
+            .map(query)
+            .collect()
+    };
+    let all = of("all");
+    let types: Vec<&str> = all.iter().map(|q| param(q, "type")).collect();
+    assert_eq!(types, ["8", "4", "1"], "{reqs:?}");
+    let buffered = &all[1];
+    assert!(param(buffered, "text").contains("stat:ENROUTE"), "{buffered:?}");
+    assert_eq!(param(buffered, "smsc"), "upstream");
+    assert_eq!(param(buffered, "id"), param(&all[0], "id"));
+    assert!(!param(buffered, "fid").is_empty());
+    assert!(param(&all[2], "text").contains("stat:DELIVRD"));
+    let types: Vec<String> = of("no4").iter().map(|q| param(q, "type").to_string()).collect();
+    assert_eq!(types, ["8", "1"], "{reqs:?}");
+    let types: Vec<String> = of("only4").iter().map(|q| param(q, "type").to_string()).collect();
+    assert_eq!(types, ["4"], "a mask of 4 alone: {reqs:?}");
+}
+
+/// A type 8 report is stored with the provider's id: killed after the provider accepted
+/// the messages and while the dlr-url refuses the report, the restarted process still
+/// delivers it (file profile).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepted_reports_survive_a_restart() {
+    let smsc = smsc().await;
+    let mut gw = gateway(&[durable_config(DLR_FILE).as_str(), USERS].concat(), &smsc).await;
+    wait_bound(&gw).await;
+    let cb = CallbackServer::start().await;
+    cb.set_status(Some(503));
+    let dlr_url = enc(&cb.url("/dlr?type=%d&to=%p&id=%I&fid=%F"));
+    for i in 0..3 {
+        let r = get(
+            &gw,
+            &format!("username=tester&password=foobar&from=Shop&to=44975{i}&text=durable&dlr-mask=8&dlr-url={dlr_url}"),
+        )
+        .await;
+        assert_eq!((r.status, r.text().as_str()), (202, "0: Accepted for delivery"));
+    }
+    assert!(smsc.wait_accepted(3, WAIT).await);
+    assert!(cb.wait_requests(3, WAIT).await, "first attempts refused");
+    gw.kill();
+    cb.heal();
+    gw.restart().await;
+    assert!(
+        cb.wait_accepted(3, Duration::from_secs(60)).await,
+        "accepted {}",
+        cb.accepted().len()
+    );
+    let mut to: Vec<String> = cb
+        .accepted()
+        .iter()
+        .map(|r| {
+            let q = query(r);
+            assert_eq!(param(&q, "type"), "8");
+            assert!(!param(&q, "fid").is_empty());
+            param(&q, "to").to_string()
+        })
+        .collect();
+    to.sort();
+    to.dedup();
+    assert_eq!(to, (0..3).map(|i| format!("44975{i}")).collect::<Vec<_>>());
+}
+
+/// The state of destination `name` in `/admin/destinations`.
+async fn destination_state(gw: &GatewayProcess, name: &str) -> String {
+    let (status, body) = gw.admin_get("/admin/destinations").await;
+    assert_eq!(status, 200, "{body}");
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == name)
+        .map(|d| d["state"].as_str().unwrap_or_default().to_string())
+        .unwrap_or_default()
+}
+
+/// Kannel's `3: Queued for later delivery`: the message is stored as always, and the
+/// answer says no destination of its route can take it now; it goes once the SMSC is
+/// back. With the SMSC up the answer is `0: Accepted for delivery`.
+#[tokio::test]
+async fn a_message_whose_destinations_are_down_is_queued_for_later_delivery() {
+    let smsc = smsc().await;
+    let port = smsc.port();
+    let gw = gateway(&[memory_config().as_str(), USERS].concat(), &smsc).await;
+    wait_bound(&gw).await;
+    async fn send(gw: &GatewayProcess, to: &str) -> HttpResponse {
+        get(gw, &format!("username=tester&password=foobar&from=1&to={to}&text=q")).await
+    }
+    let r = send(&gw, "44961").await;
+    assert_eq!((r.status, r.text().as_str()), (202, "0: Accepted for delivery"));
+    assert!(smsc.wait_messages(1, WAIT).await);
+    smsc.shutdown().await;
+    let mut state = String::new();
+    for _ in 0..100 {
+        state = destination_state(&gw, "upstream").await;
+        if state != "bound" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_ne!(state, "bound", "the link went down");
+    let r = send(&gw, "44962").await;
+    assert_eq!((r.status, r.text().as_str()), (202, "3: Queued for later delivery"));
+    // The SMSC comes back on its port: the queued message goes, and answers are `0:` again.
+    let smsc = TestSmsc::start(SmscConfig {
+        port,
+        ..SmscConfig::default()
+    })
+    .await;
+    assert!(smsc.wait_messages(1, WAIT).await, "the queued message is delivered");
+    assert_eq!(smsc.messages_to("44962").len(), 1);
+    wait_bound(&gw).await;
+    let r = send(&gw, "44963").await;
+    assert_eq!((r.status, r.text().as_str()), (202, "0: Accepted for delivery"));
+    assert!(smsc.wait_messages(2, WAIT).await);
+}
+
+/// An HTTP provider's receipts report like an SMSC's: its acceptance is 8, a posted
+/// intermediate status 4, a posted failure 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_providers_receipts_are_reported_like_an_smscs() {
+    let provider = FakeProvider::start().await;
+    let destination = "\n[[destinations]]\nname = \"h\"\nkind = \"http\"\n\
+        url = \"http://127.0.0.1:{h_port}/send\"\nfields = { to = \"{to}\", msg = \"{text}\" }\n\
+        id-pointer = \"/message_id\"\nresponse-timeout = \"2s\"\n\
+        receipt-secret = \"rs-1\"\nreceipt-signature = \"hmac-sha256\"\n\
+        receipt-status = { failed = \"UNDELIV\", queued = \"ENROUTE\" }\n\
+        receipt-id-pointer = \"/message_id\"\nreceipt-status-pointer = \"/status\"\n\
+        \n[[routes]]\nname = \"default\"\nto = [\"h\"]\n";
+    let config = [SMPP, HTTP, ADMIN, destination, USERS].concat();
+    let mut b = GatewayProcess::builder(&config).var("h_port", &provider.addr().port().to_string());
+    for p in ["to", "text"] {
+        b = b.var(p, &format!("{{{p}}}"));
+    }
+    let gw = b.start().await;
+    for _ in 0..200 {
+        if destination_state(&gw, "h").await == "bound" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let cb = CallbackServer::start().await;
+    let url = enc(&cb.url("/dlr?type=%d&text=%A&smsc=%i"));
+    let r = get(
+        &gw,
+        &format!("username=tester&password=foobar&from=1&to=44994&text=t&dlr-mask=31&dlr-url={url}"),
+    )
+    .await;
+    assert_eq!((r.status, r.text().as_str()), (202, "0: Accepted for delivery"));
+    assert!(provider.wait_requests(1, WAIT).await);
+    let id = provider.requests()[0].message_id.clone().unwrap();
+    assert!(cb.wait_requests(1, WAIT).await, "the acceptance");
+    let queued = format!("{{\"message_id\":\"{id}\",\"status\":\"queued\"}}");
+    assert_eq!(
+        post_receipt(gw.http_addr(), "h", &queued, Proof::Hmac("rs-1")).await,
+        200
+    );
+    assert!(cb.wait_requests(2, WAIT).await, "the intermediate report");
+    let failed = format!("{{\"message_id\":\"{id}\",\"status\":\"failed\"}}");
+    assert_eq!(
+        post_receipt(gw.http_addr(), "h", &failed, Proof::Hmac("rs-1")).await,
+        200
+    );
+    assert!(cb.wait_requests(3, WAIT).await, "{:?}", cb.requests());
+    let qs: Vec<_> = cb.requests().iter().map(query).collect();
+    let types: Vec<&str> = qs.iter().map(|q| param(q, "type")).collect();
+    assert_eq!(types, ["8", "4", "2"], "{qs:?}");
+    assert_eq!(param(&qs[1], "text"), "stat:queued");
+    assert_eq!(param(&qs[1], "smsc"), "h");
+    assert!(param(&qs[2], "text").contains("stat:UNDELIV"));
+}
+
+/// An intermediate receipt sent right after the provider's answer, before the message's
+/// handoff can have been stored, is still reported: it is tried again until its
+/// correlation is there.
+#[tokio::test]
+async fn an_intermediate_receipt_ahead_of_the_handoff_is_reported() {
+    let (smsc, gw) = start().await;
+    smsc.set_receipt_delay(Duration::ZERO);
+    smsc.set_receipt_rules(vec![ReceiptRule {
+        dest: DestMatch::Prefix("4490".into()),
+        outcome: ReceiptOutcome::Spaced {
+            receipts: vec![
+                (ReceiptState::Accepted, "000".into()),
+                (ReceiptState::Delivered, "000".into()),
+            ],
+            gap: Duration::from_millis(2500),
+        },
+    }]);
+    let cb = CallbackServer::start().await;
+    let url = enc(&cb.url("/dlr?type=%d&text=%A"));
+    for to in ["44901", "44902", "44903"] {
+        let r = get(
+            &gw,
+            &format!("username=tester&password=foobar&from=1&to={to}&text=t&dlr-mask=31&dlr-url={url}"),
+        )
+        .await;
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    assert!(cb.wait_requests(9, WAIT).await, "{:?}", cb.requests());
+    let mut types: Vec<String> = cb
+        .requests()
+        .iter()
+        .map(|r| param(&query(r), "type").to_string())
+        .collect();
+    types.sort();
+    assert_eq!(types, ["1", "1", "1", "4", "4", "4", "8", "8", "8"]);
+    assert!(
+        cb.requests()
+            .iter()
+            .filter(|r| param(&query(r), "type") == "4")
+            .all(|r| param(&query(r), "text").contains("stat:ACCEPTD"))
+    );
 }

@@ -216,6 +216,10 @@ pub enum HttpOutcome {
     },
     /// The pipeline is full or a store is failing: try again later.
     Unavailable,
+    /// Admitted like [`HttpOutcome::Accepted`], and no destination of its route can
+    /// take it now (Kannel's `3: Queued for later delivery`). Only `/cgi-bin/sendsms`
+    /// answers it.
+    Queued(String),
 }
 
 #[async_trait]
@@ -625,7 +629,7 @@ async fn submit(State(state): State<Arc<Ingress>>, req: Request) -> Response {
             .into_response();
     }
     match state.handler.submit(submission).await {
-        HttpOutcome::Accepted(id) => {
+        HttpOutcome::Accepted(id) | HttpOutcome::Queued(id) => {
             metrics::counter!("sendium_http_requests_total", "status" => "202").increment(1);
             (StatusCode::ACCEPTED, axum::Json(json!({ "id": id }))).into_response()
         }

@@ -41,7 +41,12 @@ pub enum DlrState {
     Deleted,
     Undeliverable,
     Unknown,
+    /// The provider's receipt said REJECTD.
     Rejected,
+    /// The provider refused the submission itself (an error submit_sm_resp). Receipts
+    /// show it as REJECTD like [`DlrState::Rejected`]; it is its own state because
+    /// Kannel's `dlr-url` reports the two differently (16 and 2).
+    Refused,
 }
 
 impl DlrState {
@@ -151,6 +156,83 @@ pub enum DeliveryContent {
     Receipt(ReceiptOutcome),
     /// An inbound (MO) message.
     Inbound(Box<InboundMessage>),
+    /// A Kannel `dlr-url` report about a message still on its way.
+    Progress(ProgressReport),
+}
+
+/// Kannel report type 8: the provider accepted the submission (its submit_sm_resp).
+pub const PROGRESS_ACCEPTED: u8 = 8;
+/// Kannel report type 4: the provider's receipt said the message is still on its way
+/// (ENROUTE, ACCEPTD, BUFFRED).
+pub const PROGRESS_BUFFERED: u8 = 4;
+
+/// A report to a Kannel `dlr-url` before the message's final receipt: created when the
+/// handoff recording the provider's ids is stored (type 8), or when an intermediate
+/// receipt matches a message awaiting its final one (type 4), for the receipt targets
+/// whose `dlr-mask` asks for that type. Stored, claimed and retried like a receipt.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProgressReport {
+    /// [`PROGRESS_ACCEPTED`] or [`PROGRESS_BUFFERED`].
+    pub kind: u8,
+    /// Kannel's `%A`: `ACK/` for type 8, the provider's receipt text for type 4.
+    pub text: String,
+    /// The destination the message went to (Kannel's `%i`, the smsc-id).
+    pub smsc: String,
+    /// The provider's message id (Kannel's `%F`).
+    pub foreign_id: String,
+    pub at: Timestamp,
+}
+
+/// A provider receipt that reports no final state (ENROUTE, ACCEPTD, BUFFRED, or an
+/// intermediate message_state). It changes nothing of the message's state, and is
+/// reported to the `dlr-url`s whose mask has 4 while the message awaits its final
+/// receipt. One that matches no correlation is not kept (no orphan): the step names it in
+/// [`DlrWriteOutcome::unmatched_intermediate`], and the caller may write it again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IntermediateReceipt {
+    pub destination: String,
+    /// Candidate canonical ids, best first, as a [`ProviderReceipt`]'s.
+    pub keys: Vec<String>,
+    /// The receipt's text as the provider sent it.
+    pub text: String,
+    pub at: Timestamp,
+}
+
+/// The type 8 reports a handoff owes: one per Kannel target whose mask has 8, when the
+/// provider accepted the submission. Every backend creates them with the handoff's new
+/// correlation (not for a repeat of a stored one).
+pub fn accepted_reports(h: &Handoff) -> Vec<(ReceiptTarget, DeliveryContent)> {
+    let HandoffOutcome::Submitted { provider_keys } = &h.outcome else {
+        return Vec::new();
+    };
+    h.targets
+        .iter()
+        .filter(|t| matches!(t.reply, ReplyPath::Kannel { mask, .. } if mask & PROGRESS_ACCEPTED != 0))
+        .map(|t| {
+            let report = ProgressReport {
+                kind: PROGRESS_ACCEPTED,
+                text: "ACK/".to_string(),
+                smsc: h.destination.clone(),
+                foreign_id: provider_keys.first().cloned().unwrap_or_default(),
+                at: h.handed_off_at,
+            };
+            (t.clone(), DeliveryContent::Progress(report))
+        })
+        .collect()
+}
+
+/// The type 4 report an intermediate receipt owes `target`, when its mask asks for it.
+/// `key`: the provider id it matched.
+pub fn buffered_report(target: &ReceiptTarget, r: &IntermediateReceipt, key: &str) -> Option<DeliveryContent> {
+    matches!(target.reply, ReplyPath::Kannel { mask, .. } if mask & PROGRESS_BUFFERED != 0).then(|| {
+        DeliveryContent::Progress(ProgressReport {
+            kind: PROGRESS_BUFFERED,
+            text: r.text.clone(),
+            smsc: r.destination.clone(),
+            foreign_id: key.to_string(),
+            at: r.at,
+        })
+    })
 }
 
 /// A receipt or an inbound message to deliver downstream, as claimed.
@@ -239,11 +321,13 @@ pub struct DlrRetention {
 }
 
 /// One step of the correlator's writes, batched while the previous step was being
-/// committed: handoffs first, then provider receipts, then delivery results, then
-/// inbound parts, then routed inbound messages.
+/// committed: handoffs first, then intermediate receipts, then final provider receipts,
+/// then delivery results, then inbound parts, then routed inbound messages.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DlrWrite {
     pub handoffs: Vec<Handoff>,
+    /// Intermediate receipts: type 4 reports for the Kannel targets that ask for them.
+    pub intermediate: Vec<IntermediateReceipt>,
     pub receipts: Vec<ProviderReceipt>,
     pub finishes: Vec<DeliveryFinish>,
     /// Parts of multipart inbound messages, placed in their groups (see
@@ -274,6 +358,7 @@ pub struct ClaimCreated {
 impl DlrWrite {
     pub fn is_empty(&self) -> bool {
         self.handoffs.is_empty()
+            && self.intermediate.is_empty()
             && self.receipts.is_empty()
             && self.finishes.is_empty()
             && self.inbound_parts.is_empty()
@@ -287,7 +372,8 @@ impl DlrWrite {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DlrWriteOutcome {
     pub handoffs: Result<(), DlrError>,
-    /// One result per receipt, in order.
+    /// One result per final receipt, in order; `Err` also when the intermediate receipts
+    /// could not be stored.
     pub receipts: Result<Vec<ReceiptMatch>, DlrError>,
     pub finishes: Result<(), DlrError>,
     /// The inbound parts and messages: stored (durable as the store is) when `Ok`. The
@@ -304,6 +390,10 @@ pub struct DlrWriteOutcome {
     /// [`DlrWrite::claim_created`]); `claim_due` does not return them until their lease
     /// lapses. Empty when the step failed or the backend does not claim in its writes.
     pub claimed: Vec<Delivery>,
+    /// The positions in [`DlrWrite::intermediate`] of the intermediate receipts that
+    /// matched no correlation (their handoff may not be stored yet). Empty when the step
+    /// failed.
+    pub unmatched_intermediate: Vec<usize>,
 }
 
 impl DlrWriteOutcome {
@@ -316,6 +406,7 @@ impl DlrWriteOutcome {
             inbound: Ok(()),
             complete_groups: Vec::new(),
             claimed,
+            unmatched_intermediate: Vec::new(),
         }
     }
 
@@ -328,6 +419,7 @@ impl DlrWriteOutcome {
             inbound: Err(e),
             complete_groups: Vec::new(),
             claimed: Vec::new(),
+            unmatched_intermediate: Vec::new(),
         }
     }
 }
@@ -374,7 +466,11 @@ pub trait DlrStore: Send + Sync + 'static {
     ///
     /// - handoffs: provider outcomes. Idempotent per (unit, branch): a repeat with the
     ///   same provider ids changes nothing; a repeat with new ids (the branch was
-    ///   resubmitted) replaces the expected parts while earlier ids keep matching;
+    ///   resubmitted) replaces the expected parts while earlier ids keep matching. A
+    ///   branch's first submitted handoff creates its [`accepted_reports`];
+    /// - intermediate receipts: each matched like a final one, reported to the Kannel
+    ///   targets of a message still awaiting its final receipt (see
+    ///   [`IntermediateReceipt`]), nothing else changed;
     /// - final provider receipts, matched: one result per receipt, in order;
     /// - delivery results; results quoting a stale attempt are ignored;
     /// - inbound parts, each placed in its group by the rule in [`crate::inbound`];

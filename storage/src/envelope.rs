@@ -49,8 +49,8 @@ pub enum RecordKind {
     DlrTrack,
     /// A provider receipt not (yet) correlated, with its expiry.
     DlrOrphan,
-    /// A pending downstream delivery: target, a receipt's outcome or an inbound message
-    /// (minor 1 added the inbound message), creation and expiry.
+    /// A pending downstream delivery: target, a receipt's outcome, an inbound message
+    /// (minor 1) or a Kannel progress report (minor 3), creation and expiry.
     DlrDelivery,
     /// A multipart inbound group held by the file DLR store: its key, deadline, whether
     /// it is closed, and its parts.
@@ -89,8 +89,9 @@ impl RecordKind {
             // Minor 1: `dm` (a Kannel dlr-mask). Minor 2: `rp` (route priority) and `sh`
             // (a destination hint).
             RecordKind::PendingRecord => (1, 2),
-            // Minor 1: a receipt target's reply may be `Kannel`.
-            RecordKind::DlrTrack => (1, 1),
+            // Minor 1: a receipt target's reply may be `Kannel`. Minor 2: a first failure
+            // may be `Refused`.
+            RecordKind::DlrTrack => (1, 2),
             RecordKind::PendingUnit
             | RecordKind::PendingGroup
             | RecordKind::IdempotencyKey
@@ -101,8 +102,9 @@ impl RecordKind {
             | RecordKind::PendingJournalFrame
             | RecordKind::RouterQueueJournalFrame
             | RecordKind::RoutedWorkJournalFrame => (1, 0),
-            // Minor 1 added the inbound message; minor 2 a `Kannel` reply.
-            RecordKind::DlrDelivery => (1, 2),
+            // Minor 1 added the inbound message; minor 2 a `Kannel` reply; minor 3 a
+            // `Refused` state and `p` (a Kannel progress report).
+            RecordKind::DlrDelivery => (1, 3),
         }
     }
 }

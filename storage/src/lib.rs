@@ -37,7 +37,8 @@ pub use backend::{Backend, StageCapabilities};
 pub use dlr::{
     ClaimCreated, ClaimScope, Delivery, DeliveryContent, DeliveryFinish, DeliveryId, DeliveryResult, DlrCapabilities,
     DlrRetention, DlrState, DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, ExpiryReport, Handoff, HandoffOutcome,
-    ProviderReceipt, ReceiptMatch, ReceiptOutcome, ReceiptReservations, ReceiptTarget, ReplyPath,
+    IntermediateReceipt, PROGRESS_ACCEPTED, PROGRESS_BUFFERED, ProgressReport, ProviderReceipt, ReceiptMatch,
+    ReceiptOutcome, ReceiptReservations, ReceiptTarget, ReplyPath, accepted_reports, buffered_report,
 };
 pub use envelope::{EnvelopeError, RecordKind};
 pub use error::{BackendFailure, DlrError, FailureKind, PendingError, RoutedWorkError, RouterQueueError, StorageError};

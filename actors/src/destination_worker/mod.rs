@@ -327,6 +327,7 @@ impl WorkerState {
 
     fn on_events(&mut self, events: Vec<ClientEvent>) {
         let mut receipts = Vec::new();
+        let mut intermediate = Vec::new();
         let mut acks = Vec::new();
         let mut mo_acks = Vec::new();
         let mut refused = Vec::new();
@@ -358,7 +359,10 @@ impl WorkerState {
                         receipts.push(r);
                         acks.push(ack);
                     }
-                    receipts::Inbound::Intermediate => mo_acks.push(ack),
+                    receipts::Inbound::Intermediate(r) => {
+                        intermediate.push(r);
+                        mo_acks.push(ack);
+                    }
                     receipts::Inbound::MobileOriginated => {
                         let counts = self.shared.mo.counts();
                         counts.add(MoEvent::Received, &self.name, 1);
@@ -410,6 +414,15 @@ impl WorkerState {
                 // Acknowledged to the provider once stored; dropped unacknowledged (the
                 // provider sends them again) if the correlator is not running.
                 self.shared.dir.dlr.send(crate::dlr_correlator::DlrMsg::Inbound(batch));
+            }
+            // Acknowledged at once, as every intermediate receipt is: stored as type 4
+            // reports when a Kannel dlr-url asks for them (lost if the process stops before
+            // that write).
+            if !intermediate.is_empty() && self.shared.dlr_enabled {
+                self.shared
+                    .dir
+                    .dlr
+                    .send(crate::dlr_correlator::DlrMsg::Intermediate(intermediate));
             }
             if !receipts.is_empty() {
                 metrics::counter!("sendium_provider_receipts_total", "destination" => self.name.clone())
@@ -563,9 +576,11 @@ impl WorkerState {
 
     /// Tell the Router whether this destination can take work (never while retiring).
     fn report_state(&self) {
+        let up = self.up && self.retiring.is_none();
+        self.shared.links.set(&self.name, up);
         self.shared.dir.router.send(RouterMsg::DestinationState {
             name: self.name.clone(),
-            up: self.up && self.retiring.is_none(),
+            up,
         });
     }
 

@@ -8,15 +8,16 @@
 
 use sendium_protocols::receipt::{IdFormat, ReceiptState, ReceiptText, parse_date, receipt_keys};
 use sendium_protocols::smpp::client::InboundDeliver;
-use sendium_storage::{DlrState, ProviderReceipt, ReceiptOutcome, Timestamp};
+use sendium_storage::{DlrState, IntermediateReceipt, ProviderReceipt, ReceiptOutcome, Timestamp};
 
 /// What a provider's deliver_sm turned out to be.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Inbound {
     /// A final receipt to correlate.
     Final(ProviderReceipt),
-    /// An intermediate state (ENROUTE, ACCEPTD): acknowledged, nothing to record.
-    Intermediate,
+    /// An intermediate state (ENROUTE, ACCEPTD, BUFFRED): acknowledged at once, and
+    /// reported to the Kannel dlr-urls that ask for type 4.
+    Intermediate(IntermediateReceipt),
     /// Not a receipt (a mobile-originated message): acknowledged and counted.
     MobileOriginated,
     /// Claims to be a receipt but has neither an id nor a state we can read.
@@ -42,7 +43,7 @@ pub fn receipt_state(s: DlrState) -> ReceiptState {
         DlrState::Deleted => ReceiptState::Deleted,
         DlrState::Undeliverable => ReceiptState::Undeliverable,
         DlrState::Unknown => ReceiptState::Unknown,
-        DlrState::Rejected => ReceiptState::Rejected,
+        DlrState::Rejected | DlrState::Refused => ReceiptState::Rejected,
     }
 }
 
@@ -72,9 +73,21 @@ pub fn classify(destination: &str, fmt: IdFormat, d: &InboundDeliver) -> Inbound
     let (Some(state), false) = (state, keys.is_empty()) else {
         return Inbound::Unreadable;
     };
-    let Some(state) = dlr_state(state) else {
-        return Inbound::Intermediate;
+    let Some(final_state) = dlr_state(state) else {
+        let text = String::from_utf8_lossy(body).trim().to_string();
+        return Inbound::Intermediate(IntermediateReceipt {
+            destination: destination.to_string(),
+            keys,
+            // A receipt with TLVs only has no text; its state stands in.
+            text: if text.is_empty() {
+                format!("stat:{}", state.stat_text())
+            } else {
+                text
+            },
+            at: Timestamp::now(),
+        });
     };
+    let state = final_state;
     let error = text
         .as_ref()
         .map(|t| t.err.clone())
@@ -141,14 +154,30 @@ mod tests {
 
     #[test]
     fn intermediate_mo_and_garbage() {
+        let Inbound::Intermediate(r) = classify(
+            "up",
+            IdFormat::Auto,
+            &deliver(0x04, "id:1 stat:ENROUTE err:000", None, None),
+        ) else {
+            panic!("expected an intermediate receipt");
+        };
         assert_eq!(
+            (r.destination.as_str(), r.text.as_str()),
+            ("up", "id:1 stat:ENROUTE err:000")
+        );
+        assert!(!r.keys.is_empty());
+        let Inbound::Intermediate(r) = classify("up", IdFormat::Exact, &deliver(0x04, "", Some("abc"), Some(1))) else {
+            panic!("an intermediate message_state is an intermediate receipt");
+        };
+        assert_eq!(r.text, "stat:ENROUTE");
+        assert!(matches!(
             classify(
                 "up",
                 IdFormat::Auto,
-                &deliver(0x04, "id:1 stat:ENROUTE err:000", None, None)
+                &deliver(0x04, "id:2 stat:BUFFRED err:000", None, None)
             ),
-            Inbound::Intermediate
-        );
+            Inbound::Intermediate(_)
+        ));
         assert_eq!(
             classify("up", IdFormat::Auto, &deliver(0x00, "hi", None, None)),
             Inbound::MobileOriginated

@@ -12,7 +12,7 @@ use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use sendium_protocols::callback::CallbackTargets;
 use sendium_protocols::http_client::{BuildError, Config, Error as HttpError, HttpClient, Request, Resend, Target};
 
-use sendium_protocols::receipt::{ReceiptText, format_date};
+use sendium_protocols::receipt::{ReceiptState, ReceiptText, format_date};
 use sendium_protocols::smpp::server::{DeliverOutcome, OutboundDeliver, SessionRegistry};
 use sendium_storage::{
     Delivery, DeliveryContent, DeliveryFinish, DeliveryResult, DlrState, InboundMessage, ReceiptOutcome, Timestamp,
@@ -55,6 +55,16 @@ pub fn deliver_sm(d: &Delivery) -> OutboundDeliver {
             message_state: Some(receipt_state(outcome.state).message_state()),
         },
         DeliveryContent::Inbound(m) => inbound_deliver_sm(m),
+        // Created for Kannel dlr-urls only; as a deliver_sm it is an intermediate receipt.
+        DeliveryContent::Progress(p) => OutboundDeliver {
+            source: to_wire(&d.target.destination),
+            destination: to_wire(&d.target.source),
+            esm_class: ESM_CLASS_RECEIPT,
+            data_coding: 0,
+            short_message: p.text.clone().into_bytes(),
+            receipted_message_id: Some(d.target.submit_id.to_string()),
+            message_state: Some(ReceiptState::Enroute.message_state()),
+        },
     }
 }
 
@@ -142,15 +152,21 @@ struct CallbackBody<'a> {
 /// The JSON body of an HTTP delivery, encoded: a receipt callback, or an inbound
 /// message (see [`crate::inbound::http_body`]).
 pub fn callback_body(d: &Delivery) -> Vec<u8> {
-    let outcome = match &d.content {
-        DeliveryContent::Receipt(outcome) => outcome,
+    let (status, error_code, done_at) = match &d.content {
+        DeliveryContent::Receipt(outcome) => (
+            receipt_state(outcome.state).stat_text(),
+            outcome.error.as_str(),
+            outcome.done_at,
+        ),
         DeliveryContent::Inbound(m) => return crate::inbound::http_body(m),
+        // Created for Kannel dlr-urls only; as JSON it is an intermediate receipt.
+        DeliveryContent::Progress(p) => (ReceiptState::Enroute.stat_text(), "000", p.at),
     };
     let body = CallbackBody {
         id: d.target.submit_id.to_string(),
-        status: receipt_state(outcome.state).stat_text(),
-        error_code: &outcome.error,
-        done_at: rfc3339(outcome.done_at),
+        status,
+        error_code,
+        done_at: rfc3339(done_at),
     };
     // Strings and a fixed struct: encoding cannot fail.
     serde_json::to_vec(&body).unwrap_or_default()
@@ -315,7 +331,6 @@ pub fn finish(d: &Delivery, channel: &'static str, sent: Result<bool, bool>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sendium_protocols::receipt::ReceiptState;
     use sendium_storage::{Address, DeliveryId, MessageId, ReceiptOutcome, ReceiptTarget, ReplyPath};
 
     fn delivery(state: DlrState) -> Delivery {

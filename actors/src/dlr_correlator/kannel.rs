@@ -2,30 +2,34 @@
 //! [`sendium_protocols::kannel::dlr_url`]), for the report types the message's
 //! `dlr-mask` asks for.
 //!
-//! Final reports (1 delivered, 2 undelivered, 16 refused by the provider) are the
-//! message's receipt deliveries: stored, claimed, retried with backoff and given up after
-//! retention like every receipt callback. A report the mask does not ask for finishes
-//! its delivery without a request. Type 8 (the provider accepted the message) is sent
-//! once the handoff recording the provider's ids is stored; it is not a stored delivery:
-//! it is tried a few times while the process runs and is lost if the process stops.
-
-use std::sync::Arc;
-use std::time::Duration;
+//! Every report is one of the message's stored deliveries: claimed, retried with backoff
+//! and given up after retention like every receipt callback, and as durable as the DLR
+//! store. Final reports (1 delivered, 2 undelivered, 16 refused by the provider in its
+//! submit_sm_resp) are the message's receipt deliveries. Type 8 (the provider accepted
+//! the message) is created in the write that stores the provider's id, type 4 in the
+//! write that stores an intermediate receipt matching a message still awaiting its final
+//! one (see [`sendium_storage::ProgressReport`]). A report the mask does not ask for
+//! finishes its delivery without a request.
 
 use sendium_protocols::kannel::dlr_url::{self, Report, kind};
 use sendium_storage::{
-    Delivery, DeliveryContent, DeliveryFinish, DlrState, Handoff, HandoffOutcome, ReceiptTarget, ReplyPath, Timestamp,
+    Delivery, DeliveryContent, DeliveryFinish, DlrState, Handoff, HandoffOutcome, ProgressReport, ReceiptTarget,
+    ReplyPath,
 };
 
 use super::deliver::{self, CallbackClient};
 
-/// The Kannel report type of a receipt and whether `mask` asks for it. A refusal by the
-/// provider is type 16, sent when the mask has 16 or 2, as Kannel does.
+/// The Kannel report type of a receipt and whether `mask` asks for it, as Kannel's SMPP
+/// module decides it: a submission the provider refused in its submit_sm_resp is type
+/// 16, sent when the mask has 16 or 2; every final failure the provider's receipt
+/// reports (REJECTD included) is type 2.
 pub fn report_kind(state: DlrState, mask: u8) -> Option<u8> {
     let (kind, wanted) = match state {
         DlrState::Delivered => (kind::DELIVERED, kind::DELIVERED),
-        DlrState::Rejected => (kind::SMSC_REJECT, kind::SMSC_REJECT | kind::UNDELIVERED),
-        _ => (kind::UNDELIVERED, kind::UNDELIVERED),
+        DlrState::Refused => (kind::SMSC_REJECT, kind::SMSC_REJECT | kind::UNDELIVERED),
+        DlrState::Expired | DlrState::Deleted | DlrState::Undeliverable | DlrState::Unknown | DlrState::Rejected => {
+            (kind::UNDELIVERED, kind::UNDELIVERED)
+        }
     };
     (mask & wanted != 0).then_some(kind)
 }
@@ -46,11 +50,13 @@ fn report<'a>(target: &'a ReceiptTarget, url: &'a str, id: &'a str, kind: u8, te
     }
 }
 
-/// Deliver one receipt to its dlr-url.
+/// Deliver one receipt or progress report to its dlr-url.
 pub async fn receipt(client: &CallbackClient, url: &str, mask: u8, d: &Delivery) -> DeliveryFinish {
-    let DeliveryContent::Receipt(outcome) = &d.content else {
-        // Only receipts are owed to a dlr-url.
-        return deliver::finish(d, "kannel", Ok(true));
+    let outcome = match &d.content {
+        DeliveryContent::Receipt(outcome) => outcome,
+        DeliveryContent::Progress(p) => return progress(client, url, mask, d, p).await,
+        // Only receipts and progress reports are owed to a dlr-url.
+        DeliveryContent::Inbound(_) => return deliver::finish(d, "kannel", Ok(true)),
     };
     let Some(kind) = report_kind(outcome.state, mask) else {
         // Not in the mask: nothing to send, and nothing left to owe.
@@ -69,74 +75,27 @@ pub async fn receipt(client: &CallbackClient, url: &str, mask: u8, d: &Delivery)
     deliver::finish(d, "kannel", sent)
 }
 
-/// A type 8 report owed once a handoff is stored.
-#[derive(Debug, Clone)]
-pub struct Accepted {
-    url: String,
-    target: ReceiptTarget,
-    destination: String,
-    provider_id: String,
-}
-
-/// The type 8 reports the submitted handoffs of a step owe.
-pub fn accepted_reports(handoffs: &[Handoff]) -> Vec<Accepted> {
-    let mut out = Vec::new();
-    for h in handoffs {
-        let HandoffOutcome::Submitted { provider_keys } = &h.outcome else {
-            continue;
-        };
-        for t in &h.targets {
-            if let ReplyPath::Kannel { url, mask } = &t.reply
-                && mask & kind::SMSC_SUCCESS != 0
-            {
-                out.push(Accepted {
-                    url: url.clone(),
-                    target: t.clone(),
-                    destination: h.destination.clone(),
-                    provider_id: provider_keys.first().cloned().unwrap_or_default(),
-                });
-            }
-        }
+/// Deliver a progress report (type 8 or 4), the mask permitting.
+async fn progress(client: &CallbackClient, url: &str, mask: u8, d: &Delivery, p: &ProgressReport) -> DeliveryFinish {
+    if mask & p.kind == 0 {
+        metrics::counter!("sendium_kannel_reports_skipped_total").increment(1);
+        return deliver::finish(d, "kannel", Ok(true));
     }
-    out
+    let id = d.target.submit_id.to_string();
+    let mut r = report(&d.target, url, &id, p.kind, &p.text, p.at.as_unix_seconds());
+    r.smsc_id = &p.smsc;
+    r.foreign_id = &p.foreign_id;
+    metrics::counter!("sendium_receipt_delivery_attempts_total", "channel" => "kannel").increment(1);
+    let sent = deliver::get(client, &dlr_url::fill(url, &r)).await;
+    deliver::finish(d, "kannel", sent)
 }
 
-/// Attempts of one type 8 report, a second apart at first, doubling.
-const ACCEPTED_ATTEMPTS: u32 = 5;
-
-/// Send type 8 reports, each retried a few times, at most `slots` callbacks at once.
-pub async fn send_accepted(client: CallbackClient, slots: Arc<tokio::sync::Semaphore>, reports: Vec<Accepted>) {
-    let time = Timestamp::now().as_unix_seconds();
-    let tasks = reports.into_iter().map(|a| {
-        let client = client.clone();
-        let slots = slots.clone();
-        async move {
-            let id = a.target.submit_id.to_string();
-            let mut r = report(&a.target, &a.url, &id, kind::SMSC_SUCCESS, "ACK/", time);
-            r.smsc_id = &a.destination;
-            r.foreign_id = &a.provider_id;
-            let url = dlr_url::fill(&a.url, &r);
-            for attempt in 1..=ACCEPTED_ATTEMPTS {
-                let sent = {
-                    let _slot = slots.acquire().await;
-                    metrics::counter!("sendium_receipt_delivery_attempts_total", "channel" => "kannel").increment(1);
-                    deliver::get(&client, &url).await
-                };
-                match sent {
-                    Ok(true) => return,
-                    Err(true) => break,
-                    _ if attempt < ACCEPTED_ATTEMPTS => {
-                        tokio::time::sleep(Duration::from_secs(1 << (attempt - 1))).await;
-                    }
-                    _ => {}
-                }
-            }
-            metrics::counter!("sendium_receipt_delivery_failures_total", "channel" => "kannel", "reason" => "accepted")
-                .increment(1);
-            tracing::warn!("a dlr-url type 8 report was given up");
-        }
-    });
-    futures::future::join_all(tasks).await;
+/// Whether a handoff creates a type 8 report (see [`sendium_storage::accepted_reports`]).
+pub fn owes_accepted(h: &Handoff) -> bool {
+    matches!(h.outcome, HandoffOutcome::Submitted { .. })
+        && h.targets
+            .iter()
+            .any(|t| matches!(t.reply, ReplyPath::Kannel { mask, .. } if mask & kind::SMSC_SUCCESS != 0))
 }
 
 #[cfg(test)]
@@ -149,12 +108,18 @@ mod tests {
         assert_eq!(report_kind(DlrState::Delivered, 2), None);
         assert_eq!(report_kind(DlrState::Expired, 3), Some(2));
         assert_eq!(report_kind(DlrState::Undeliverable, 1), None);
-        assert_eq!(report_kind(DlrState::Rejected, 16), Some(16));
+        assert_eq!(report_kind(DlrState::Refused, 16), Some(16));
         assert_eq!(
-            report_kind(DlrState::Rejected, 2),
+            report_kind(DlrState::Refused, 2),
             Some(16),
             "Kannel reports a refusal to a mask of 2 too"
         );
-        assert_eq!(report_kind(DlrState::Rejected, 1), None);
+        assert_eq!(report_kind(DlrState::Refused, 1), None);
+        assert_eq!(
+            report_kind(DlrState::Rejected, 31),
+            Some(2),
+            "a provider's REJECTD receipt is undelivered"
+        );
+        assert_eq!(report_kind(DlrState::Rejected, 16), None);
     }
 }

@@ -27,8 +27,8 @@ use sendium_protocols::smpp::client::{Acker, DeliverAck};
 use sendium_storage::failpoint;
 use sendium_storage::{
     ClaimCreated, ClaimScope, Delivery, DeliveryContent, DeliveryFinish, DeliveryId, DeliveryResult, DlrCapabilities,
-    DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, Handoff, HandoffOutcome, InboundGroup, InboundPart, ProviderReceipt,
-    ReceiptMatch, ReplyPath, RoutedInbound, Timestamp,
+    DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, Handoff, HandoffOutcome, InboundGroup, InboundPart,
+    IntermediateReceipt, ProviderReceipt, ReceiptMatch, ReplyPath, RoutedInbound, Timestamp,
 };
 
 use crate::context::Shared;
@@ -104,6 +104,13 @@ pub struct InboundBatch {
 pub enum DlrMsg {
     HandOff(Vec<Handoff>),
     ProviderReceipts(ReceiptBatch),
+    /// Intermediate provider receipts, acknowledged to the provider already: stored as
+    /// type 4 reports for the Kannel targets that ask for them (see
+    /// [`sendium_storage::IntermediateReceipt`]).
+    Intermediate(Vec<IntermediateReceipt>),
+    /// Intermediate receipts that matched no correlation, tried again (with how many
+    /// times each was tried): their handoff may have been on its way.
+    IntermediateAgain(Vec<(IntermediateReceipt, u8)>),
     Inbound(InboundBatch),
     /// Claim and deliver due receipts.
     DeliverDue,
@@ -173,6 +180,8 @@ pub struct DlrState {
     writing_ids: HashMap<String, HashMap<String, usize>>,
     /// Receipt batches for ids in `writing_ids`, waiting for those steps to commit.
     held_receipts: Vec<ReceiptBatch>,
+    /// Intermediate receipts for ids in `writing_ids`, likewise (with their tries).
+    held_intermediate: Vec<(IntermediateReceipt, u8)>,
 }
 
 /// A batched write step and what to do with its outcome. The context travels with
@@ -186,6 +195,8 @@ struct Step {
     inbound_acks: Vec<ReceiptAcks>,
     /// Multipart groups the step writes or drops.
     groups: Vec<u64>,
+    /// How many times each of `write.intermediate` was tried before.
+    intermediate_tries: Vec<u8>,
 }
 
 /// One provider receipt batch's share of a step: where it came from, how many of the
@@ -223,10 +234,26 @@ pub struct AppliedStep {
     incarnation: u64,
     /// The provider ids its handoffs counted in `writing_ids`.
     ids: Vec<(String, String)>,
+    /// It may have created progress reports.
+    progress: bool,
+    /// Its intermediate receipts, with their tries before this step.
+    intermediate: Vec<(IntermediateReceipt, u8)>,
     outcome: DlrWriteOutcome,
 }
 
 pub struct DlrCorrelator;
+
+/// A branch the provider refused is stored as [`sendium_storage::DlrState::Refused`].
+/// The Router hands it off as `Rejected`, the state its receipts show; a failed handoff
+/// never comes from a provider's receipt, and Kannel's reports tell a refusal (16) from
+/// a REJECTD receipt (2).
+fn refused_as_such(h: &mut Handoff) {
+    if let HandoffOutcome::Failed(outcome) = &mut h.outcome
+        && outcome.state == sendium_storage::DlrState::Rejected
+    {
+        outcome.state = sendium_storage::DlrState::Refused;
+    }
+}
 
 /// Numbers the correlator's incarnations (see `DlrState::incarnation`).
 static INCARNATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -238,6 +265,11 @@ const MAX_IN_FLIGHT: usize = 20_000;
 const CLAIM_PACE: Duration = Duration::from_millis(10);
 /// Concurrent HTTP callbacks (all rounds together).
 const HTTP_CONCURRENCY: usize = 64;
+/// An intermediate receipt that matched no correlation is written this many times in
+/// all, this long apart: a provider may send it before the Router's handoff of the
+/// message reached the store.
+const INTERMEDIATE_TRIES: u8 = 5;
+const INTERMEDIATE_RETRY: Duration = Duration::from_secs(1);
 
 impl DlrState {
     /// Coalesce delivery rounds: at most one `DeliverDue` waits in the mailbox. (A send
@@ -268,7 +300,10 @@ impl DlrState {
         }
     }
 
-    fn queue_handoffs(&mut self, batch: Vec<Handoff>) {
+    fn queue_handoffs(&mut self, mut batch: Vec<Handoff>) {
+        for h in &mut batch {
+            refused_as_such(h);
+        }
         self.queued.handed_off.extend(batch.iter().map(|h| BranchKey {
             unit: h.unit,
             branch: h.branch,
@@ -302,6 +337,44 @@ impl DlrState {
             acks: batch.acks,
         });
         self.write_queued();
+    }
+
+    /// Queue intermediate receipts for the next step, holding those for an id a step is
+    /// committing right now (as [`Self::queue_receipts`] does: written beside that step,
+    /// they would not find its correlation, and be dropped).
+    fn queue_intermediate(&mut self, batch: Vec<(IntermediateReceipt, u8)>) {
+        for (r, tries) in batch {
+            let writing = self
+                .writing_ids
+                .get(&r.destination)
+                .is_some_and(|ids| r.keys.iter().any(|k| ids.contains_key(k)));
+            if writing {
+                self.held_intermediate.push((r, tries));
+            } else {
+                self.queued.write.intermediate.push(r);
+                self.queued.intermediate_tries.push(tries);
+            }
+        }
+        self.write_queued();
+    }
+
+    /// Try again, a while later, the step's intermediate receipts that matched nothing
+    /// (or were not stored), up to [`INTERMEDIATE_TRIES`] writes each.
+    fn retry_unmatched(&self, intermediate: &[(IntermediateReceipt, u8)], unmatched: &[usize]) {
+        let again: Vec<(IntermediateReceipt, u8)> = unmatched
+            .iter()
+            .filter_map(|&i| intermediate.get(i))
+            .filter(|(_, tries)| tries.saturating_add(1) < INTERMEDIATE_TRIES)
+            .map(|(r, tries)| (r.clone(), tries.saturating_add(1)))
+            .collect();
+        if again.is_empty() {
+            return;
+        }
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(INTERMEDIATE_RETRY).await;
+            shared.dir.dlr.send(DlrMsg::IntermediateAgain(again));
+        });
     }
 
     fn queue_finishes(&mut self, results: Vec<DeliveryFinish>) {
@@ -377,7 +450,10 @@ impl DlrState {
             receipt_batches,
             inbound_acks,
             groups,
+            intermediate_tries,
         } = std::mem::take(&mut self.queued);
+        let intermediate: Vec<(IntermediateReceipt, u8)> =
+            write.intermediate.iter().cloned().zip(intermediate_tries).collect();
         let inbound = (write.inbound.len(), write.inbound_parts.len());
         // What the step resolves is claimed in the same write where the store can (one
         // statement less per receipt), within what may be in flight: each step writing
@@ -419,16 +495,14 @@ impl DlrState {
         let store = self.store.clone();
         let shared = self.shared.clone();
         let incarnation = self.incarnation;
-        let accepted = kannel::accepted_reports(&write.handoffs);
-        let (http, slots) = (self.http.clone(), self.http_slots.clone());
+        // Progress reports the step may create are not all claimed in the write (the
+        // PostgreSQL store leaves them due): a claim round after it sends them.
+        let progress = !write.intermediate.is_empty() || write.handoffs.iter().any(kannel::owes_accepted);
         tokio::spawn(async move {
             // Before the write: a lease the store grants in it ends no earlier than this
             // plus the lease, which is what the callback deadline is counted from.
             let claimed_at = std::time::Instant::now();
             let outcome = store.apply(write).await;
-            if outcome.handoffs.is_ok() && !accepted.is_empty() {
-                tokio::spawn(kannel::send_accepted(http, slots, accepted));
-            }
             shared.dir.dlr.send(DlrMsg::Applied(Box::new(AppliedStep {
                 handed_off,
                 receipt_batches,
@@ -440,6 +514,8 @@ impl DlrState {
                 claimed_at,
                 incarnation,
                 ids,
+                progress,
+                intermediate,
                 outcome,
             })));
         });
@@ -462,8 +538,16 @@ impl DlrState {
             claimed_at,
             incarnation,
             ids,
+            progress,
+            intermediate,
             mut outcome,
         } = applied;
+        // A failed step stored none of them: all are tried again.
+        let unmatched = match outcome.receipts {
+            Ok(_) => std::mem::take(&mut outcome.unmatched_intermediate),
+            Err(_) => (0..intermediate.len()).collect(),
+        };
+        self.retry_unmatched(&intermediate, &unmatched);
         for no in &groups {
             self.groups_writing.remove(no);
         }
@@ -488,6 +572,9 @@ impl DlrState {
         // `created`: the step may have created deliveries (a handoff's failure receipt,
         // a resolution); `due`: a claim round should run.
         let (mut created, mut due) = (false, false);
+        if progress && outcome.handoffs.is_ok() && outcome.receipts.is_ok() {
+            due = true;
+        }
         if !handed_off.is_empty() {
             match outcome.handoffs {
                 Ok(()) => {
@@ -602,6 +689,10 @@ impl DlrState {
         // Receipts held for this step's ids go into the queue now (or wait on for
         // another step still being written) — after the dispatch above, so a step they
         // start sees those deliveries in flight.
+        let held = std::mem::take(&mut self.held_intermediate);
+        if !held.is_empty() {
+            self.queue_intermediate(held);
+        }
         for batch in std::mem::take(&mut self.held_receipts) {
             self.queue_receipts(batch);
         }
@@ -673,6 +764,16 @@ impl DlrState {
             if let DeliveryContent::Inbound(m) = &d.content {
                 self.inbound_in_flight.insert(d.id, m.route.clone());
             }
+            if matches!(d.content, DeliveryContent::Progress(_)) && !matches!(d.target.reply, ReplyPath::Kannel { .. })
+            {
+                // Only a Kannel dlr-url is owed progress reports; no store creates others.
+                parked.push(DeliveryFinish {
+                    id: d.id,
+                    attempt: d.attempt,
+                    result: DeliveryResult::Delivered,
+                });
+                continue;
+            }
             match &d.target.reply {
                 ReplyPath::Smpp => {
                     if self.shared.sessions.receivers(&d.target.account) == 0 {
@@ -718,7 +819,7 @@ impl DlrState {
                     .map(|d| {
                         let client = match d.content {
                             DeliveryContent::Inbound(_) => inbound_client.clone(),
-                            DeliveryContent::Receipt(_) => client.clone(),
+                            DeliveryContent::Receipt(_) | DeliveryContent::Progress(_) => client.clone(),
                         };
                         let slots = slots.clone();
                         async move {
@@ -829,6 +930,7 @@ impl Actor for DlrCorrelator {
             claimed_by_writes: 0,
             writing_ids: HashMap::new(),
             held_receipts: Vec::new(),
+            held_intermediate: Vec::new(),
             lease: args.claim_lease,
             callback_timeout: args.callback_timeout,
             http_slots: Arc::new(tokio::sync::Semaphore::new(HTTP_CONCURRENCY)),
@@ -856,6 +958,8 @@ impl Actor for DlrCorrelator {
                 state.queue_handoffs(batch);
             }
             DlrMsg::ProviderReceipts(batch) => state.queue_receipts(batch),
+            DlrMsg::Intermediate(batch) => state.queue_intermediate(batch.into_iter().map(|r| (r, 0)).collect()),
+            DlrMsg::IntermediateAgain(batch) => state.queue_intermediate(batch),
             DlrMsg::Inbound(batch) => state.queue_inbound(batch),
             DlrMsg::DeliverDue => state.deliver_due().await,
             DlrMsg::AccountBound(account) => match state.store.wake_account(&account, Timestamp::now()).await {

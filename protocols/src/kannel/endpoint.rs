@@ -122,8 +122,16 @@ pub(crate) async fn sendsms(State(state): State<Arc<Ingress>>, req: Request) -> 
 
 /// One answer for the outcomes of a request's receivers.
 fn answer(receivers: &[String], outcomes: &[HttpOutcome]) -> Answer {
-    let admitted = |o: &HttpOutcome| matches!(o, HttpOutcome::Accepted(_) | HttpOutcome::Duplicate(_));
+    let admitted = |o: &HttpOutcome| {
+        matches!(
+            o,
+            HttpOutcome::Accepted(_) | HttpOutcome::Duplicate(_) | HttpOutcome::Queued(_)
+        )
+    };
     if outcomes.len() == receivers.len() && outcomes.iter().all(admitted) {
+        if outcomes.iter().any(|o| matches!(o, HttpOutcome::Queued(_))) {
+            return Answer::queued();
+        }
         return Answer::accepted();
     }
     if outcomes.iter().any(admitted) {
@@ -162,7 +170,21 @@ mod tests {
             answer(&to, &[ok, full.clone()]).text,
             "Sending failed. Failed receivers are: 222"
         );
-        assert_eq!(answer(&to, &[full.clone(), full]), Answer::unavailable());
+        assert_eq!(answer(&to, &[full.clone(), full.clone()]), Answer::unavailable());
+        let queued = HttpOutcome::Queued("id".into());
+        let ok = HttpOutcome::Accepted("id".into());
+        assert_eq!(
+            answer(&to, &[ok.clone(), queued.clone()]),
+            Answer {
+                status: 202,
+                text: "3: Queued for later delivery".into()
+            },
+            "stored, and one receiver waits for a destination"
+        );
+        assert_eq!(
+            answer(&to, &[queued, full]).text,
+            "Sending failed. Failed receivers are: 222"
+        );
         let disabled = HttpOutcome::Invalid {
             field: "callback_url",
             reason: String::new(),

@@ -104,7 +104,8 @@ impl Answer {
         }
     }
 
-    /// Every message was admitted while the route's destination is not connected.
+    /// Every message was admitted, and some wait for a destination: every destination
+    /// of their route is down (Kannel's answer when every SMSC of the route is down).
     pub fn queued() -> Answer {
         Answer {
             status: 202,

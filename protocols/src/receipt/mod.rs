@@ -52,7 +52,7 @@ impl ReceiptState {
 
     /// Reads a `stat:` value: the Appendix B words in any case, plus the spelled-out
     /// variants real SMSCs send (`DELIVERED`, `UNDELIVERABLE`, `UNDELIVERED`, `FAILED`,
-    /// `ACCEPTED`, `REJECTED`, `EN_ROUTE` …). `None` for anything else: an unrecognised
+    /// `ACCEPTED`, `REJECTED`, `EN_ROUTE`, `BUFFRED` …). `None` for anything else: an unrecognised
     /// state is not guessed at (the caller can fall back to the message_state TLV).
     pub fn from_stat_text(s: &str) -> Option<ReceiptState> {
         let word: String = s
@@ -62,7 +62,8 @@ impl ReceiptState {
             .map(|c| c.to_ascii_uppercase())
             .collect();
         Some(match word.as_str() {
-            "ENROUTE" => ReceiptState::Enroute,
+            // Kannel's and some SMSCs' word for a message held for a later attempt.
+            "ENROUTE" | "BUFFRED" | "BUFFERED" => ReceiptState::Enroute,
             "DELIVRD" | "DELIVERED" | "DELIVRED" => ReceiptState::Delivered,
             "EXPIRED" => ReceiptState::Expired,
             "DELETED" => ReceiptState::Deleted,
@@ -326,6 +327,7 @@ mod tests {
             ("ACCEPTED", ReceiptState::Accepted),
             ("REJECTED", ReceiptState::Rejected),
             ("EN_ROUTE", ReceiptState::Enroute),
+            ("BUFFRED", ReceiptState::Enroute),
             (" expired ", ReceiptState::Expired),
         ] {
             assert_eq!(ReceiptState::from_stat_text(text), Some(state), "{text}");

@@ -7,7 +7,7 @@ use super::fixtures::{account_target, handoff, outcome_of, receipt, retention, t
 use crate::conformance::ops::DlrOps as _;
 use crate::dlr::{
     ClaimCreated, ClaimScope, Delivery, DeliveryContent, DeliveryFinish, DeliveryResult, DlrRetention, DlrState,
-    DlrStore, DlrWrite, HandoffOutcome, ReceiptMatch, ReceiptOutcome, ReplyPath,
+    DlrStore, DlrWrite, HandoffOutcome, IntermediateReceipt, ProgressReport, ReceiptMatch, ReceiptOutcome, ReplyPath,
 };
 use crate::ids::{MessageId, Timestamp};
 use crate::inbound::{InboundGroup, InboundGroupKey, InboundMessage, InboundPart, RoutedInbound};
@@ -221,6 +221,88 @@ pub(crate) async fn failed_handoff_delivers_failure_receipt(f: &dyn Factory) {
     assert_eq!(due.len(), 1);
     assert_eq!(due[0].target, t);
     assert_eq!(outcome_of(&due[0]).error, "001");
+    // A refused submission keeps its own state.
+    let mut refused = handoff(&[], vec![t.clone()]);
+    refused.outcome = HandoffOutcome::Failed(outcome(DlrState::Refused, "069"));
+    s.hand_off(vec![refused]).await.unwrap();
+    let due = s.claim_due(later(), LEASE, 10, ClaimScope::All).await.unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!(outcome_of(&due[0]).state, DlrState::Refused);
+    kannel_progress_reports(f).await;
+}
+
+fn progress_of(d: &Delivery) -> &ProgressReport {
+    match &d.content {
+        DeliveryContent::Progress(p) => p,
+        other => panic!("expected a progress report, got {other:?}"),
+    }
+}
+
+/// Kannel progress reports: a submitted handoff creates a type 8 report for each Kannel
+/// target whose mask has 8, once (a repeat creates none); an intermediate receipt creates
+/// a type 4 report for each Kannel target whose mask has 4 while the message awaits its
+/// final receipt, and none for an id nobody knows or after the message resolved.
+///
+/// Run from `failed_handoff_delivers_failure_receipt`, so every backend's suite runs it.
+pub(crate) async fn kannel_progress_reports(f: &dyn Factory) {
+    let s = f.dlr(100, retention()).await;
+    let kannel = |mask: u8| {
+        target(ReplyPath::Kannel {
+            url: "http://127.0.0.1:1/dlr?type=%d".into(),
+            mask,
+        })
+    };
+    let (all, finals, smpp) = (kannel(31), kannel(3), target(ReplyPath::Smpp));
+    let h = handoff(&["q1", "q2"], vec![all.clone(), finals.clone(), smpp]);
+    s.hand_off(vec![h.clone()]).await.unwrap();
+    s.hand_off(vec![h.clone()]).await.unwrap();
+    let due = s.claim_due(later(), LEASE, 10, ClaimScope::All).await.unwrap();
+    assert_eq!(due.len(), 1, "one type 8 report, not repeated: {due:?}");
+    assert_eq!(due[0].target, all);
+    let p = progress_of(&due[0]);
+    assert_eq!(
+        (p.kind, p.text.as_str(), p.smsc.as_str(), p.foreign_id.as_str()),
+        (8, "ACK/", "up", "q1")
+    );
+    let buffered = |keys: &[&str]| IntermediateReceipt {
+        destination: "up".into(),
+        keys: keys.iter().map(|k| k.to_string()).collect(),
+        text: "id:q2 stat:ENROUTE".into(),
+        at: Timestamp::now(),
+    };
+    let step = |intermediate| DlrWrite {
+        intermediate,
+        ..DlrWrite::default()
+    };
+    let out = s
+        .apply(step(vec![buffered(&["nobody", "q2"]), buffered(&["unknown"])]))
+        .await;
+    assert!(out.receipts.is_ok());
+    assert_eq!(
+        out.unmatched_intermediate,
+        vec![1],
+        "the receipt whose ids nobody knows"
+    );
+    let due = s.claim_due(later(), LEASE, 10, ClaimScope::All).await.unwrap();
+    assert_eq!(due.len(), 1, "one type 4 report: {due:?}");
+    assert_eq!(due[0].target, all);
+    let p = progress_of(&due[0]);
+    assert_eq!(
+        (p.kind, p.text.as_str(), p.smsc.as_str(), p.foreign_id.as_str()),
+        (4, "id:q2 stat:ENROUTE", "up", "q2")
+    );
+    // Nothing of the message changed: it still awaits both parts.
+    assert_eq!(s.stats().await.unwrap().awaiting_receipts, 1);
+    s.record_receipts(vec![
+        receipt("q1", DlrState::Delivered),
+        receipt("q2", DlrState::Delivered),
+    ])
+    .await
+    .unwrap();
+    s.apply(step(vec![buffered(&["q1"])])).await;
+    let due = s.claim_due(later(), LEASE, 10, ClaimScope::All).await.unwrap();
+    assert_eq!(due.len(), 3, "the final receipts only: {due:?}");
+    assert!(due.iter().all(|d| matches!(d.content, DeliveryContent::Receipt(_))));
 }
 
 pub(crate) async fn claims_are_leased_and_fenced(f: &dyn Factory) {
@@ -607,7 +689,9 @@ pub(crate) async fn store_inbound(s: &dyn DlrStore, messages: Vec<RoutedInbound>
 fn inbound_of(d: &Delivery) -> &InboundMessage {
     match &d.content {
         DeliveryContent::Inbound(m) => m,
-        DeliveryContent::Receipt(_) => panic!("a receipt where an inbound message was expected: {d:?}"),
+        DeliveryContent::Receipt(_) | DeliveryContent::Progress(_) => {
+            panic!("a receipt where an inbound message was expected: {d:?}")
+        }
     }
 }
 

@@ -98,11 +98,13 @@ pub(crate) fn receipt(key: &str, state: DlrState) -> ProviderReceipt {
     }
 }
 
-/// A receipt delivery's outcome (panics on an inbound delivery: the case expected a
+/// A receipt delivery's outcome (panics on another delivery: the case expected a
 /// receipt).
 pub(crate) fn outcome_of(d: &Delivery) -> &ReceiptOutcome {
     match &d.content {
         DeliveryContent::Receipt(o) => o,
-        DeliveryContent::Inbound(_) => panic!("an inbound delivery where a receipt was expected: {d:?}"),
+        DeliveryContent::Inbound(_) | DeliveryContent::Progress(_) => {
+            panic!("another delivery where a receipt was expected: {d:?}")
+        }
     }
 }

@@ -26,8 +26,9 @@ use parking_lot::Mutex;
 use crate::backend::Backend;
 use crate::dlr::{
     ClaimScope, Delivery, DeliveryContent, DeliveryFinish, DeliveryId, DeliveryResult, DlrCapabilities, DlrRetention,
-    DlrState, DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, ExpiryReport, Handoff, HandoffOutcome, ProviderReceipt,
-    ReceiptMatch, ReceiptOutcome, ReceiptReservations, ReceiptTarget, ReplyPath,
+    DlrState, DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, ExpiryReport, Handoff, HandoffOutcome,
+    IntermediateReceipt, ProviderReceipt, ReceiptMatch, ReceiptOutcome, ReceiptReservations, ReceiptTarget, ReplyPath,
+    accepted_reports, buffered_report,
 };
 use crate::error::{BackendFailure, DlrError, FailureKind};
 use crate::ids::{Timestamp, UnitId};
@@ -265,6 +266,14 @@ impl MemoryDlrStore {
         }
     }
 
+    /// A progress report's delivery. It holds a reservation like a receipt's, taken
+    /// regardless of capacity (the message was admitted already), so finishing it
+    /// releases one like any delivery.
+    fn create_progress(&self, inner: &mut Inner, target: ReceiptTarget, content: DeliveryContent, now: Timestamp) {
+        self.reservations.force_reserve(1);
+        self.create_delivery(inner, target, content, now);
+    }
+
     /// One pending delivery, due at once or claimed for the caller (see [`CreatedClaims`]).
     fn create_delivery(&self, inner: &mut Inner, target: ReceiptTarget, content: DeliveryContent, now: Timestamp) {
         inner.next_delivery += 1;
@@ -320,6 +329,7 @@ impl MemoryDlrStore {
             if inner.resolved.contains(&key) {
                 continue;
             }
+            let accepted = accepted_reports(&h);
             match h.outcome {
                 HandoffOutcome::Failed(outcome) => {
                     match inner.tracks.entry(key) {
@@ -370,6 +380,9 @@ impl MemoryDlrStore {
                                 expires_at,
                             },
                         );
+                        for (target, content) in accepted {
+                            self.create_progress(&mut inner, target, content, now);
+                        }
                     }
                     let mut resolved = false;
                     for k in &provider_keys {
@@ -387,6 +400,42 @@ impl MemoryDlrStore {
             }
         }
         Ok(())
+    }
+
+    /// Type 4 reports of intermediate receipts for messages awaiting their final one.
+    /// Returns the positions of those that matched no correlation.
+    fn record_intermediate(&self, batch: Vec<IntermediateReceipt>) -> Vec<usize> {
+        let mut unmatched = Vec::new();
+        if batch.is_empty() {
+            return unmatched;
+        }
+        let now = Timestamp::now();
+        let mut inner = self.inner.lock();
+        for (i, r) in batch.into_iter().enumerate() {
+            let found = r.keys.iter().find_map(|k| {
+                let ck = (r.destination.clone(), k.clone());
+                inner.corr.get(&ck).map(|t| (*t, k.clone()))
+            });
+            let Some((key, part_key)) = found else {
+                unmatched.push(i);
+                continue;
+            };
+            let reports: Vec<(ReceiptTarget, DeliveryContent)> = inner
+                .tracks
+                .get(&key)
+                .filter(|t| t.resolution().is_none())
+                .map(|t| {
+                    t.targets
+                        .iter()
+                        .filter_map(|target| buffered_report(target, &r, &part_key).map(|c| (target.clone(), c)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            for (target, content) in reports {
+                self.create_progress(&mut inner, target, content, now);
+            }
+        }
+        unmatched
     }
 
     fn record_receipts(&self, batch: Vec<ProviderReceipt>) -> Result<Vec<ReceiptMatch>, DlrError> {
@@ -593,6 +642,7 @@ impl DlrStore for MemoryDlrStore {
             });
         }
         let handoffs = self.hand_off(step.handoffs);
+        let unmatched_intermediate = self.record_intermediate(step.intermediate);
         let receipts = self.record_receipts(step.receipts);
         let finishes = self.finish(step.finishes);
         let (inbound, complete_groups) = self.inbound(step.inbound_parts, step.inbound, step.inbound_dropped);
@@ -604,6 +654,7 @@ impl DlrStore for MemoryDlrStore {
             inbound,
             complete_groups,
             claimed,
+            unmatched_intermediate,
         }
     }
 

@@ -36,6 +36,11 @@ pub(crate) const MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("../../migrations/0004_idempotency_digest.sql"),
     ),
     (5, "dlr inbound", include_str!("../../migrations/0005_dlr_inbound.sql")),
+    (
+        6,
+        "dlr progress",
+        include_str!("../../migrations/0006_dlr_progress.sql"),
+    ),
 ];
 
 fn migrator() -> Migrator {

@@ -335,6 +335,12 @@ impl DlrStore for FileDlrStore {
                     for h in step.handoffs {
                         tx.hand_off(h, now)?;
                     }
+                    let mut unmatched = Vec::new();
+                    for (i, r) in step.intermediate.iter().enumerate() {
+                        if !tx.record_intermediate(r, now)? {
+                            unmatched.push(i);
+                        }
+                    }
                     let matches = step
                         .receipts
                         .into_iter()
@@ -349,13 +355,14 @@ impl DlrStore for FileDlrStore {
                         tx.drop_group(no)?;
                     }
                     let complete = tx.inbound_groups(ready)?;
-                    Ok((matches, tx.take_claimed(), complete))
+                    Ok((matches, tx.take_claimed(), complete, unmatched))
                 })
             })
             .await;
         match result {
-            Ok((matches, claimed, complete_groups)) => DlrWriteOutcome {
+            Ok((matches, claimed, complete_groups, unmatched_intermediate)) => DlrWriteOutcome {
                 complete_groups,
+                unmatched_intermediate,
                 ..DlrWriteOutcome::committed(matches, claimed)
             },
             Err(e) => DlrWriteOutcome::failed(e),

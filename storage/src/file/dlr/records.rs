@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::dlr::{DeliveryContent, DlrState, ReceiptOutcome, ReceiptTarget, ReplyPath};
+use crate::dlr::{DeliveryContent, DlrState, ProgressReport, ReceiptOutcome, ReceiptTarget, ReplyPath};
 use crate::ids::{MessageId, Timestamp, UnitId};
 use crate::inbound::{InboundGroup, InboundGroupKey, InboundMessage, InboundPart};
 use crate::record::Address;
@@ -191,6 +191,9 @@ pub(crate) struct DeliveryRecord {
     /// An inbound message (minor version 1).
     #[serde(rename = "m", default, skip_serializing_if = "Option::is_none")]
     pub inbound: Option<Box<StoredInbound>>,
+    /// A Kannel progress report (minor version 3).
+    #[serde(rename = "p", default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<StoredProgress>,
     #[serde(rename = "c")]
     pub created_at: Timestamp,
     #[serde(rename = "e")]
@@ -204,26 +207,68 @@ impl DeliveryRecord {
         created_at: Timestamp,
         expires_at: Timestamp,
     ) -> Self {
-        let (outcome, inbound) = match content {
-            DeliveryContent::Receipt(o) => (Some(o.into()), None),
-            DeliveryContent::Inbound(m) => (None, Some(Box::new(StoredInbound::from(*m)))),
+        let (outcome, inbound, progress) = match content {
+            DeliveryContent::Receipt(o) => (Some(o.into()), None, None),
+            DeliveryContent::Inbound(m) => (None, Some(Box::new(StoredInbound::from(*m))), None),
+            DeliveryContent::Progress(p) => (None, None, Some(p.into())),
         };
         Self {
             target,
             outcome,
             inbound,
+            progress,
             created_at,
             expires_at,
         }
     }
 
-    /// What it delivers; `None` for a record with neither (or both), which no build
-    /// writes.
+    /// What it delivers; `None` for a record with none (or several) of them, which no
+    /// build writes.
     pub(crate) fn content(&self) -> Option<DeliveryContent> {
-        match (&self.outcome, &self.inbound) {
-            (Some(o), None) => Some(DeliveryContent::Receipt(o.clone().into())),
-            (None, Some(m)) => Some(DeliveryContent::Inbound(Box::new(InboundMessage::from((**m).clone())))),
+        match (&self.outcome, &self.inbound, &self.progress) {
+            (Some(o), None, None) => Some(DeliveryContent::Receipt(o.clone().into())),
+            (None, Some(m), None) => Some(DeliveryContent::Inbound(Box::new(InboundMessage::from((**m).clone())))),
+            (None, None, Some(p)) => Some(DeliveryContent::Progress(p.clone().into())),
             _ => None,
+        }
+    }
+}
+
+/// A [`ProgressReport`] as stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct StoredProgress {
+    #[serde(rename = "k")]
+    pub kind: u8,
+    #[serde(rename = "x")]
+    pub text: String,
+    #[serde(rename = "s")]
+    pub smsc: String,
+    #[serde(rename = "f")]
+    pub foreign_id: String,
+    #[serde(rename = "t")]
+    pub at: Timestamp,
+}
+
+impl From<ProgressReport> for StoredProgress {
+    fn from(p: ProgressReport) -> Self {
+        Self {
+            kind: p.kind,
+            text: p.text,
+            smsc: p.smsc,
+            foreign_id: p.foreign_id,
+            at: p.at,
+        }
+    }
+}
+
+impl From<StoredProgress> for ProgressReport {
+    fn from(p: StoredProgress) -> Self {
+        Self {
+            kind: p.kind,
+            text: p.text,
+            smsc: p.smsc,
+            foreign_id: p.foreign_id,
+            at: p.at,
         }
     }
 }
@@ -653,7 +698,15 @@ pub(crate) mod tests {
         );
         let receipt = DeliveryContent::Receipt(outcome(DlrState::Undeliverable).into());
         let message = DeliveryContent::Inbound(Box::new(inbound_message()));
-        for content in [receipt, message] {
+        let progress = DeliveryContent::Progress(crate::dlr::ProgressReport {
+            kind: 4,
+            text: "id:1 stat:ENROUTE".into(),
+            smsc: "up".into(),
+            foreign_id: "1a".into(),
+            at: Timestamp(5),
+        });
+        let refused = DeliveryContent::Receipt(outcome(DlrState::Refused).into());
+        for content in [receipt, message, progress, refused] {
             let d = DeliveryRecord::new(target(), content.clone(), Timestamp(1), Timestamp(2));
             let bytes = envelope::encode(RecordKind::DlrDelivery, &d).unwrap();
             let back = envelope::decode::<DeliveryRecord>(RecordKind::DlrDelivery, &bytes).unwrap();

@@ -17,7 +17,8 @@ use super::records::{
 };
 use crate::dlr::{
     ClaimScope, Delivery, DeliveryContent, DeliveryFinish, DeliveryId, DeliveryResult, DlrRetention, ExpiryReport,
-    Handoff, HandoffOutcome, ProviderReceipt, ReceiptMatch, ReplyPath,
+    Handoff, HandoffOutcome, IntermediateReceipt, ProviderReceipt, ReceiptMatch, ReceiptTarget, ReplyPath,
+    accepted_reports, buffered_report,
 };
 use crate::envelope::{self, RecordKind};
 use crate::file::engine::db::{Fail, META, check_layout, get_counter};
@@ -117,10 +118,10 @@ pub(crate) fn decode_delivery(id: u64, value: &[u8]) -> Result<(DeliveryHeader, 
     let v = delivery_parts(id, value)?;
     let rec: DeliveryRecord =
         envelope::decode(RecordKind::DlrDelivery, v.record).map_err(|e| Fail::record("deliveries", id, e))?;
-    if rec.outcome.is_some() == rec.inbound.is_some() {
+    if rec.content().is_none() {
         return Err(Fail::Invalid {
             table: "deliveries",
-            detail: format!("key {id}: a delivery carries either a receipt or an inbound message"),
+            detail: format!("key {id}: a delivery carries one receipt, inbound message or progress report"),
         });
     }
     Ok((v.header, rec))
@@ -130,7 +131,7 @@ pub(crate) fn decode_delivery(id: u64, value: &[u8]) -> Result<(DeliveryHeader, 
 fn delivery_of(id: u64, attempt: u32, rec: DeliveryRecord) -> Result<Delivery, Fail> {
     let content = rec.content().ok_or_else(|| Fail::Invalid {
         table: "deliveries",
-        detail: format!("key {id}: a delivery carries either a receipt or an inbound message"),
+        detail: format!("key {id}: a delivery carries one receipt, inbound message or progress report"),
     })?;
     Ok(Delivery {
         id: DeliveryId(id),
@@ -336,6 +337,7 @@ impl<'t> Tx<'t> {
     pub(crate) fn hand_off(&mut self, h: Handoff, now: Timestamp) -> Result<(), Fail> {
         let key = track_key(h.unit, h.branch);
         let expires_at = h.handed_off_at.saturating_add(self.retention.retention);
+        let accepted = accepted_reports(&h);
         let Handoff {
             destination,
             outcome,
@@ -381,7 +383,11 @@ impl<'t> Tx<'t> {
                 self.resolve(&key, now)
             }
             HandoffOutcome::Submitted { provider_keys } => {
-                if !created {
+                if created {
+                    for (target, content) in accepted {
+                        self.create_delivery(target.into(), content, now)?;
+                    }
+                } else {
                     match self.cached(&key) {
                         Some(Cached { rec: Some(t), .. }) if t.resolved => return Ok(()),
                         Some(Cached { rec: Some(t), .. })
@@ -486,6 +492,38 @@ impl<'t> Tx<'t> {
             self.create_delivery(target, DeliveryContent::Receipt(outcome.clone().into()), now)?;
         }
         Ok(())
+    }
+
+    /// Type 4 reports of one intermediate receipt, when it matches a branch still awaiting
+    /// its final receipt (see [`IntermediateReceipt`]). Returns whether it matched a
+    /// correlation.
+    pub(crate) fn record_intermediate(&mut self, r: &IntermediateReceipt, now: Timestamp) -> Result<bool, Fail> {
+        let mut found = None;
+        for k in &r.keys {
+            if let Some(v) = self.corr.get(corr_key(&r.destination, k).as_slice())? {
+                found = Some((*v.value(), k));
+                break;
+            }
+        }
+        let Some((tk, part_key)) = found else {
+            return Ok(false);
+        };
+        self.load(&tk)?;
+        let reports: Vec<(StoredTarget, DeliveryContent)> = match self.cached(&tk) {
+            Some(Cached { rec: Some(t), .. }) if !t.resolved => t
+                .targets
+                .iter()
+                .filter_map(|st| {
+                    let target = ReceiptTarget::from(st.clone());
+                    buffered_report(&target, r, part_key).map(|c| (st.clone(), c))
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        for (target, content) in reports {
+            self.create_delivery(target, content, now)?;
+        }
+        Ok(true)
     }
 
     /// Match one provider receipt (see [`DlrStore::record_receipts`](crate::DlrStore::record_receipts)).

@@ -12,7 +12,7 @@ use std::time::Duration;
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 
-use super::records::{StoredInbound, StoredTarget, ms, plus, state_of, ts};
+use super::records::{StoredInbound, StoredProgress, StoredTarget, ms, plus, state_of, ts};
 use super::{OpError, PostgresDlrStore};
 use crate::dlr::{ClaimScope, Delivery, DeliveryContent, DeliveryFinish, DeliveryId, DeliveryResult, ReceiptOutcome};
 use crate::ids::Timestamp;
@@ -22,8 +22,8 @@ const WAKE_BATCH: i64 = 10_000;
 
 impl PostgresDlrStore {
     /// A delivery from a row of `id, attempt, target::text AS target, state, error,
-    /// done_at, inbound::text AS inbound, inbound_payload, created_at, expires_at`, as
-    /// every statement returning deliveries names them.
+    /// done_at, inbound::text AS inbound, inbound_payload, progress::text AS progress,
+    /// created_at, expires_at`, as every statement returning deliveries names them.
     pub(super) fn delivery_of(&self, row: &PgRow) -> Result<Delivery, OpError> {
         let id: i64 = row.try_get("id")?;
         let attempt: i32 = row.try_get("attempt")?;
@@ -35,14 +35,16 @@ impl PostgresDlrStore {
         };
         let target = stored.into_target().map_err(located)?;
         let inbound: Option<String> = row.try_get("inbound")?;
-        let content = match inbound {
-            Some(json) => {
+        let progress: Option<String> = row.try_get("progress")?;
+        let content = match (inbound, progress) {
+            (None, Some(json)) => DeliveryContent::Progress(StoredProgress::decode(&json).map_err(located)?),
+            (Some(json), _) => {
                 let payload: Vec<u8> = row
                     .try_get::<Option<Vec<u8>>, _>("inbound_payload")?
                     .unwrap_or_default();
                 DeliveryContent::Inbound(Box::new(StoredInbound::decode(&json, payload).map_err(located)?))
             }
-            None => {
+            (None, None) => {
                 let code: Option<i16> = row.try_get("state")?;
                 let state = code
                     .and_then(state_of)
@@ -84,7 +86,7 @@ UPDATE dlr_deliveries d SET attempt = d.attempt + 1, due_at = $2, lease_until = 
  WHERE d.id = ANY(ARRAY(SELECT id FROM dlr_deliveries WHERE due_at <= $1
                          ORDER BY due_at, id LIMIT $3 FOR UPDATE SKIP LOCKED))
 RETURNING d.id, d.attempt, d.target::text AS target, d.state, d.error, d.done_at, d.inbound::text AS inbound,
-          d.inbound_payload, d.created_at, d.expires_at",
+          d.inbound_payload, d.progress::text AS progress, d.created_at, d.expires_at",
                 )
                 .bind(now)
                 .bind(plus(now, lease))
@@ -106,7 +108,7 @@ UPDATE dlr_deliveries d SET attempt = d.attempt + 1, due_at = $2, lease_until = 
                 ORDER BY due_at, id LIMIT $3)))
         ORDER BY due_at, id LIMIT $3 FOR UPDATE SKIP LOCKED))
 RETURNING d.id, d.attempt, d.target::text AS target, d.state, d.error, d.done_at, d.inbound::text AS inbound,
-          d.inbound_payload, d.created_at, d.expires_at",
+          d.inbound_payload, d.progress::text AS progress, d.created_at, d.expires_at",
                 )
                 .bind(now)
                 .bind(plus(now, lease))

@@ -12,11 +12,12 @@ use std::collections::{HashMap, HashSet};
 use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
+use super::progress::ProgressRow;
 use super::records::{ms, plus, state_code, targets_json};
 use super::rounds::{MAX_STALLED_ROUNDS, merge_sorted, pick_round};
 use super::tracks::{ClaimBudget, Fail, TrackKey, TrackState, TrackWrites};
 use super::{OpError, PostgresDlrStore};
-use crate::dlr::{Handoff, HandoffOutcome};
+use crate::dlr::{Handoff, HandoffOutcome, accepted_reports};
 
 /// A handoff prepared for the database.
 pub(super) struct Hand {
@@ -28,6 +29,8 @@ pub(super) struct Hand {
     failed: Option<Fail>,
     targets: String,
     handed_off_at: i64,
+    /// Its type 8 reports, created with a new track.
+    accepted: Vec<ProgressRow>,
 }
 
 impl Hand {
@@ -51,7 +54,12 @@ impl Hand {
                 }),
             ),
         };
+        let mut accepted = Vec::new();
+        for (target, content) in accepted_reports(h) {
+            accepted.extend(ProgressRow::of(&target, &content)?);
+        }
         Ok(Self {
+            accepted,
             key: (h.unit.as_uuid(), i32::from(h.branch)),
             destination: h.destination.clone(),
             keys,
@@ -170,6 +178,14 @@ RETURNING unit, branch",
         for row in &rows {
             inserted.insert((row.try_get::<Uuid, _>("unit")?, row.try_get::<i32, _>("branch")?));
         }
+        // A new track's type 8 reports.
+        let accepted: Vec<&ProgressRow> = round
+            .iter()
+            .map(|&i| &hands[i])
+            .filter(|h| h.keys.is_some() && inserted.contains(&h.key))
+            .flat_map(|h| &h.accepted)
+            .collect();
+        self.insert_progress(conn, &accepted, now).await?;
 
         // 2. Lock the existing ones and read their state (and, for a repeated
         //    submission, the provider ids they currently expect).

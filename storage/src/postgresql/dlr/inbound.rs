@@ -63,7 +63,7 @@ WITH d AS (
     RETURNING id, attempt, target, state, error, done_at, inbound, inbound_payload, created_at, expires_at
 )
 SELECT id, attempt, target::text AS target, state, error, done_at, inbound::text AS inbound, inbound_payload,
-       created_at, expires_at
+       NULL::text AS progress, created_at, expires_at
   FROM d WHERE attempt = 1";
 
 /// A group without its parts, from a row of `no, from_destination, source,

@@ -22,6 +22,7 @@
 //! * `handoff.rs`: handoffs of a step.
 //! * `receipts.rs`: provider receipts of a step: matched, recorded once, or orphaned.
 //! * `deliveries.rs`: claiming, finishing and waking deliveries.
+//! * `progress.rs`: Kannel progress reports (types 8 and 4) as deliveries.
 //! * `inbound.rs`: inbound messages of a step: multipart parts in their groups, routed
 //!   messages as deliveries, groups written; due groups.
 //! * `expiry.rs`: expiry and stats.
@@ -30,6 +31,7 @@ mod deliveries;
 mod expiry;
 mod handoff;
 mod inbound;
+mod progress;
 mod receipts;
 mod records;
 mod rounds;
@@ -276,16 +278,18 @@ impl DlrStore for PostgresDlrStore {
                     // from now (not from before the pool and earlier attempts).
                     let mut claim = ClaimBudget::of(step.claim_created, ms(Timestamp::now()));
                     self.hand_off_tx(tx, &hands, now, &mut claim).await?;
+                    let unmatched = self.intermediate_tx(tx, &step.intermediate, now).await?;
                     let matches = self.record_receipts_tx(tx, &receipts, now, &mut claim).await?;
                     self.finish_tx(tx, &finishes).await?;
                     let ready = self.inbound_tx(tx, &parts, &messages, &dropped, now, &mut claim).await?;
-                    (matches, claim.claimed, ready)
+                    (matches, claim.claimed, ready, unmatched)
                 })
             })
             .await;
         match result {
-            Ok((matches, claimed, complete_groups)) => DlrWriteOutcome {
+            Ok((matches, claimed, complete_groups, unmatched_intermediate)) => DlrWriteOutcome {
                 complete_groups,
+                unmatched_intermediate,
                 ..DlrWriteOutcome::committed(matches, claimed)
             },
             Err(e) => DlrWriteOutcome::failed(e),

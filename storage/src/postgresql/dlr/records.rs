@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::dlr::{DlrState, ReceiptTarget, ReplyPath};
+use crate::dlr::{DlrState, ProgressReport, ReceiptTarget, ReplyPath};
 use crate::error::FailureKind;
 use crate::ids::{MessageId, Timestamp};
 use crate::inbound::{InboundGroupKey, InboundMessage};
@@ -29,7 +29,7 @@ pub(super) fn plus(t: i64, d: Duration) -> i64 {
     t.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-/// SMPP message_state numbers.
+/// SMPP message_state numbers, and 108 for a refused submission.
 pub(super) fn state_code(s: DlrState) -> i16 {
     match s {
         DlrState::Delivered => 2,
@@ -38,6 +38,8 @@ pub(super) fn state_code(s: DlrState) -> i16 {
         DlrState::Undeliverable => 5,
         DlrState::Unknown => 7,
         DlrState::Rejected => 8,
+        // Not an SMPP message_state: a refused submission has none.
+        DlrState::Refused => 108,
     }
 }
 
@@ -49,6 +51,7 @@ pub(super) fn state_of(code: i16) -> Option<DlrState> {
         5 => DlrState::Undeliverable,
         7 => DlrState::Unknown,
         8 => DlrState::Rejected,
+        108 => DlrState::Refused,
         _ => return None,
     })
 }
@@ -222,6 +225,54 @@ impl StoredInbound {
             received_at: Timestamp(s.received_at),
             route: s.route,
             incomplete: s.incomplete,
+        })
+    }
+}
+
+/// Stored shape of a [`ProgressReport`] (JSONB), like [`StoredTarget`]; `v` is the major
+/// version.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct StoredProgress {
+    v: u32,
+    kind: u8,
+    text: String,
+    smsc: String,
+    foreign_id: String,
+    at: u64,
+}
+
+const PROGRESS_VERSION: u32 = 1;
+
+impl StoredProgress {
+    pub(super) fn json(p: &ProgressReport) -> Result<String, serde_json::Error> {
+        serde_json::to_string(&Self {
+            v: PROGRESS_VERSION,
+            kind: p.kind,
+            text: p.text.clone(),
+            smsc: p.smsc.clone(),
+            foreign_id: p.foreign_id.clone(),
+            at: p.at.0,
+        })
+    }
+
+    pub(super) fn decode(json: &str) -> Result<ProgressReport, (FailureKind, String)> {
+        let s: Self =
+            serde_json::from_str(json).map_err(|e| (FailureKind::Corrupt, format!("progress report: {e}")))?;
+        if s.v != PROGRESS_VERSION {
+            return Err((
+                FailureKind::UnsupportedVersion,
+                format!(
+                    "progress report version {} (this Sendium reads {PROGRESS_VERSION})",
+                    s.v
+                ),
+            ));
+        }
+        Ok(ProgressReport {
+            kind: s.kind,
+            text: s.text,
+            smsc: s.smsc,
+            foreign_id: s.foreign_id,
+            at: Timestamp(s.at),
         })
     }
 }

@@ -21,6 +21,7 @@ fn states_round_trip_as_smpp_message_states() {
         DlrState::Undeliverable,
         DlrState::Unknown,
         DlrState::Rejected,
+        DlrState::Refused,
     ] {
         assert_eq!(state_of(state_code(s)), Some(s));
     }

@@ -177,7 +177,7 @@ WITH x AS (
     RETURNING id, attempt, target, state, error, done_at, created_at, expires_at
 )
 SELECT id, attempt, target::text AS target, state, error, done_at, NULL::text AS inbound,
-       NULL::bytea AS inbound_payload, created_at, expires_at
+       NULL::bytea AS inbound_payload, NULL::text AS progress, created_at, expires_at
   FROM d WHERE attempt = 1";
 
 impl PostgresDlrStore {
