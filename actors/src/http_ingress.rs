@@ -138,6 +138,9 @@ fn kannel_registered_delivery(mask: u8) -> u8 {
     }
 }
 
+/// The longest `smsc` parameter kept as a destination hint.
+const MAX_DESTINATION_HINT: usize = 255;
+
 /// The pending records of a `/cgi-bin/sendsms` request: one per receiver. The UDH's
 /// concatenation element, if any, makes each a part of a long message.
 pub fn sendsms_records(account: &str, s: &Sendsms, now: Timestamp, multipart_expiry: Duration) -> Vec<PendingRecord> {
@@ -178,7 +181,8 @@ pub fn sendsms_records(account: &str, s: &Sendsms, now: Timestamp, multipart_exp
                 .map(|m| now.saturating_add(Duration::from_secs(u64::from(m) * 60))),
             dlr_mask,
             route_priority: 0,
-            destination_hint: s.smsc.clone(),
+            // A destination name; anything longer names none and is not stored.
+            destination_hint: s.smsc.clone().filter(|h| h.len() <= MAX_DESTINATION_HINT),
         })
         .collect()
 }
@@ -280,6 +284,22 @@ mod tests {
             (r.dlr_mask, r.registered_delivery, r.callback_url.clone()),
             (None, 0, None)
         );
+    }
+
+    #[test]
+    fn the_smsc_parameter_is_stored_as_a_destination_hint_unless_too_long() {
+        let hint = |smsc: &str| {
+            let query = format!("from=Shop&to=4471&text=hi&smsc={smsc}");
+            let params = sendium_protocols::kannel::Params::parse(query.as_bytes());
+            let s = sendium_protocols::kannel::sendsms::parse(&params).unwrap();
+            sendsms_records("esme1", &s, Timestamp(0), Duration::from_secs(60))[0]
+                .destination_hint
+                .clone()
+        };
+        assert_eq!(hint("upstream-b").as_deref(), Some("upstream-b"));
+        assert_eq!(hint(&"x".repeat(MAX_DESTINATION_HINT)).map(|h| h.len()), Some(255));
+        assert_eq!(hint(&"x".repeat(MAX_DESTINATION_HINT + 1)), None);
+        assert_eq!(hint(""), None);
     }
 
     #[test]

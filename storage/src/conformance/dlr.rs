@@ -228,7 +228,6 @@ pub(crate) async fn failed_handoff_delivers_failure_receipt(f: &dyn Factory) {
     let due = s.claim_due(later(), LEASE, 10, ClaimScope::All).await.unwrap();
     assert_eq!(due.len(), 1);
     assert_eq!(outcome_of(&due[0]).state, DlrState::Refused);
-    kannel_progress_reports(f).await;
 }
 
 fn progress_of(d: &Delivery) -> &ProgressReport {
@@ -242,8 +241,6 @@ fn progress_of(d: &Delivery) -> &ProgressReport {
 /// target whose mask has 8, once (a repeat creates none); an intermediate receipt creates
 /// a type 4 report for each Kannel target whose mask has 4 while the message awaits its
 /// final receipt, and none for an id nobody knows or after the message resolved.
-///
-/// Run from `failed_handoff_delivers_failure_receipt`, so every backend's suite runs it.
 pub(crate) async fn kannel_progress_reports(f: &dyn Factory) {
     let s = f.dlr(100, retention()).await;
     let kannel = |mask: u8| {

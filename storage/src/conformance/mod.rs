@@ -133,6 +133,7 @@ macro_rules! dlr_cases {
             dlr::resubmission_replaces_provider_ids,
             dlr::failure_only_targets,
             dlr::failed_handoff_delivers_failure_receipt,
+            dlr::kannel_progress_reports,
             dlr::claims_are_leased_and_fenced,
             dlr::wake_account_makes_parked_smpp_receipts_due,
             dlr::a_scoped_claim_takes_http_and_the_smpp_receipts_of_its_accounts,
