@@ -232,7 +232,10 @@ async fn the_dlr_url_gets_the_accepted_and_the_delivered_report() {
     assert!(cb.wait_requests(2, WAIT).await, "{:?}", cb.requests());
     assert!(smsc.wait_messages(1, WAIT).await);
     let submit = &smsc.submits()[0];
-    assert_eq!(submit.registered_delivery, 1, "a receipt is asked of the provider");
+    assert_eq!(
+        submit.registered_delivery, 0x11,
+        "a receipt is asked of the provider, and intermediate notifications for mask 4"
+    );
     let reqs = cb.requests();
     assert!(reqs.iter().all(|r| r.method == "GET" && r.body.is_empty()));
     let (accepted, delivered) = (query(&reqs[0]), query(&reqs[1]));

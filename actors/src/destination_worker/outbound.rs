@@ -14,6 +14,19 @@ use sendium_storage::{BranchFailure, Unit};
 
 /// esm_class bit: the short_message starts with a user data header.
 const UDHI: u8 = 0x40;
+/// registered_delivery bit: intermediate notifications (SMPP 3.4, 5.2.17).
+const INTERMEDIATE_NOTIFICATION: u8 = 0x10;
+
+/// The provider's registered_delivery for a unit: a receipt on the final outcome when
+/// asked, and intermediate notifications when a Kannel `dlr-mask` of any submission in
+/// it asks for buffered reports (type 4), as Kannel's SMPP client asks.
+fn registered_delivery(unit: &Unit, request_receipt: bool) -> u8 {
+    let intermediate = unit.parts.iter().any(|p| {
+        p.dlr_mask
+            .is_some_and(|m| m & sendium_protocols::kannel::dlr_url::kind::BUFFERED != 0)
+    });
+    u8::from(request_receipt) | if intermediate { INTERMEDIATE_NOTIFICATION } else { 0 }
+}
 
 /// Build the provider parts of a unit. `reference` is the concatenation reference for a
 /// message that needs several parts.
@@ -25,7 +38,7 @@ pub fn build_parts(unit: &Unit, request_receipt: bool, reference: u8) -> Result<
     let total = u8::try_from(segments.len()).map_err(|_| BranchFailure::Unencodable)?;
     // Messaging mode (bits 1..0) is kept; message type is "default"; UDHI only when split.
     let mode = first.esm_class & 0x03;
-    let registered_delivery = if request_receipt { 0x01 } else { 0x00 };
+    let registered_delivery = registered_delivery(unit, request_receipt);
     let mut out = Vec::with_capacity(segments.len());
     for (i, seg) in segments.iter().enumerate() {
         let (esm_class, short_message) = if total > 1 {
@@ -65,7 +78,7 @@ pub fn build_whole(unit: &Unit, request_receipt: bool) -> Result<Vec<OutboundSub
         esm_class: first.esm_class & 0x03,
         protocol_id: first.protocol_id,
         priority_flag: first.priority,
-        registered_delivery: u8::from(request_receipt),
+        registered_delivery: registered_delivery(unit, request_receipt),
         data_coding: first.data_coding,
         short_message: unit.payload(),
     }])
@@ -133,6 +146,23 @@ mod tests {
         assert_eq!(parts[0].esm_class, 0x03, "mode kept, no UDHI");
         assert_eq!(parts[0].registered_delivery, 1);
         assert_eq!(text::decode(0, &parts[0].short_message).unwrap(), "hello");
+    }
+
+    #[test]
+    fn a_kannel_mask_with_buffered_reports_asks_for_intermediate_notifications() {
+        let asks = |mask: Option<u8>, request_receipt: bool| {
+            let mut r = record(0, text::encode(Alphabet::Gsm7, "hello").unwrap(), None);
+            r.dlr_mask = mask;
+            let u = unit(vec![r]);
+            let part = build_parts(&u, request_receipt, 7).unwrap()[0].registered_delivery;
+            assert_eq!(part, build_whole(&u, request_receipt).unwrap()[0].registered_delivery);
+            part
+        };
+        assert_eq!(asks(None, true), 0x01);
+        assert_eq!(asks(Some(3), true), 0x01);
+        assert_eq!(asks(Some(31), true), 0x11);
+        assert_eq!(asks(Some(4), true), 0x11);
+        assert_eq!(asks(Some(4), false), 0x10);
     }
 
     #[test]
