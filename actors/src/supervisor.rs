@@ -153,6 +153,7 @@ impl SupervisorState {
                     reservations: spec.reservations.clone(),
                     receipts: spec.receipt_policy,
                     accepting: spec.accepting,
+                    routes: spec.routes.clone(),
                 };
                 let (r, _) = Actor::spawn_linked(name, Ingress, args, cell).await?;
                 r.get_cell()

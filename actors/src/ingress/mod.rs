@@ -9,6 +9,11 @@
 //! admissions and completions to it and serves the Selector's and Router's reads beside
 //! it.
 //!
+//! Ingress stamps each admitted record with the priority of the route it resolves to
+//! (the Router's live table, so a reload applies to what is admitted after it; stored
+//! records keep theirs): the pending stage selects by that lane, and the Router's
+//! destination queues order by it too.
+//!
 //! Ingress also completes sources (on the Router's word that every branch and any DLR
 //! handoff is terminal) and expires incomplete multipart groups at their saved deadline.
 
@@ -17,6 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use sendium_profiles::{RouteQuery, RouteTable};
 use sendium_storage::failpoint;
 use sendium_storage::{
     MessageId, PendingError, PendingRecord, PendingStats, PendingStore, ReadySeq, ReadyUnit, ReceiptReservations,
@@ -25,6 +31,7 @@ use sendium_storage::{
 use tokio::sync::oneshot;
 
 use crate::context::Shared;
+use crate::spec::LiveRoutes;
 
 mod committer;
 
@@ -128,12 +135,16 @@ pub struct IngressArgs {
     pub receipts: ReceiptPolicy,
     /// False while draining: every admission is refused.
     pub accepting: bool,
+    /// The Router's route table (replaced by a reload): what admission stamps
+    /// `route_priority` from.
+    pub routes: LiveRoutes,
 }
 
 pub struct IngressState {
     shared: Arc<Shared>,
     store: Arc<dyn PendingStore>,
     committer: CommitterHandle,
+    routes: LiveRoutes,
     /// An expiry sweep is running.
     expiring: Arc<AtomicBool>,
 }
@@ -191,11 +202,13 @@ impl Actor for Ingress {
         args.shared.dir.ingress.install(myself);
         let shared = args.shared.clone();
         let store = args.store.clone();
+        let routes = args.routes.clone();
         let committer = CommitterHandle::spawn(args);
         Ok(IngressState {
             shared,
             store,
             committer,
+            routes,
             expiring: Arc::new(AtomicBool::new(false)),
         })
     }
@@ -208,8 +221,9 @@ impl Actor for Ingress {
     ) -> Result<(), ActorProcessingErr> {
         state.shared.dir.ingress.took_one();
         match msg {
-            IngressMsg::Admit(req) => {
+            IngressMsg::Admit(mut req) => {
                 failpoint::hit("actor-ingress");
+                stamp_priorities(&state.routes.current(), &mut req.records);
                 state.hand_over(Work::Admit(req))?;
             }
             // Reads run beside the actor, not in it: a read of the pending store takes a
@@ -251,6 +265,28 @@ impl Actor for Ingress {
     }
 }
 
+/// Set each record's `route_priority` to its route's priority in `routes`, resolved as
+/// the Router resolves it (account, sender, destination, and the text only when some
+/// rule matches on text). A multipart part is resolved with its own text: the joined
+/// text is not known before the group completes, and the group's lane is its first
+/// part's.
+fn stamp_priorities(routes: &RouteTable, records: &mut [PendingRecord]) {
+    for record in records {
+        let text = routes
+            .needs_text()
+            .then(|| sendium_protocols::text::decode(record.data_coding, &record.payload).ok())
+            .flatten();
+        record.route_priority = routes
+            .resolve(&RouteQuery {
+                account: &record.account,
+                source: &record.source.addr,
+                destination: &record.destination.addr,
+                text: text.as_deref(),
+            })
+            .map_or(0, |r| r.priority);
+    }
+}
+
 /// Admit a batch through the Ingress actor and wait for the answers. A pipeline that
 /// is not running, or an Ingress that died before answering, refuses everything: a
 /// submission is never acknowledged unless it was stored.
@@ -287,3 +323,74 @@ async fn admit_request(shared: &Shared, records: Vec<PendingRecord>, in_order: b
 
 /// Longest a client waits for admission before being told to retry.
 const ADMIT_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[cfg(test)]
+mod tests {
+    use sendium_storage::{Address, Channel};
+
+    use super::*;
+
+    fn routes() -> RouteTable {
+        let cfg = sendium_profiles::load_str(
+            r#"
+[[destinations]]
+name = "a"
+kind = "simulator"
+[[routes]]
+name = "otp"
+destination-prefix = "44"
+text-regex = "code"
+to = ["a"]
+priority = 9
+[[routes]]
+name = "uk"
+destination-prefix = "44"
+to = ["a"]
+priority = 3
+[[routes]]
+name = "rest"
+destination-prefix = ""
+to = ["a"]
+"#,
+        )
+        .unwrap();
+        RouteTable::from_config(&cfg)
+    }
+
+    fn record(to: &str, text: &str) -> PendingRecord {
+        PendingRecord {
+            id: MessageId::generate(),
+            account: "esme1".into(),
+            channel: Channel::Smpp,
+            source: Address::new(5, 0, "Shop"),
+            destination: Address::new(1, 1, to),
+            service_type: String::new(),
+            esm_class: 0,
+            protocol_id: 0,
+            priority: 0,
+            data_coding: 0,
+            payload: text.as_bytes().to_vec(),
+            part: None,
+            registered_delivery: 0,
+            callback_url: None,
+            idempotency_key: None,
+            accepted_at: Timestamp::now(),
+            valid_until: None,
+            dlr_mask: None,
+            route_priority: 7,
+            destination_hint: None,
+        }
+    }
+
+    #[test]
+    fn each_record_gets_the_priority_of_the_route_it_resolves_to() {
+        let mut records = vec![
+            record("447700900123", "your code is 1234"),
+            record("447700900123", "big sale"),
+            record("33612345678", "your code is 1234"),
+        ];
+        stamp_priorities(&routes(), &mut records);
+        let got: Vec<u8> = records.iter().map(|r| r.route_priority).collect();
+        assert_eq!(got, vec![9, 3, 0], "text rule, prefix rule, a route without priority");
+    }
+}

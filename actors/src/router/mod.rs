@@ -177,7 +177,8 @@ struct Tracked {
     /// How often each branch was handed back by a destination (a unit has few
     /// branches, and few are ever handed back).
     bounced: Vec<(u16, u32)>,
-    /// Its route's `priority` when it was taken in: its place in destination queues.
+    /// Its first part's stored `route_priority` (its route's priority at admission): its
+    /// place in destination queues.
     priority: u8,
 }
 

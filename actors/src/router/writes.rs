@@ -186,7 +186,9 @@ impl RouterState {
             .filter(|b| b.outcome.is_none())
             .map(|b| b.no)
             .collect();
-        let priority = self.routes.current().priority_of(&routed.route);
+        // The priority stored at admission, not the route's current one: the pending
+        // stage selected the unit in that lane, and the destination queues must agree.
+        let priority = unit.parts.first().map_or(0, |p| p.route_priority);
         self.units.insert(
             id,
             Tracked {
