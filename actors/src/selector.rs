@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use sendium_storage::failpoint;
-use sendium_storage::{PendingError, ReadySeq, ReadyUnit, RouterQueueStore, RouterQueueWrite, StagedUnit, UnitId};
+use sendium_storage::{
+    PendingError, ReadyCursor, ReadySeq, ReadyUnit, RouterQueueStore, RouterQueueWrite, StagedUnit, UnitId,
+};
 
 use crate::context::Shared;
 use crate::ingress::IngressMsg;
@@ -53,6 +55,7 @@ pub enum SelectorMsg {
 #[derive(Clone, Debug, Default)]
 pub struct SelectorStatus {
     pub credit: u64,
+    /// The furthest any priority lane's selection cursor reached (its counter).
     pub cursor: u64,
     pub staged: u64,
     pub selected_total: u64,
@@ -75,7 +78,8 @@ pub struct SelectorState {
     durable: bool,
     batch_size: usize,
     release_on_routed: bool,
-    cursor: ReadySeq,
+    /// Where selection stands in each priority lane.
+    cursor: ReadyCursor,
     credit: usize,
     /// Slots taken by units the Router restored on its own (partitions taken over):
     /// paid back from the next credit, so every unit holds one slot.
@@ -131,9 +135,13 @@ impl SelectorState {
             else {
                 return;
             };
-            let Some(last) = ready.last().map(|u| u.seq) else {
+            if ready.is_empty() {
                 return;
-            };
+            }
+            let mut next = self.cursor;
+            for u in &ready {
+                next.advance(u.seq);
+            }
             let batch: Vec<ReadyUnit> = ready.into_iter().filter(|u| !self.exclude.remove(&u.unit.id)).collect();
             let staged: Vec<StagedUnit> = batch.iter().map(StagedUnit::from).collect();
             // Pace durable stage commits like the Router's writes: a short gap gathers
@@ -147,7 +155,7 @@ impl SelectorState {
             self.last_stage = Some(std::time::Instant::now());
             let write = RouterQueueWrite {
                 stage: staged,
-                cursor: Some(last),
+                cursor: Some(next),
                 release: Vec::new(),
             };
             if let Err(e) = self.store.apply(write).await {
@@ -156,7 +164,7 @@ impl SelectorState {
             }
             self.shared.health.router_queue.ok();
             failpoint::hit("mid-select-and-stage");
-            self.cursor = last;
+            self.cursor = next;
             self.credit = self.credit.saturating_sub(batch.len());
             self.selected_total += batch.len() as u64;
             metrics::counter!("sendium_selected_total").increment(batch.len() as u64);
@@ -292,7 +300,7 @@ impl Actor for Selector {
                 state.credit -= paid;
                 state.debt += restored - paid;
                 // The taken-over partitions' units may lie before the cursor.
-                state.cursor = ReadySeq(0);
+                state.cursor = ReadyCursor::START;
                 state.resend_staged().await;
                 state.select().await;
             }
@@ -309,7 +317,7 @@ impl Actor for Selector {
                 let staged = state.store.stats().await.map(|s| s.staged).unwrap_or(0);
                 let _ = reply.send(SelectorStatus {
                     credit: state.credit as u64,
-                    cursor: state.cursor.0,
+                    cursor: state.cursor.furthest(),
                     staged,
                     selected_total: state.selected_total,
                     restored_total: state.restored_total,

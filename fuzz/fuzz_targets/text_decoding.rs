@@ -236,7 +236,7 @@ fn reassembly(mut input: Input<'_>) {
         match op >> 6 {
             // Complete the oldest ready unit, as the pipeline does once it is done.
             0 if op & 0x20 != 0 => {
-                let ready = block_on(store.ready_after(ReadySeq(0), 1)).expect("memory store");
+                let ready = block_on(store.ready_after(sendium_storage::ReadyCursor::START, 1)).expect("memory store");
                 if let Some(unit) = ready.first() {
                     block_on(store.commit(Vec::new(), &[unit.unit.id])).expect("memory store");
                     for id in unit.unit.member_ids() {
@@ -277,7 +277,7 @@ fn reassembly(mut input: Input<'_>) {
     // Close every group still open: then every record is in exactly one unit.
     let later = Timestamp::now().saturating_add(Duration::from_secs(7200));
     block_on(store.expire_groups(later, usize::MAX)).expect("memory store");
-    let units = block_on(store.ready_after(ReadySeq(0), usize::MAX)).expect("memory store");
+    let units = block_on(store.ready_after(sendium_storage::ReadyCursor::START, usize::MAX)).expect("memory store");
     let stats = block_on(store.stats()).expect("memory store");
     assert_eq!(stats.incomplete_groups, 0);
     assert_eq!(stats.ready_units, units.len() as u64);

@@ -537,7 +537,7 @@ async fn recorded_state(rig: &Rig, profile: Profile) -> Recorded {
         let store = &pending_store;
         let mut after = ReadySeq(0);
         loop {
-            let page = store.ready_after(after, 1000).await.unwrap();
+            let page = store.ready_after(after.into(), 1000).await.unwrap();
             let Some(last) = page.last().map(|u| u.seq) else { break };
             after = last;
             for u in page {

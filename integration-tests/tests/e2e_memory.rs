@@ -546,13 +546,11 @@ fn file_with_small_router(base: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the pending stage selects in arrival order: its priority lanes are not implemented"]
 async fn an_urgent_route_overtakes_bulk_in_the_memory_pending_stage() {
     an_urgent_route_overtakes_bulk_waiting_in_the_pending_stage(memory_with_small_router).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the pending stage selects in arrival order: its priority lanes are not implemented"]
 async fn an_urgent_route_overtakes_bulk_in_the_file_pending_stage() {
     an_urgent_route_overtakes_bulk_waiting_in_the_pending_stage(file_with_small_router).await;
 }

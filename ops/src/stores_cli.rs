@@ -71,7 +71,8 @@ pub async fn inspect(cfg: &Config) -> Result<String, StoresCliError> {
         let st = s.stats().await.map_err(storage)?;
         out.push_str(&format!(
             "router-queue: {} staged units, selection cursor {}\n",
-            st.staged, st.cursor.0
+            st.staged,
+            st.cursor.furthest()
         ));
     }
     if dir.dlr_path().exists() {

@@ -92,6 +92,8 @@ impl RecordKind {
             // Minor 1: a receipt target's reply may be `Kannel`. Minor 2: a first failure
             // may be `Refused`.
             RecordKind::DlrTrack => (1, 2),
+            // Minor 1: `lanes` (the selection cursors of lanes above 0).
+            RecordKind::RouterQueueJournalFrame => (1, 1),
             RecordKind::PendingUnit
             | RecordKind::PendingGroup
             | RecordKind::IdempotencyKey
@@ -100,7 +102,6 @@ impl RecordKind {
             | RecordKind::DlrOrphan
             | RecordKind::DlrInboundGroup
             | RecordKind::PendingJournalFrame
-            | RecordKind::RouterQueueJournalFrame
             | RecordKind::RoutedWorkJournalFrame => (1, 0),
             // Minor 1 added the inbound message; minor 2 a `Kannel` reply; minor 3 a
             // `Refused` state and `p` (a Kannel progress report).

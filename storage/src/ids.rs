@@ -75,9 +75,102 @@ pub type UnitId = MessageId;
 
 /// Position of a unit in the pending stage's ready order. Selection walks units in this
 /// order with a cursor, so it never needs to load the backlog at once.
+///
+/// The top bits hold the unit's *lane*: the `priority` (0–9) of the route its message
+/// matched when admitted; the rest is a counter shared by every lane. Each lane is a
+/// range of seqs, walked in arrival order with a cursor of its own ([`ReadyCursor`]), and
+/// selection takes the highest lane first. Lane 0 is the seq as a plain counter, so seqs
+/// stored before lanes existed are lane 0's.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct ReadySeq(pub u64);
+
+impl ReadySeq {
+    /// Lanes: route priorities 0–9.
+    pub const LANES: usize = 10;
+    const LANE_SHIFT: u32 = 56;
+    const COUNTER_MASK: u64 = (1 << Self::LANE_SHIFT) - 1;
+
+    /// The seq of counter value `counter` in lane `lane` (a priority above 9 is lane 9).
+    pub fn in_lane(lane: u8, counter: u64) -> Self {
+        let lane = u64::from(lane.min(9));
+        Self(lane << Self::LANE_SHIFT | (counter & Self::COUNTER_MASK))
+    }
+
+    pub fn lane(self) -> u8 {
+        u8::try_from(self.0 >> Self::LANE_SHIFT).unwrap_or(u8::MAX)
+    }
+
+    /// The shared counter's value, without the lane.
+    pub fn counter(self) -> u64 {
+        self.0 & Self::COUNTER_MASK
+    }
+
+    /// The first seq past lane `lane` (the end of its range).
+    pub fn lane_end(lane: u8) -> Self {
+        Self((u64::from(lane.min(9)) + 1) << Self::LANE_SHIFT)
+    }
+}
+
+/// Where selection stands in each lane of the ready order: every ready unit at or below a
+/// lane's cursor was selected once. Selection reads the highest lane first.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+pub struct ReadyCursor {
+    /// Per lane, the last selected seq (0: nothing selected in that lane yet).
+    lanes: [u64; ReadySeq::LANES],
+}
+
+impl ReadyCursor {
+    /// Nothing selected in any lane.
+    pub const START: ReadyCursor = ReadyCursor {
+        lanes: [0; ReadySeq::LANES],
+    };
+
+    /// The cursor of `lane`: units of the lane after it are still to be selected.
+    pub fn lane(&self, lane: u8) -> ReadySeq {
+        self.lanes
+            .get(usize::from(lane))
+            .map_or(ReadySeq(0), |&seq| ReadySeq(seq))
+    }
+
+    /// Move the cursor of `seq`'s lane to `seq`; a cursor never moves backwards. Returns
+    /// whether it moved.
+    pub fn advance(&mut self, seq: ReadySeq) -> bool {
+        match self.lanes.get_mut(usize::from(seq.lane())) {
+            Some(at) if seq.0 > *at => {
+                *at = seq.0;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Advance every lane to `other`'s cursor where it is further.
+    pub fn merge(&mut self, other: &ReadyCursor) {
+        for seq in other.positions() {
+            self.advance(seq);
+        }
+    }
+
+    /// The lanes' cursors that moved past the start, lowest lane first.
+    pub fn positions(&self) -> impl Iterator<Item = ReadySeq> + '_ {
+        self.lanes.iter().filter(|&&seq| seq != 0).map(|&seq| ReadySeq(seq))
+    }
+
+    /// The highest counter any lane's cursor reached (for status pages).
+    pub fn furthest(&self) -> u64 {
+        self.positions().map(ReadySeq::counter).max().unwrap_or(0)
+    }
+}
+
+/// A cursor at `seq` in `seq`'s lane, at the start in every other.
+impl From<ReadySeq> for ReadyCursor {
+    fn from(seq: ReadySeq) -> Self {
+        let mut c = ReadyCursor::START;
+        c.advance(seq);
+        c
+    }
+}
 
 /// Milliseconds since the Unix epoch. Stored records keep absolute times (deadlines,
 /// acceptance) so a restart does not move them.
@@ -127,5 +220,29 @@ mod tests {
         assert_eq!(MessageId::from_bytes(a.to_bytes()), a);
         let age = a.timestamp().age(Timestamp::now());
         assert!(age < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_seq_carries_its_lane_and_a_cursor_moves_per_lane_never_back() {
+        let plain = ReadySeq(42);
+        assert_eq!((plain.lane(), plain.counter()), (0, 42), "lane 0 is the plain counter");
+        assert_eq!(ReadySeq::in_lane(0, 42), plain);
+        let urgent = ReadySeq::in_lane(9, 43);
+        assert_eq!((urgent.lane(), urgent.counter()), (9, 43));
+        assert_eq!(ReadySeq::in_lane(12, 1).lane(), 9, "priorities above 9 share lane 9");
+        assert!(ReadySeq::lane_end(8) <= ReadySeq::in_lane(9, 0) && urgent < ReadySeq::lane_end(9));
+
+        let mut c = ReadyCursor::START;
+        assert!(c.advance(plain) && c.advance(urgent));
+        assert!(!c.advance(ReadySeq::in_lane(9, 5)), "never backwards");
+        assert_eq!((c.lane(0), c.lane(9), c.lane(4)), (plain, urgent, ReadySeq(0)));
+        assert_eq!(c.furthest(), 43);
+        let mut other = ReadyCursor::from(ReadySeq::in_lane(4, 50));
+        other.advance(ReadySeq(7));
+        c.merge(&other);
+        assert_eq!(
+            c.positions().collect::<Vec<_>>(),
+            vec![plain, ReadySeq::in_lane(4, 50), urgent]
+        );
     }
 }

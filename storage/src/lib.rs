@@ -42,7 +42,7 @@ pub use dlr::{
 };
 pub use envelope::{EnvelopeError, RecordKind};
 pub use error::{BackendFailure, DlrError, FailureKind, PendingError, RoutedWorkError, RouterQueueError, StorageError};
-pub use ids::{MessageId, ReadySeq, Timestamp, UnitId};
+pub use ids::{MessageId, ReadyCursor, ReadySeq, Timestamp, UnitId};
 pub use inbound::{InboundGroup, InboundGroupKey, InboundMessage, InboundPart, RoutedInbound};
 pub use pending::{
     AdmitOutcome, BlockingPendingWriter, Disposition, PendingCapabilities, PendingStats, PendingStore, ReadyUnit, Unit,

@@ -10,8 +10,9 @@
 //! part arrives the group becomes one *ready unit*. Single messages are ready at once.
 //! A part that collides with an open group of an earlier message is placed by the rules
 //! of [`crate::reassembly`].
-//! Ready units get a [`ReadySeq`] so selection can walk them incrementally with a
-//! cursor; an incomplete group whose saved deadline passes becomes a ready unit with
+//! Ready units get a [`ReadySeq`] in the lane of their route priority, so selection can
+//! walk each lane incrementally with a cursor, urgent lanes first (a multipart group takes
+//! the lane of the part that completes it; an expired group's failure, lane 0); an incomplete group whose saved deadline passes becomes a ready unit with
 //! [`Disposition::Expired`], so it flows through the same pipeline to its failure
 //! receipt and source completion.
 
@@ -21,7 +22,7 @@ use async_trait::async_trait;
 
 use crate::backend::StageCapabilities;
 use crate::error::PendingError;
-use crate::ids::{MessageId, ReadySeq, Timestamp, UnitId};
+use crate::ids::{MessageId, ReadyCursor, ReadySeq, Timestamp, UnitId};
 use crate::record::PendingRecord;
 
 /// The result of admitting one record.
@@ -149,12 +150,13 @@ pub trait PendingStore: Send + Sync + 'static {
     /// acknowledged.
     async fn commit(&self, admit: Vec<PendingRecord>, complete: &[UnitId]) -> Result<Vec<AdmitOutcome>, PendingError>;
 
-    /// Up to `limit` ready units with `seq > after`, in ready order, for selection. A
+    /// Up to `limit` ready units after `after`'s cursor of their lane, highest lane first
+    /// and in ready order within a lane, for selection. A
     /// store whose database also holds the router-queue and routed-work stages
     /// (postgresql) returns only units neither of them holds, and only of the partitions
     /// this process works on: there, what to select is decided by the database, which is
     /// what several processes sharing it need.
-    async fn ready_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<ReadyUnit>, PendingError>;
+    async fn ready_after(&self, after: ReadyCursor, limit: usize) -> Result<Vec<ReadyUnit>, PendingError>;
 
     /// The units with these ids that are still pending (missing ids are skipped: their
     /// sources completed). Used to restore staged and routed work after a restart.

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 
 use crate::backend::StageCapabilities;
 use crate::error::RouterQueueError;
-use crate::ids::{ReadySeq, UnitId};
+use crate::ids::{ReadyCursor, ReadySeq, UnitId};
 use crate::pending::ReadyUnit;
 
 /// A unit recorded as selected.
@@ -33,7 +33,7 @@ impl From<&ReadyUnit> for StagedUnit {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RouterQueueStats {
     pub staged: u64,
-    pub cursor: ReadySeq,
+    pub cursor: ReadyCursor,
 }
 
 /// One router-queue transition: a selected batch staged with the cursor it advances
@@ -42,8 +42,8 @@ pub struct RouterQueueStats {
 pub struct RouterQueueWrite {
     /// Units selected; staging a unit that is already staged keeps its first entry.
     pub stage: Vec<StagedUnit>,
-    /// Where selection resumes; the cursor never moves backwards.
-    pub cursor: Option<ReadySeq>,
+    /// Where selection resumes, per lane; no lane's cursor moves backwards.
+    pub cursor: Option<ReadyCursor>,
     /// Staged units to forget; unknown ids are ignored.
     pub release: Vec<UnitId>,
 }
@@ -67,10 +67,10 @@ pub trait RouterQueueStore: Send + Sync + 'static {
     /// of the partitions this process works on.
     async fn staged_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<StagedUnit>, RouterQueueError>;
 
-    /// Where selection resumes: every ready unit at or below the cursor was staged once.
-    /// A store whose pending stage leaves staged and routed units out of selection
-    /// (postgresql) keeps no cursor and answers 0 (see [`Self::keeps_cursor`]).
-    async fn cursor(&self) -> Result<ReadySeq, RouterQueueError>;
+    /// Where selection resumes: every ready unit at or below its lane's cursor was staged
+    /// once. A store whose pending stage leaves staged and routed units out of selection
+    /// (postgresql) keeps no cursor and answers the start (see [`Self::keeps_cursor`]).
+    async fn cursor(&self) -> Result<ReadyCursor, RouterQueueError>;
 
     async fn stats(&self) -> Result<RouterQueueStats, RouterQueueError>;
 

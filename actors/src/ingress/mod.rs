@@ -25,7 +25,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use sendium_profiles::{RouteQuery, RouteTable};
 use sendium_storage::failpoint;
 use sendium_storage::{
-    MessageId, PendingError, PendingRecord, PendingStats, PendingStore, ReadySeq, ReadyUnit, ReceiptReservations,
+    MessageId, PendingError, PendingRecord, PendingStats, PendingStore, ReadyCursor, ReadyUnit, ReceiptReservations,
     Timestamp, UnitId,
 };
 use tokio::sync::oneshot;
@@ -105,7 +105,7 @@ pub enum ReceiptPolicy {
 pub enum IngressMsg {
     Admit(AdmitRequest),
     ReadyAfter {
-        after: ReadySeq,
+        after: ReadyCursor,
         limit: usize,
         reply: RpcReplyPort<Result<Vec<ReadyUnit>, PendingError>>,
     },

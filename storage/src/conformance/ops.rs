@@ -40,7 +40,7 @@ impl<T: RouterQueueStore + ?Sized> RouterQueueOps for T {
     async fn stage(&self, units: &[StagedUnit], cursor: ReadySeq) -> Result<(), RouterQueueError> {
         self.apply(RouterQueueWrite {
             stage: units.to_vec(),
-            cursor: Some(cursor),
+            cursor: Some(cursor.into()),
             release: Vec::new(),
         })
         .await

@@ -21,7 +21,7 @@ pub(crate) async fn admits_and_lists_ready_units(f: &dyn Factory) {
     let b = record("esme1", "447700900002", "world");
     let out = s.admit(vec![a.clone(), b.clone()]).await.unwrap();
     assert_eq!(out, vec![AdmitOutcome::Admitted, AdmitOutcome::Admitted]);
-    let ready = s.ready_after(ReadySeq(0), 10).await.unwrap();
+    let ready = s.ready_after(crate::ReadyCursor::START, 10).await.unwrap();
     assert_eq!(ready.len(), 2);
     assert_eq!(ready[0].unit.id, a.id);
     assert_eq!(ready[0].unit.parts, vec![a.clone()]);
@@ -124,7 +124,7 @@ pub(crate) async fn refuses_when_full(f: &dyn Factory) {
         out,
         vec![AdmitOutcome::Admitted, AdmitOutcome::Admitted, AdmitOutcome::Full]
     );
-    let ready = s.ready_after(ReadySeq(0), 10).await.unwrap();
+    let ready = s.ready_after(crate::ReadyCursor::START, 10).await.unwrap();
     assert_eq!(ready.len(), 2, "a refused record is not stored");
 }
 
@@ -139,12 +139,12 @@ pub(crate) async fn reassembles_multipart_groups(f: &dyn Factory) {
         assert_eq!(s.admit(vec![p.clone()]).await.unwrap(), vec![AdmitOutcome::Admitted]);
     }
     assert!(
-        s.ready_after(ReadySeq(0), 10).await.unwrap().is_empty(),
+        s.ready_after(crate::ReadyCursor::START, 10).await.unwrap().is_empty(),
         "incomplete groups are not ready"
     );
     assert_eq!(s.stats().await.unwrap().incomplete_groups, 2);
     s.admit(vec![p3.clone()]).await.unwrap();
-    let ready = s.ready_after(ReadySeq(0), 10).await.unwrap();
+    let ready = s.ready_after(crate::ReadyCursor::START, 10).await.unwrap();
     assert_eq!(ready.len(), 1);
     let unit = &ready[0].unit;
     assert_eq!(unit.id, p1.id, "a group's unit id is its part 1");
@@ -180,7 +180,7 @@ pub(crate) async fn answers_a_retransmitted_part_with_its_first_id(f: &dyn Facto
     assert_eq!(out, vec![AdmitOutcome::Duplicate { existing: p1.id }]);
     assert_eq!(s.stats().await.unwrap().records, 1, "a retransmission stores nothing");
     assert_eq!(s.admit(vec![p2.clone()]).await.unwrap(), vec![AdmitOutcome::Admitted]);
-    let ready = s.ready_after(ReadySeq(0), 10).await.unwrap();
+    let ready = s.ready_after(crate::ReadyCursor::START, 10).await.unwrap();
     assert_eq!(ready.len(), 1);
     assert_eq!(ready[0].unit.member_ids(), vec![p1.id, p2.id]);
     assert_eq!(ready[0].unit.payload(), b"first half second half");
@@ -188,7 +188,7 @@ pub(crate) async fn answers_a_retransmitted_part_with_its_first_id(f: &dyn Facto
 
 /// The expired unit of a superseded group and the new message's unit, checked.
 async fn check_superseded(s: &dyn crate::pending::PendingStore, old: &[&PendingRecord], new: &[&PendingRecord]) {
-    let ready = s.ready_after(ReadySeq(0), 10).await.unwrap();
+    let ready = s.ready_after(crate::ReadyCursor::START, 10).await.unwrap();
     assert_eq!(ready.len(), 2, "{ready:?}");
     assert_eq!(ready[0].unit.disposition, Disposition::Expired);
     assert_eq!(ready[0].unit.member_ids(), old.iter().map(|p| p.id).collect::<Vec<_>>());
@@ -287,7 +287,7 @@ pub(crate) async fn a_part_after_its_group_completed_is_a_retransmission_or_a_ne
     let other2 = text_part(2, 2, "another two");
     let out = s.admit(vec![other1.clone(), other2.clone()]).await.unwrap();
     assert_eq!(out, vec![AdmitOutcome::Admitted, AdmitOutcome::Admitted]);
-    let ready = s.ready_after(ReadySeq(0), 10).await.unwrap();
+    let ready = s.ready_after(crate::ReadyCursor::START, 10).await.unwrap();
     assert_eq!(ready.len(), 2, "the completed message and the new one");
     assert_eq!(ready[0].unit.member_ids(), vec![p1.id, p2.id]);
     assert_eq!(ready[1].unit.member_ids(), vec![other1.id, other2.id]);
@@ -320,7 +320,7 @@ pub(crate) async fn expires_incomplete_groups_at_saved_deadline(f: &dyn Factory)
     let now = Timestamp::now().saturating_add(Duration::from_secs(1));
     assert_eq!(s.expire_groups(now, 10).await.unwrap(), 1);
     assert_eq!(s.expire_groups(now, 10).await.unwrap(), 0, "expiry happens once");
-    let ready = s.ready_after(ReadySeq(0), 10).await.unwrap();
+    let ready = s.ready_after(crate::ReadyCursor::START, 10).await.unwrap();
     assert_eq!(ready.len(), 1);
     assert_eq!(ready[0].unit.disposition, Disposition::Expired);
     assert_eq!(ready[0].unit.member_ids(), vec![soon.id]);
@@ -346,7 +346,7 @@ pub(crate) async fn completes_units_idempotently(f: &dyn Factory) {
     assert_eq!(stats.records, 1, "completion removes every part");
     assert_eq!(stats.ready_units, 1);
     s.complete(&[a.id]).await.unwrap();
-    assert!(s.ready_after(ReadySeq(0), 10).await.unwrap().is_empty());
+    assert!(s.ready_after(crate::ReadyCursor::START, 10).await.unwrap().is_empty());
 }
 
 pub(crate) async fn pages_ready_units_with_a_cursor(f: &dyn Factory) {
@@ -356,7 +356,7 @@ pub(crate) async fn pages_ready_units_with_a_cursor(f: &dyn Factory) {
     let mut cursor = ReadySeq(0);
     let mut seen = Vec::new();
     loop {
-        let page = s.ready_after(cursor, 3).await.unwrap();
+        let page = s.ready_after(cursor.into(), 3).await.unwrap();
         if page.is_empty() {
             break;
         }
@@ -389,7 +389,7 @@ pub(crate) async fn commits_admissions_and_completions_together(f: &dyn Factory)
     let b = record("a", "2", "2");
     let out = s.commit(vec![b.clone()], &[a.id]).await.unwrap();
     assert_eq!(out, vec![AdmitOutcome::Admitted]);
-    let ready = s.ready_after(ReadySeq(0), 10).await.unwrap();
+    let ready = s.ready_after(crate::ReadyCursor::START, 10).await.unwrap();
     assert_eq!(ready.iter().map(|u| u.unit.id).collect::<Vec<_>>(), vec![b.id]);
     assert_eq!(s.stats().await.unwrap().records, 1);
     // Completion only, and nothing at all, are fine too.
@@ -413,7 +413,84 @@ pub(crate) async fn a_commit_admits_into_the_room_its_completions_make(f: &dyn F
     assert_eq!(s.admit(vec![c.clone()]).await.unwrap(), vec![AdmitOutcome::Full]);
     let out = s.commit(vec![c.clone(), d], &[a.id]).await.unwrap();
     assert_eq!(out, vec![AdmitOutcome::Admitted, AdmitOutcome::Full]);
-    let ready = s.ready_after(ReadySeq(0), 10).await.unwrap();
+    let ready = s.ready_after(crate::ReadyCursor::START, 10).await.unwrap();
     assert_eq!(ready.iter().map(|u| u.unit.id).collect::<Vec<_>>(), vec![b.id, c.id]);
     assert_eq!(s.stats().await.unwrap().records, 2);
+}
+
+/// A record of route priority `priority`.
+fn urgent(to: &str, priority: u8) -> PendingRecord {
+    let mut r = record("esme1", to, "code 1234");
+    r.route_priority = priority;
+    r
+}
+
+fn ids(ready: &[crate::pending::ReadyUnit]) -> Vec<crate::ids::MessageId> {
+    ready.iter().map(|u| u.unit.id).collect()
+}
+
+/// Ready units come highest route priority first, in arrival order within one priority;
+/// a multipart group takes the lane of the part completing it.
+pub(crate) async fn orders_ready_units_by_route_priority_then_arrival(f: &dyn Factory) {
+    let s = f.pending(limits()).await;
+    let (b1, b2) = (urgent("1", 0), urgent("2", 0));
+    let (u1, m1, u2) = (urgent("3", 9), urgent("4", 5), urgent("5", 9));
+    s.admit(vec![b1.clone(), b2.clone(), u1.clone()]).await.unwrap();
+    s.admit(vec![m1.clone(), u2.clone()]).await.unwrap();
+    let ready = s.ready_after(crate::ReadyCursor::START, 10).await.unwrap();
+    assert_eq!(ids(&ready), vec![u1.id, u2.id, m1.id, b1.id, b2.id]);
+    assert_eq!(
+        ready.iter().map(|u| u.seq.lane()).collect::<Vec<_>>(),
+        vec![9, 9, 5, 0, 0]
+    );
+    // A limit takes from the top.
+    let top = s.ready_after(crate::ReadyCursor::START, 3).await.unwrap();
+    assert_eq!(ids(&top), vec![u1.id, u2.id, m1.id]);
+
+    let mut p1 = part("esme1", "447700900123", 9, 2, 1, LONG);
+    let mut p2 = part("esme1", "447700900123", 9, 2, 2, LONG);
+    p1.route_priority = 0;
+    p2.route_priority = 7;
+    s.admit(vec![p1.clone()]).await.unwrap();
+    s.admit(vec![p2]).await.unwrap();
+    let ready = s.ready_after(crate::ReadyCursor::START, 10).await.unwrap();
+    assert_eq!(ids(&ready), vec![u1.id, u2.id, p1.id, m1.id, b1.id, b2.id]);
+    assert_eq!(ready[2].seq.lane(), 7, "the completing part's lane");
+}
+
+/// Each lane has its own cursor: a unit of a higher priority admitted after selection
+/// went far ahead in a lower lane is still found, before the rest of the lower lane.
+pub(crate) async fn a_cursor_per_lane_finds_urgent_units_admitted_later(f: &dyn Factory) {
+    let s = f.pending(limits()).await;
+    let bulk: Vec<PendingRecord> = (0..6).map(|i| urgent(&format!("1{i}"), 0)).collect();
+    s.admit(bulk.clone()).await.unwrap();
+    let mut cursor = crate::ReadyCursor::START;
+    let first = s.ready_after(cursor, 4).await.unwrap();
+    assert_eq!(ids(&first), bulk[..4].iter().map(|r| r.id).collect::<Vec<_>>());
+    for u in &first {
+        cursor.advance(u.seq);
+    }
+    let otp = urgent("999", 9);
+    let more_bulk = urgent("17", 0);
+    s.admit(vec![more_bulk.clone(), otp.clone()]).await.unwrap();
+    let next = s.ready_after(cursor, 2).await.unwrap();
+    assert_eq!(
+        ids(&next),
+        vec![otp.id, bulk[4].id],
+        "the urgent one first, then lane 0 resumes"
+    );
+    for u in &next {
+        cursor.advance(u.seq);
+    }
+    let rest = s.ready_after(cursor, 10).await.unwrap();
+    assert_eq!(ids(&rest), vec![bulk[5].id, more_bulk.id]);
+    for u in &rest {
+        cursor.advance(u.seq);
+    }
+    assert!(s.ready_after(cursor, 10).await.unwrap().is_empty());
+    // Completing a unit removes it from its lane.
+    s.complete(&[otp.id]).await.unwrap();
+    let all = s.ready_after(crate::ReadyCursor::START, 10).await.unwrap();
+    assert!(!ids(&all).contains(&otp.id));
+    assert_eq!(all.len(), 7);
 }

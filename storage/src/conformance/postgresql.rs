@@ -1017,13 +1017,26 @@ async fn shared_processes_split_the_partitions_and_take_over_a_dead_ones() {
     assert_eq!(holders.len(), 8, "every partition has one holder: {holders:?}");
 
     // Each reads the work of its own partitions only, and nothing staged or routed.
+    // Every fourth is urgent: each process reads its partitions' urgent units first.
     let records: Vec<_> = (0..64)
-        .map(|i| super::record("esme1", &format!("4477009{i:05}"), "x"))
+        .map(|i| {
+            let mut r = super::record("esme1", &format!("4477009{i:05}"), "x");
+            r.route_priority = if i % 4 == 3 { 9 } else { 0 };
+            r
+        })
         .collect();
     a.pending.admit(records.clone()).await.unwrap();
-    let ra = a.pending.ready_after(ReadySeq(0), 1_000).await.unwrap();
-    let rb = b.pending.ready_after(ReadySeq(0), 1_000).await.unwrap();
+    let ra = a.pending.ready_after(crate::ReadyCursor::START, 1_000).await.unwrap();
+    let rb = b.pending.ready_after(crate::ReadyCursor::START, 1_000).await.unwrap();
     assert_eq!(ra.len() + rb.len(), 64, "each unit read by exactly one process");
+    for read in [&ra, &rb] {
+        let order: Vec<(std::cmp::Reverse<u8>, u64)> = read
+            .iter()
+            .map(|u| (std::cmp::Reverse(u.seq.lane()), u.seq.counter()))
+            .collect();
+        assert!(order.is_sorted(), "highest lane first, arrival order within: {order:?}");
+        assert!(read.iter().any(|u| u.seq.lane() == 9) && read.iter().any(|u| u.seq.lane() == 0));
+    }
     for u in &ra {
         let p = crate::postgresql::partition_of(&u.unit.parts[0].account, &u.unit.parts[0].destination.addr, 8);
         assert!(ha.contains(&p));
@@ -1033,7 +1046,7 @@ async fn shared_processes_split_the_partitions_and_take_over_a_dead_ones() {
         seq: ra[0].seq,
     };
     a.router_queue.stage(&[first], first.seq).await.unwrap();
-    let again = a.pending.ready_after(ReadySeq(0), 1_000).await.unwrap();
+    let again = a.pending.ready_after(crate::ReadyCursor::START, 1_000).await.unwrap();
     assert_eq!(again.len(), ra.len() - 1, "a staged unit is not selected again");
     assert_eq!(a.router_queue.staged_after(ReadySeq(0), 10).await.unwrap(), vec![first]);
     assert!(b.router_queue.staged_after(ReadySeq(0), 10).await.unwrap().is_empty());
@@ -1048,7 +1061,14 @@ async fn shared_processes_split_the_partitions_and_take_over_a_dead_ones() {
     .await;
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(ob.status().held, (0..8).collect::<Vec<u16>>());
-    assert_eq!(b.pending.ready_after(ReadySeq(0), 1_000).await.unwrap().len(), 63);
+    assert_eq!(
+        b.pending
+            .ready_after(crate::ReadyCursor::START, 1_000)
+            .await
+            .unwrap()
+            .len(),
+        63
+    );
     assert_eq!(b.router_queue.staged_after(ReadySeq(0), 10).await.unwrap(), vec![first]);
 }
 
@@ -1084,7 +1104,7 @@ async fn every_process_spreads_work_over_the_same_partitions() {
     let e = stages_on(&url, StageAccess::Sole, 8).await.err().expect("refused");
     assert!(e.to_string().contains("spread over 4 partitions"), "{e}");
     let shared = stages_on(&url, StageAccess::Shared, 4).await.unwrap();
-    let units = shared.pending.ready_after(ReadySeq(0), 10).await.unwrap();
+    let units = shared.pending.ready_after(crate::ReadyCursor::START, 10).await.unwrap();
     shared.pending.complete(&[units[0].unit.id]).await.unwrap();
     // Empty, but another process serves the database: still refused.
     let e = stages_on(&url, StageAccess::Shared, 8).await.err().expect("refused");
@@ -1110,7 +1130,7 @@ async fn changes_spanning_two_stages_are_one_transaction() {
         ])
         .await
         .unwrap();
-    let ready = s.pending.ready_after(ReadySeq(0), 10).await.unwrap();
+    let ready = s.pending.ready_after(crate::ReadyCursor::START, 10).await.unwrap();
     assert_eq!(ready.len(), 2);
     let staged: Vec<StagedUnit> = ready.iter().map(StagedUnit::from).collect();
     s.router_queue.stage(&staged, ready[1].seq).await.unwrap();

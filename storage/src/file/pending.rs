@@ -48,7 +48,7 @@ use crate::backend::{Backend, StageCapabilities};
 use crate::envelope::{self, RecordKind};
 use crate::error::{BackendFailure, FailureKind, PendingError};
 use crate::failpoint;
-use crate::ids::{MessageId, ReadySeq, Timestamp, UnitId};
+use crate::ids::{MessageId, ReadyCursor, ReadySeq, Timestamp, UnitId};
 use crate::memory::PendingLimits;
 use crate::pending::{
     AdmitOutcome, BlockingPendingWriter, Disposition, PendingCapabilities, PendingStats, PendingStore, ReadyUnit, Unit,
@@ -286,13 +286,19 @@ fn init(txn: &WriteTransaction) -> Result<(), Fail> {
     for entry in [ready.first()?, ready.last()?].into_iter().flatten() {
         decode_unit(entry.0.value(), entry.1.value())?;
     }
-    if let Some((k, _)) = ready.last()?
-        && k.value() > get_counter(&meta, NEXT_SEQ)?
-    {
-        return Err(Fail::Invalid {
-            table: "ready",
-            detail: format!("ready seq {} is beyond the stored next seq", k.value()),
-        });
+    // The counter of every lane's last seq is at most the stored next seq.
+    let next_seq = get_counter(&meta, NEXT_SEQ)?;
+    for lane in 0..ReadySeq::LANES as u8 {
+        let lane_range = ReadySeq::in_lane(lane, 0).0..ReadySeq::lane_end(lane).0;
+        if let Some(item) = ready.range(lane_range)?.next_back() {
+            let seq = ReadySeq(item?.0.value());
+            if seq.counter() > next_seq {
+                return Err(Fail::Invalid {
+                    table: "ready",
+                    detail: format!("ready seq {} is beyond the stored next seq", seq.0),
+                });
+            }
+        }
     }
     for entry in [groups.first()?, groups.last()?].into_iter().flatten() {
         envelope::decode::<GroupState>(RecordKind::PendingGroup, entry.1.value())
@@ -588,9 +594,10 @@ impl<'t> Tx<'t> {
         disposition: Disposition,
         members: Vec<MessageId>,
         receipts: u64,
+        lane: u8,
     ) -> Result<(), Fail> {
         self.next_seq += 1;
-        let seq = self.next_seq;
+        let seq = ReadySeq::in_lane(lane, self.next_seq).0;
         let entry = UnitEntry {
             id,
             disposition,
@@ -650,7 +657,7 @@ impl<'t> Tx<'t> {
         self.deadlines.remove((group.deadline.0, key))?;
         let members = group.members();
         if let Some(first) = members.first().copied() {
-            self.make_ready(first, Disposition::Expired, members, group.receipts)?;
+            self.make_ready(first, Disposition::Expired, members, group.receipts, 0)?;
         }
         Ok(())
     }
@@ -767,6 +774,7 @@ impl<'t> Tx<'t> {
             self.idem
                 .insert((record.account.as_str(), key.as_str()), bytes.as_slice())?;
         }
+        let lane = record.route_priority;
         match (record.group_key(), record.part) {
             (Some(gk), Some(part)) => {
                 let prefix = group_prefix(&gk);
@@ -814,7 +822,8 @@ impl<'t> Tx<'t> {
                     self.groups.remove(gkb.as_slice())?;
                     let members = group.members();
                     if let Some(first) = members.first().copied() {
-                        self.make_ready(first, Disposition::Deliver, members, group.receipts)?;
+                        // A completed group's lane is that of the part completing it.
+                        self.make_ready(first, Disposition::Deliver, members, group.receipts, lane)?;
                     }
                     self.completed.insert(gkb.as_slice(), gbytes.as_slice())?;
                     self.completed_deadlines
@@ -826,7 +835,7 @@ impl<'t> Tx<'t> {
             }
             _ => {
                 self.records.insert(&id.to_bytes(), bytes)?;
-                self.make_ready(id, Disposition::Deliver, vec![id], wants)?;
+                self.make_ready(id, Disposition::Deliver, vec![id], wants, lane)?;
             }
         }
         Ok(())
@@ -1085,16 +1094,23 @@ impl Inner {
     /// Does not wait for an answered commit: its units are picked up by the Selector's
     /// next read, which the commit's end wakes it for (the Selector reads this on every
     /// wake, and waiting here would stall it behind the writer's commits).
-    fn ready_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<ReadyUnit>, BackendFailure> {
+    fn ready_after(&self, after: ReadyCursor, limit: usize) -> Result<Vec<ReadyUnit>, BackendFailure> {
         self.file.read(|txn| {
             let ready = txn.open_table(READY)?;
             let records = txn.open_table(RECORDS)?;
             let mut out = Vec::with_capacity(limit.min(1024));
-            for item in ready.range(after.0.saturating_add(1)..)?.take(limit) {
-                let (k, v) = item?;
-                let seq = k.value();
-                let entry = decode_unit(seq, v.value())?;
-                out.push(build_unit(&records, seq, entry)?);
+            for lane in (0..ReadySeq::LANES as u8).rev() {
+                if out.len() >= limit {
+                    break;
+                }
+                let from = after.lane(lane).0.max(ReadySeq::in_lane(lane, 0).0).saturating_add(1);
+                let room = limit - out.len();
+                for item in ready.range(from..ReadySeq::lane_end(lane).0)?.take(room) {
+                    let (k, v) = item?;
+                    let seq = k.value();
+                    let entry = decode_unit(seq, v.value())?;
+                    out.push(build_unit(&records, seq, entry)?);
+                }
             }
             Ok(out)
         })
@@ -1214,7 +1230,7 @@ impl PendingStore for FilePendingStore {
         }
     }
 
-    async fn ready_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<ReadyUnit>, PendingError> {
+    async fn ready_after(&self, after: ReadyCursor, limit: usize) -> Result<Vec<ReadyUnit>, PendingError> {
         self.run(move |i| i.ready_after(after, limit)).await
     }
 

@@ -461,7 +461,7 @@ async fn workload(s: &Stores, disk: &CrashDisk, rounds: usize) -> Ledger {
             }
         }
         // Selection: stage what became ready.
-        let ready = s.pending.ready_after(cursor, usize::MAX).await.unwrap();
+        let ready = s.pending.ready_after(cursor.into(), usize::MAX).await.unwrap();
         let staged: Vec<StagedUnit> = ready.iter().map(StagedUnit::from).collect();
         if let Some(last) = staged.last() {
             cursor = last.seq;
@@ -694,7 +694,7 @@ async fn check_image(path: &Path, ledger: &Ledger, k: u64) -> Result<(), String>
     }
     let ready = s
         .pending
-        .ready_after(ReadySeq(0), usize::MAX)
+        .ready_after(crate::ReadyCursor::START, usize::MAX)
         .await
         .map_err(|e| e.to_string())?;
     let pending: HashMap<UnitId, &PendingRecord> = ready

@@ -26,7 +26,7 @@ use super::records::StagedRecord;
 use crate::backend::{Backend, StageCapabilities};
 use crate::envelope::{self, RecordKind};
 use crate::error::{BackendFailure, RouterQueueError};
-use crate::ids::{ReadySeq, UnitId};
+use crate::ids::{ReadyCursor, ReadySeq, UnitId};
 use crate::router_queue::{RouterQueueStats, RouterQueueStore, RouterQueueWrite, StagedUnit};
 
 const STAGED: TableDefinition<u64, &[u8]> = TableDefinition::new("staged");
@@ -34,7 +34,17 @@ const STAGED_IDS: TableDefinition<&[u8; 16], u64> = TableDefinition::new("staged
 /// The table layout this build reads and writes: commits durable through the journal
 /// (`meta.journal_lsn`). A file of any other layout does not open.
 const LAYOUT: u64 = 2;
+/// Lane 0's selection cursor; lane N's is `cursor.N`.
 const CURSOR: &str = "cursor";
+
+/// The meta key of a lane's cursor.
+fn cursor_key(lane: u8) -> String {
+    if lane == 0 {
+        CURSOR.to_owned()
+    } else {
+        format!("{CURSOR}.{lane}")
+    }
+}
 
 /// The stage's store file in the journaled engine.
 const FILE: StageFile = StageFile {
@@ -50,8 +60,9 @@ pub struct FileRouterQueueStore {
     store: JournaledStore,
 }
 
-/// What one router-queue commit changed, as journaled: units staged, the cursor (0: not
-/// moved), ids released. A struct, not an enum: envelopes flatten their value.
+/// What one router-queue commit changed, as journaled: units staged, the cursor (lane 0's
+/// in `cursor`, 0: not moved; the other lanes' in `lanes`, minor version 1), ids
+/// released. A struct, not an enum: envelopes flatten their value.
 #[derive(Default, Serialize, Deserialize)]
 struct RouterQueueFrame {
     #[serde(default)]
@@ -60,6 +71,18 @@ struct RouterQueueFrame {
     cursor: u64,
     #[serde(default)]
     release: Vec<UnitId>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    lanes: Vec<u64>,
+}
+
+impl RouterQueueFrame {
+    fn cursor(&self) -> ReadyCursor {
+        let mut c = ReadyCursor::from(ReadySeq(self.cursor));
+        for &seq in &self.lanes {
+            c.advance(ReadySeq(seq));
+        }
+        c
+    }
 }
 
 impl FileRouterQueueStore {
@@ -103,18 +126,19 @@ fn encode_frame(frame: &RouterQueueFrame) -> Result<Vec<u8>, Fail> {
 fn replay(txn: &WriteTransaction, payload: &[u8], lsn: u64) -> Result<(), Fail> {
     let frame: RouterQueueFrame = envelope::decode(RecordKind::RouterQueueJournalFrame, payload)
         .map_err(|e| Fail::record("journal", format!("frame {lsn}"), e))?;
+    let cursor = frame.cursor();
     let units: Vec<StagedUnit> = frame
         .stage
         .into_iter()
         .map(|(id, seq)| StagedUnit { id, seq: ReadySeq(seq) })
         .collect();
-    stage_in(txn, &units, ReadySeq(frame.cursor))?;
+    stage_in(txn, &units, &cursor)?;
     release_in(txn, &frame.release)?;
     Ok(())
 }
 
 /// Stage `units` and advance the cursor. Returns whether anything changed.
-fn stage_in(txn: &WriteTransaction, units: &[StagedUnit], cursor: ReadySeq) -> Result<bool, Fail> {
+fn stage_in(txn: &WriteTransaction, units: &[StagedUnit], cursor: &ReadyCursor) -> Result<bool, Fail> {
     let mut staged = txn.open_table(STAGED)?;
     let mut ids = txn.open_table(STAGED_IDS)?;
     let mut meta = txn.open_table(META)?;
@@ -130,10 +154,13 @@ fn stage_in(txn: &WriteTransaction, units: &[StagedUnit], cursor: ReadySeq) -> R
         staged.insert(u.seq.0, bytes.as_slice())?;
         changed = true;
     }
-    // The cursor never moves backwards.
-    if cursor.0 > get_counter(&meta, CURSOR)? {
-        meta.insert(CURSOR, cursor.0)?;
-        changed = true;
+    // No lane's cursor moves backwards.
+    for seq in cursor.positions() {
+        let key = cursor_key(seq.lane());
+        if seq.0 > get_counter(&meta, key.as_str())? {
+            meta.insert(key.as_str(), seq.0)?;
+            changed = true;
+        }
     }
     Ok(changed)
 }
@@ -163,15 +190,16 @@ fn apply_write(file: &JournaledFile, write: RouterQueueWrite) -> Result<(), Back
     };
     file.write(wait, |txn| {
         let cursor = write.cursor.unwrap_or_default();
-        let mut changed = stage_in(txn, &write.stage, cursor)?;
+        let mut changed = stage_in(txn, &write.stage, &cursor)?;
         changed |= release_in(txn, &write.release)?;
         if !changed {
             return Ok(None);
         }
         let frame = RouterQueueFrame {
             stage: write.stage.iter().map(|u| (u.id, u.seq.0)).collect(),
-            cursor: cursor.0,
+            cursor: cursor.lane(0).0,
             release: write.release,
+            lanes: cursor.positions().filter(|s| s.lane() > 0).map(|s| s.0).collect(),
         };
         encode_frame(&frame).map(Some)
     })
@@ -196,9 +224,13 @@ fn read_staged_after(file: &JournaledFile, after: ReadySeq, limit: usize) -> Res
 fn read_stats(file: &JournaledFile) -> Result<RouterQueueStats, BackendFailure> {
     file.read(|txn| {
         let meta = txn.open_table(META)?;
+        let mut cursor = ReadyCursor::START;
+        for lane in 0..ReadySeq::LANES as u8 {
+            cursor.advance(ReadySeq(get_counter(&meta, cursor_key(lane).as_str())?));
+        }
         Ok(RouterQueueStats {
             staged: txn.open_table(STAGED_IDS)?.len()?,
-            cursor: ReadySeq(get_counter(&meta, CURSOR)?),
+            cursor,
         })
     })
 }
@@ -227,7 +259,7 @@ impl RouterQueueStore for FileRouterQueueStore {
         self.store.run(move |f| read_staged_after(f, after, limit)).await
     }
 
-    async fn cursor(&self) -> Result<ReadySeq, RouterQueueError> {
+    async fn cursor(&self) -> Result<ReadyCursor, RouterQueueError> {
         Ok(self.stats().await?.cursor)
     }
 

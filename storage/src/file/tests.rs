@@ -77,7 +77,11 @@ fn routed(id: MessageId, branches: u16) -> RoutedUnit {
 /// Everything observable through the three stores, as text (stored timestamps make it
 /// deterministic).
 async fn snapshot(s: &Stores) -> String {
-    let ready = s.pending.ready_after(ReadySeq(0), usize::MAX).await.unwrap();
+    let ready = s
+        .pending
+        .ready_after(crate::ReadyCursor::START, usize::MAX)
+        .await
+        .unwrap();
     let ids: Vec<_> = ready.iter().map(|u| u.unit.id).collect();
     let units = s.pending.units(&ids).await.unwrap();
     assert_eq!(units, ready, "units() and ready_after() agree");
@@ -130,11 +134,13 @@ async fn populate(s: &Stores) -> Written {
         .unwrap();
     assert!(out.iter().all(|o| *o == AdmitOutcome::Admitted));
 
-    let ready = s.pending.ready_after(ReadySeq(0), 100).await.unwrap();
+    let ready = s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap();
     assert_eq!(ready.len(), 4, "3 singles + 1 complete group");
     let staged: Vec<_> = ready.iter().map(StagedUnit::from).collect();
     s.rq.stage(&staged[..2], staged[1].seq).await.unwrap();
     s.rq.stage(&staged[2..], staged[3].seq).await.unwrap();
+    // A cursor in priority lane 9 beside lane 0's (journaled in the frame's `lanes`).
+    s.rq.stage(&[], LANE_9_CURSOR).await.unwrap();
 
     let units: Vec<_> = ready.iter().take(3).map(|u| routed(u.unit.id, 2)).collect();
     s.rw.record(units.clone()).await.unwrap();
@@ -174,6 +180,9 @@ async fn populate(s: &Stores) -> Written {
     }
 }
 
+/// Where [`populate`] leaves selection in priority lane 9.
+const LANE_9_CURSOR: ReadySeq = ReadySeq(9 << 56 | 2);
+
 /// Checks that hold after any restart of a store [`populate`] filled.
 async fn check_after_restart(s: &Stores, w: &Written) {
     let st = s.pending.stats().await.unwrap();
@@ -181,7 +190,9 @@ async fn check_after_restart(s: &Stores, w: &Written) {
     assert_eq!(st.ready_units, 4);
     assert_eq!(st.incomplete_groups, 2);
     assert_eq!(st.receipt_requests, 6);
-    assert_eq!(s.rq.cursor().await.unwrap(), ReadySeq(4));
+    let mut cursor = crate::ReadyCursor::from(ReadySeq(4));
+    cursor.advance(LANE_9_CURSOR);
+    assert_eq!(s.rq.cursor().await.unwrap(), cursor);
     // The idempotency key still deduplicates.
     let mut again = record("esme1", "447700900001", "with key");
     again.idempotency_key = Some("key-1".into());
@@ -192,7 +203,7 @@ async fn check_after_restart(s: &Stores, w: &Written) {
     // The saved deadline did not move: the short group expires, the long one waits.
     let now = Timestamp::now().saturating_add(Duration::from_secs(1));
     assert_eq!(s.pending.expire_groups(now, 10).await.unwrap(), 1);
-    let ready = s.pending.ready_after(ReadySeq(4), 10).await.unwrap();
+    let ready = s.pending.ready_after(ReadySeq(4).into(), 10).await.unwrap();
     assert_eq!(ready.len(), 1);
     assert_eq!(ready[0].seq, ReadySeq(5), "the ready seq continues after the restart");
     assert_eq!(ready[0].unit.disposition, Disposition::Expired);
@@ -200,7 +211,7 @@ async fn check_after_restart(s: &Stores, w: &Written) {
     // The other group completes with a part that arrives after the restart.
     let late2 = part("esme1", "447700900006", 6, 2, 2, LONG);
     s.pending.admit(vec![late2.clone()]).await.unwrap();
-    let ready = s.pending.ready_after(ReadySeq(5), 10).await.unwrap();
+    let ready = s.pending.ready_after(ReadySeq(5).into(), 10).await.unwrap();
     assert_eq!(ready.len(), 1);
     assert_eq!(ready[0].unit.member_ids(), vec![w.late_part1.id, late2.id]);
     assert_eq!(s.pending.stats().await.unwrap().incomplete_groups, 0);
@@ -248,7 +259,7 @@ fn a_kannel_dlr_url_survives_a_reopen() {
         s.pending.admit(vec![r.clone()]).await.unwrap();
         drop(s);
         let s = open_all(tmp.path());
-        let units = s.pending.ready_after(ReadySeq(0), 10).await.unwrap();
+        let units = s.pending.ready_after(crate::ReadyCursor::START, 10).await.unwrap();
         let back: Vec<_> = units.iter().flat_map(|u| u.unit.parts.iter()).collect();
         assert_eq!(back, vec![&r]);
     });
@@ -542,7 +553,7 @@ fn small_limits(max_records: u64) -> PendingLimits {
 
 /// Everything observable through the pending store, as text.
 async fn pending_snapshot(s: &FilePendingStore) -> String {
-    let ready = s.ready_after(ReadySeq(0), usize::MAX).await.unwrap();
+    let ready = s.ready_after(crate::ReadyCursor::START, usize::MAX).await.unwrap();
     format!("ready={ready:?}\nstats={:?}\n", s.stats().await.unwrap())
 }
 
@@ -571,14 +582,14 @@ async fn journaled_commits(s: &FilePendingStore) -> usize {
     for i in 0..5 {
         s.admit(msg_batch(3 + i)).await.unwrap();
     }
-    let first = s.ready_after(ReadySeq(0), 2).await.unwrap();
+    let first = s.ready_after(crate::ReadyCursor::START, 2).await.unwrap();
     s.complete(&[first[0].unit.id]).await.unwrap();
     s.admit(msg_batch(2)).await.unwrap();
     // A checkpoint: everything so far is durable in redb, the rest only in the journal.
     crate::pending::BlockingPendingWriter::idle(s);
     assert!(!s.journal_uncovered());
     let mut after = 0;
-    let ready = s.ready_after(ReadySeq(0), 3).await.unwrap();
+    let ready = s.ready_after(crate::ReadyCursor::START, 3).await.unwrap();
     s.complete(&[ready[1].unit.id]).await.unwrap();
     after += 1;
     s.admit(vec![part("esme1", "447700900005", 78, 3, 2, LONG)])
@@ -640,7 +651,7 @@ fn journaled_commits_survive_sigkill_with_the_live_process_decisions() {
         assert_eq!(s.replayed_frames(), 0);
         assert_eq!(pending_snapshot(&s).await, expected);
         // The replayed completion is remembered like the live one.
-        let ready = s.ready_after(ReadySeq(0), usize::MAX).await.unwrap();
+        let ready = s.ready_after(crate::ReadyCursor::START, usize::MAX).await.unwrap();
         let completed = ready
             .iter()
             .find(|u| u.unit.parts[0].destination.addr == "447700900006")
@@ -858,7 +869,7 @@ async fn open_and_read_all(dir: &Arc<DataDir>, verify: bool) -> Result<usize, cr
     let mut n = 0;
     loop {
         let page = s
-            .ready_after(cursor, 100)
+            .ready_after(cursor.into(), 100)
             .await
             .map_err(|e| crate::StorageError::from(e).failure().clone())?;
         let Some(last) = page.last() else {
@@ -1171,7 +1182,7 @@ fn bench_ready_after_paging_100k() {
             let mut cursor = ReadySeq(0);
             let mut n = 0;
             loop {
-                let page = s.ready_after(cursor, limit).await.unwrap();
+                let page = s.ready_after(cursor.into(), limit).await.unwrap();
                 let Some(last) = page.last() else { break };
                 cursor = last.seq;
                 n += page.len();
@@ -1227,7 +1238,7 @@ fn bench_reopen_after_sigkill_with_1m_records() {
         let s = FilePendingStore::open(&dir, limits()).unwrap();
         let opened = started.elapsed();
         let st = s.stats().await.unwrap();
-        let page = s.ready_after(ReadySeq(0), 256).await.unwrap();
+        let page = s.ready_after(crate::ReadyCursor::START, 256).await.unwrap();
         let ready = started.elapsed();
         assert_eq!(st.records, n.parse::<u64>().unwrap());
         assert_eq!(page.len(), 256);
@@ -1242,7 +1253,7 @@ fn bench_reopen_after_sigkill_with_1m_records() {
         let mut cursor = ReadySeq(0);
         let mut seen = 0;
         loop {
-            let page = s.ready_after(cursor, 1000).await.unwrap();
+            let page = s.ready_after(cursor.into(), 1000).await.unwrap();
             let Some(last) = page.last() else { break };
             cursor = last.seq;
             seen += page.len();

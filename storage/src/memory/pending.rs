@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 
 use crate::backend::StageCapabilities;
 use crate::error::PendingError;
-use crate::ids::{MessageId, ReadySeq, Timestamp, UnitId};
+use crate::ids::{MessageId, ReadyCursor, ReadySeq, Timestamp, UnitId};
 use crate::pending::{AdmitOutcome, Disposition, PendingCapabilities, PendingStats, PendingStore, ReadyUnit, Unit};
 use crate::reassembly::{self, GroupView, KeyState, Placement};
 use crate::record::{GroupKey, PendingRecord};
@@ -91,9 +91,9 @@ struct Inner {
 }
 
 impl Inner {
-    fn make_ready(&mut self, id: UnitId, disposition: Disposition, members: Vec<MessageId>) {
+    fn make_ready(&mut self, id: UnitId, disposition: Disposition, members: Vec<MessageId>, lane: u8) {
         self.next_seq += 1;
-        let seq = ReadySeq(self.next_seq);
+        let seq = ReadySeq::in_lane(lane, self.next_seq);
         self.ready.insert(seq, id);
         self.units.insert(
             id,
@@ -146,7 +146,7 @@ impl Inner {
         self.deadlines.remove(&(group.deadline, gk.clone()));
         let members = group.members();
         if let Some(first) = members.first().copied() {
-            self.make_ready(first, Disposition::Expired, members);
+            self.make_ready(first, Disposition::Expired, members, 0);
         }
         true
     }
@@ -280,8 +280,9 @@ fn admit_one(inner: &mut Inner, record: PendingRecord, digest: u64, placement: P
             .insert(k, (id, idem_expiry, record.submission_digest()));
     }
     let (Some(gk), Some(part)) = (record.group_key(), record.part) else {
+        let lane = record.route_priority;
         inner.records.insert(id, record);
-        inner.make_ready(id, Disposition::Deliver, vec![id]);
+        inner.make_ready(id, Disposition::Deliver, vec![id], lane);
         return;
     };
     if placement == Placement::Supersede {
@@ -309,6 +310,8 @@ fn admit_one(inner: &mut Inner, record: PendingRecord, digest: u64, placement: P
     let old_deadline = group.deadline;
     group.deadline = group.deadline.min(part.expires_at);
     let new_deadline = group.deadline;
+    // A completed group's lane is that of the part completing it.
+    let lane = record.route_priority;
     inner.records.insert(id, record);
     inner.deadlines.remove(&(old_deadline, gk.clone()));
     if !complete {
@@ -318,7 +321,7 @@ fn admit_one(inner: &mut Inner, record: PendingRecord, digest: u64, placement: P
     if let Some(group) = inner.groups.remove(&gk) {
         let members = group.members();
         if let Some(first) = members.first().copied() {
-            inner.make_ready(first, Disposition::Deliver, members);
+            inner.make_ready(first, Disposition::Deliver, members, lane);
         }
         inner.completed_deadlines.insert((group.deadline, gk.clone()), ());
         inner.completed.insert(gk, group);
@@ -340,14 +343,23 @@ impl PendingStore for MemoryPendingStore {
         Ok(self.admit_in(&mut inner, admit))
     }
 
-    async fn ready_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<ReadyUnit>, PendingError> {
+    async fn ready_after(&self, after: ReadyCursor, limit: usize) -> Result<Vec<ReadyUnit>, PendingError> {
         let inner = self.inner.lock();
-        let ids: Vec<UnitId> = inner
-            .ready
-            .range(ReadySeq(after.0.saturating_add(1))..)
-            .take(limit)
-            .map(|(_, id)| *id)
-            .collect();
+        let mut ids: Vec<UnitId> = Vec::new();
+        for lane in (0..ReadySeq::LANES as u8).rev() {
+            let from = ReadySeq(after.lane(lane).0.max(ReadySeq::in_lane(lane, 0).0).saturating_add(1));
+            let room = limit - ids.len();
+            ids.extend(
+                inner
+                    .ready
+                    .range(from..ReadySeq::lane_end(lane))
+                    .take(room)
+                    .map(|(_, id)| *id),
+            );
+            if ids.len() >= limit {
+                break;
+            }
+        }
         Ok(ids.into_iter().filter_map(|id| inner.unit(id)).collect())
     }
 

@@ -7,14 +7,14 @@ use parking_lot::Mutex;
 
 use crate::backend::StageCapabilities;
 use crate::error::RouterQueueError;
-use crate::ids::{ReadySeq, UnitId};
+use crate::ids::{ReadyCursor, ReadySeq, UnitId};
 use crate::router_queue::{RouterQueueStats, RouterQueueStore, RouterQueueWrite, StagedUnit};
 
 #[derive(Debug, Default)]
 struct Inner {
     by_seq: BTreeMap<ReadySeq, UnitId>,
     by_id: HashMap<UnitId, ReadySeq>,
-    cursor: ReadySeq,
+    cursor: ReadyCursor,
 }
 
 #[derive(Debug, Default)]
@@ -43,10 +43,8 @@ impl RouterQueueStore for MemoryRouterQueueStore {
                 inner.by_seq.insert(u.seq, u.id);
             }
         }
-        if let Some(cursor) = write.cursor
-            && cursor > inner.cursor
-        {
-            inner.cursor = cursor;
+        if let Some(cursor) = &write.cursor {
+            inner.cursor.merge(cursor);
         }
         for id in &write.release {
             if let Some(seq) = inner.by_id.remove(id) {
@@ -66,7 +64,7 @@ impl RouterQueueStore for MemoryRouterQueueStore {
             .collect())
     }
 
-    async fn cursor(&self) -> Result<ReadySeq, RouterQueueError> {
+    async fn cursor(&self) -> Result<ReadyCursor, RouterQueueError> {
         Ok(self.inner.lock().cursor)
     }
 

@@ -20,7 +20,7 @@ use crate::backend::{Backend, StageCapabilities};
 use crate::envelope::{self, RecordKind};
 use crate::error::PendingError;
 use crate::file::records::GroupState;
-use crate::ids::{MessageId, ReadySeq, Timestamp, UnitId};
+use crate::ids::{MessageId, ReadyCursor, ReadySeq, Timestamp, UnitId};
 use crate::memory::PendingLimits;
 use crate::pending::{AdmitOutcome, Disposition, PendingCapabilities, PendingStats, PendingStore, ReadyUnit, Unit};
 use crate::postgresql::OpError;
@@ -40,22 +40,30 @@ const FORGET_EVERY_MS: i64 = 1000;
 /// keeps each `NOT EXISTS` a primary-key probe per candidate row: flattened into an
 /// anti-join, the planner — with statistics of a queue table taken while it was nearly
 /// empty — may hash or materialize the whole other table on every call.
-const SELECT_READY: &str = "SELECT seq, id, disposition, members FROM sms_units u \
-     WHERE seq > $1 \
-       AND NOT EXISTS (SELECT 1 FROM sms_staged s WHERE s.unit = u.id OFFSET 0) \
-       AND NOT EXISTS (SELECT 1 FROM sms_routed r WHERE r.unit = u.id OFFSET 0) \
-     ORDER BY seq LIMIT $2";
-
-/// The same for some partitions: each partition's ready units in order through its
-/// index, at most the limit of each, merged.
-const SELECT_READY_OF_PARTITIONS: &str = "SELECT x.seq, x.id, x.disposition, x.members \
-     FROM UNNEST($3::int2[]) AS p(partition) CROSS JOIN LATERAL ( \
+/// Ready units of every partition that no process has selected, after each lane's cursor
+/// (`$1`, one bound per lane, indexed by lane + 1): each lane's in order through the seq
+/// index, at most the limit of each, merged highest lane first.
+const SELECT_READY: &str = "SELECT x.seq, x.id, x.disposition, x.members \
+     FROM generate_series(9, 0, -1) AS l(lane) CROSS JOIN LATERAL ( \
        SELECT seq, id, disposition, members FROM sms_units u \
-        WHERE u.partition = p.partition AND u.seq > $1 \
+        WHERE u.seq > ($1::int8[])[l.lane + 1] AND u.seq < (l.lane + 1)::int8 << 56 \
           AND NOT EXISTS (SELECT 1 FROM sms_staged s WHERE s.unit = u.id OFFSET 0) \
           AND NOT EXISTS (SELECT 1 FROM sms_routed r WHERE r.unit = u.id OFFSET 0) \
         ORDER BY seq LIMIT $2) x \
-     ORDER BY x.seq LIMIT $2";
+     ORDER BY x.seq >> 56 DESC, x.seq LIMIT $2";
+
+/// The same for some partitions: each partition's and lane's ready units in order through
+/// the partition index, at most the limit of each, merged highest lane first.
+const SELECT_READY_OF_PARTITIONS: &str = "SELECT x.seq, x.id, x.disposition, x.members \
+     FROM UNNEST($3::int2[]) AS p(partition) CROSS JOIN generate_series(9, 0, -1) AS l(lane) \
+     CROSS JOIN LATERAL ( \
+       SELECT seq, id, disposition, members FROM sms_units u \
+        WHERE u.partition = p.partition \
+          AND u.seq > ($1::int8[])[l.lane + 1] AND u.seq < (l.lane + 1)::int8 << 56 \
+          AND NOT EXISTS (SELECT 1 FROM sms_staged s WHERE s.unit = u.id OFFSET 0) \
+          AND NOT EXISTS (SELECT 1 FROM sms_routed r WHERE r.unit = u.id OFFSET 0) \
+        ORDER BY seq LIMIT $2) x \
+     ORDER BY x.seq >> 56 DESC, x.seq LIMIT $2";
 
 /// The PostgreSQL pending store.
 #[derive(Debug)]
@@ -110,6 +118,8 @@ struct NewUnit {
     disposition: Disposition,
     members: Vec<MessageId>,
     receipts: u64,
+    /// Its lane of the ready order (see [`ReadySeq`]).
+    lane: u8,
 }
 
 /// What one commit writes besides its completions.
@@ -320,8 +330,9 @@ impl PgPendingStore {
             return Ok(());
         }
         let mut seqs = Vec::with_capacity(units.len());
-        for _ in units {
-            seqs.push(t.next_seq);
+        for u in units {
+            let seq = ReadySeq::in_lane(u.lane, u64::try_from(t.next_seq).unwrap_or(0)).0;
+            seqs.push(i64::try_from(seq).unwrap_or(i64::MAX));
             t.next_seq += 1;
         }
         let ids: Vec<Uuid> = units.iter().map(|u| u.id.as_uuid()).collect();
@@ -450,6 +461,7 @@ impl PgPendingStore {
                                 disposition: Disposition::Expired,
                                 members,
                                 receipts: old.state.receipts,
+                                lane: 0,
                             });
                         }
                     }
@@ -480,6 +492,8 @@ impl PgPendingStore {
                                 disposition: Disposition::Deliver,
                                 members,
                                 receipts: group.state.receipts,
+                                // The lane of the part completing the group.
+                                lane: record.route_priority,
                             });
                         }
                         group.open = false;
@@ -491,6 +505,7 @@ impl PgPendingStore {
                     disposition: Disposition::Deliver,
                     members: vec![record.id],
                     receipts: wants,
+                    lane: record.route_priority,
                 }),
             }
             outcomes.push(if placement == Placement::Supersede {
@@ -631,6 +646,7 @@ impl PgPendingStore {
                 disposition: Disposition::Expired,
                 members,
                 receipts: state.receipts,
+                lane: 0,
             });
         }
         self.insert_units(tx, &units, &mut t).await?;
@@ -726,9 +742,15 @@ impl PendingStore for PgPendingStore {
             .await
     }
 
-    async fn ready_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<ReadyUnit>, PendingError> {
+    async fn ready_after(&self, after: ReadyCursor, limit: usize) -> Result<Vec<ReadyUnit>, PendingError> {
         let db = &self.db;
-        let after = i64::try_from(after.0).unwrap_or(i64::MAX);
+        // Per lane, the seq to read after: the lane's cursor, at least the lane's start.
+        let after: Vec<i64> = (0..ReadySeq::LANES as u8)
+            .map(|lane| {
+                let from = after.lane(lane).0.max(ReadySeq::in_lane(lane, 0).0);
+                i64::try_from(from).unwrap_or(i64::MAX)
+            })
+            .collect();
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         db.timed(async {
             let r: Result<_, OpError> = async {
@@ -738,13 +760,13 @@ impl PendingStore for PgPendingStore {
                 let partitions = db.selectable();
                 let rows = if partitions.len() >= usize::from(self.partitions) {
                     sqlx::query(SELECT_READY)
-                        .bind(after)
+                        .bind(&after)
                         .bind(limit)
                         .fetch_all(&mut *conn)
                         .await?
                 } else {
                     sqlx::query(SELECT_READY_OF_PARTITIONS)
-                        .bind(after)
+                        .bind(&after)
                         .bind(limit)
                         .bind(&*partitions)
                         .fetch_all(&mut *conn)

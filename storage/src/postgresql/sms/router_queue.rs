@@ -15,7 +15,7 @@ use uuid::Uuid;
 use super::Db;
 use crate::backend::{Backend, StageCapabilities};
 use crate::error::RouterQueueError;
-use crate::ids::{MessageId, ReadySeq};
+use crate::ids::{MessageId, ReadyCursor, ReadySeq};
 use crate::postgresql::OpError;
 use crate::router_queue::{RouterQueueStats, RouterQueueStore, RouterQueueWrite, StagedUnit};
 
@@ -123,8 +123,8 @@ impl RouterQueueStore for PgRouterQueueStore {
     }
 
     /// None is stored (see the module docs): selection starts from the beginning.
-    async fn cursor(&self) -> Result<ReadySeq, RouterQueueError> {
-        Ok(ReadySeq(0))
+    async fn cursor(&self) -> Result<ReadyCursor, RouterQueueError> {
+        Ok(ReadyCursor::START)
     }
 
     fn keeps_cursor(&self) -> bool {
@@ -138,7 +138,7 @@ impl RouterQueueStore for PgRouterQueueStore {
                 .await?;
             Ok(RouterQueueStats {
                 staged: u64::try_from(row.try_get::<i64, _>("staged")?).unwrap_or(0),
-                cursor: ReadySeq(0),
+                cursor: ReadyCursor::START,
             })
         })
         .await
