@@ -550,9 +550,24 @@ async fn an_urgent_route_overtakes_bulk_in_the_memory_pending_stage() {
     an_urgent_route_overtakes_bulk_waiting_in_the_pending_stage(memory_with_small_router).await;
 }
 
+/// The Router holds at most 300 messages (postgresql stages, in a fresh database).
+fn postgresql_with_small_router(base: &str) -> String {
+    let url = sendium_storage::postgresql::test_cluster::TestCluster::shared().fresh_database();
+    format!(
+        "[sms.pending]\nbackend = \"postgresql\"\n[sms.router-queue]\nbackend = \"postgresql\"\n\
+         [sms.routed-work]\nbackend = \"postgresql\"\nmax-in-flight = 300\n\
+         [storage.postgresql]\nurl = \"{url}\"\n{base}"
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_urgent_route_overtakes_bulk_in_the_file_pending_stage() {
     an_urgent_route_overtakes_bulk_waiting_in_the_pending_stage(file_with_small_router).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_urgent_route_overtakes_bulk_in_the_postgresql_pending_stage() {
+    an_urgent_route_overtakes_bulk_waiting_in_the_pending_stage(postgresql_with_small_router).await;
 }
 
 /// The memory gateway with `upstream` at `first` and a second SMPP destination `name`
