@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sendium_profiles::RouteQuery;
 use sendium_protocols::http::{HttpOutcome, HttpSubmission, HttpSubmitHandler};
 use sendium_protocols::kannel::Sendsms;
 use sendium_protocols::kannel::dlr_url::kind;
@@ -59,16 +58,7 @@ impl HttpIngress {
             return false;
         };
         let table = routes.current();
-        let text = table
-            .needs_text()
-            .then(|| text::decode(r.data_coding, &r.payload).ok())
-            .flatten();
-        let route = table.resolve(&RouteQuery {
-            account: &r.account,
-            source: &r.source.addr,
-            destination: &r.destination.addr,
-            text: text.as_deref(),
-        });
+        let route = crate::router::route_of(&table, r, || crate::router::record_text(r));
         route.is_some_and(|route| !route.to.is_empty() && !self.shared.links.any_up(&route.to))
     }
 

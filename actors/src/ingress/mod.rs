@@ -22,7 +22,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use sendium_profiles::{RouteQuery, RouteTable};
+use sendium_profiles::RouteTable;
+
+use crate::router::{record_text, route_of};
 use sendium_storage::failpoint;
 use sendium_storage::{
     MessageId, PendingError, PendingRecord, PendingStats, PendingStore, ReadyCursor, ReadyUnit, ReceiptReservations,
@@ -266,24 +268,12 @@ impl Actor for Ingress {
 }
 
 /// Set each record's `route_priority` to its route's priority in `routes`, resolved as
-/// the Router resolves it (account, sender, destination, and the text only when some
-/// rule matches on text). A multipart part is resolved with its own text: the joined
-/// text is not known before the group completes, and the group's lane is its first
-/// part's.
+/// the Router resolves it. A multipart part is resolved with its own text (the joined
+/// text is not known before the group completes); the group's lane in the pending stage
+/// is that of the part completing it.
 fn stamp_priorities(routes: &RouteTable, records: &mut [PendingRecord]) {
     for record in records {
-        let text = routes
-            .needs_text()
-            .then(|| sendium_protocols::text::decode(record.data_coding, &record.payload).ok())
-            .flatten();
-        record.route_priority = routes
-            .resolve(&RouteQuery {
-                account: &record.account,
-                source: &record.source.addr,
-                destination: &record.destination.addr,
-                text: text.as_deref(),
-            })
-            .map_or(0, |r| r.priority);
+        record.route_priority = route_of(routes, record, || record_text(record)).map_or(0, |r| r.priority);
     }
 }
 

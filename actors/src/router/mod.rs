@@ -22,7 +22,7 @@ mod queue;
 mod restore;
 mod writes;
 
-pub use plan::receipt_targets;
+pub use plan::{receipt_targets, record_text, route_of};
 pub use writes::Written;
 
 use std::collections::HashMap;

@@ -13,13 +13,30 @@ pub(super) fn resolve<'t>(
     unit: &Unit,
     first: &sendium_storage::PendingRecord,
 ) -> Option<&'t sendium_profiles::Route> {
-    let text = routes.needs_text().then(|| text_of(unit)).flatten();
+    route_of(routes, first, || text_of(unit))
+}
+
+/// The route a message resolves to, by `record`'s account, sender and destination, and
+/// by its text only when some rule matches on text: `text` is called then. The one
+/// resolution every caller shares (the Router; admission, for the stored priority;
+/// Kannel's sendsms, for its `3:` answer).
+pub fn route_of<'t>(
+    routes: &'t RouteTable,
+    record: &sendium_storage::PendingRecord,
+    text: impl FnOnce() -> Option<String>,
+) -> Option<&'t sendium_profiles::Route> {
+    let text = routes.needs_text().then(text).flatten();
     routes.resolve(&RouteQuery {
-        account: &first.account,
-        source: &first.source.addr,
-        destination: &first.destination.addr,
+        account: &record.account,
+        source: &record.source.addr,
+        destination: &record.destination.addr,
         text: text.as_deref(),
     })
+}
+
+/// The text of one record, decoded; `None` for binary data.
+pub fn record_text(record: &sendium_storage::PendingRecord) -> Option<String> {
+    sendium_protocols::text::decode(record.data_coding, &record.payload).ok()
 }
 
 /// The text of a unit's parts joined, decoded; `None` for binary data.
