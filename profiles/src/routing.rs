@@ -19,8 +19,6 @@
 //! plus the few rules sharing a prefix, not to the number of rules — and
 //! allocates nothing.
 
-use std::collections::HashMap;
-
 use regex::Regex;
 
 use crate::model::{Config, RouteConfig};
@@ -151,8 +149,6 @@ pub struct RouteTable {
     conditions: Vec<Conditions>,
     /// Some rule has a `text-regex`.
     needs_text: bool,
-    /// The rules with a priority above 0, by name (most tables have none).
-    priorities: HashMap<Box<str>, u8>,
     /// Node 0 is the root (the empty prefix).
     nodes: Vec<Node>,
 }
@@ -172,11 +168,6 @@ impl RouteTable {
             accounts: Vec::with_capacity(routes.len()),
             conditions: Vec::with_capacity(routes.len()),
             needs_text: routes.iter().any(|r| r.text_regex.is_some()),
-            priorities: routes
-                .iter()
-                .filter(|r| r.priority > 0)
-                .map(|r| (r.name.as_str().into(), r.priority))
-                .collect(),
             nodes: vec![Node::default()],
         };
         for (idx, rc) in routes.iter().enumerate() {
@@ -224,15 +215,6 @@ impl RouteTable {
             };
         }
         node
-    }
-
-    /// The priority of the rule named `route` (0 for one with none, or no longer
-    /// configured).
-    pub fn priority_of(&self, route: &str) -> u8 {
-        if self.priorities.is_empty() {
-            return 0;
-        }
-        self.priorities.get(route).copied().unwrap_or(0)
     }
 
     /// Whether some rule matches on the text: callers decode it only then.
@@ -311,16 +293,14 @@ mod tests {
     }
 
     #[test]
-    fn priorities_are_found_by_route_name() {
+    fn a_resolved_route_carries_its_priority() {
         let plain = RouteTable::new(&[rc("bulk", "*", "", &["a"])]);
-        assert_eq!(plain.priority_of("bulk"), 0);
+        assert_eq!(plain.resolve(&RouteQuery::new("x", "447")).map(|r| r.priority), Some(0));
         let mut otp = rc("otp", "*", "44", &["a"]);
         otp.priority = 9;
         let t = RouteTable::new(&[otp, rc("bulk", "*", "", &["a"])]);
-        assert_eq!(t.priority_of("otp"), 9);
-        assert_eq!(t.priority_of("bulk"), 0);
-        assert_eq!(t.priority_of("removed"), 0);
         assert_eq!(t.resolve(&RouteQuery::new("x", "447")).map(|r| r.priority), Some(9));
+        assert_eq!(t.resolve(&RouteQuery::new("x", "33")).map(|r| r.priority), Some(0));
     }
 
     fn name<'a>(t: &'a RouteTable, account: &str, addr: &str) -> Option<&'a str> {
