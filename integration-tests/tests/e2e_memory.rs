@@ -443,21 +443,21 @@ async fn routes_match_the_text_and_the_sender() {
     assert_eq!(default.messages()[0].destination, "447700900603");
 }
 
-/// A route's `priority`: a one-time password admitted after 10,000 bulk messages queued
-/// for a destination limited to 1,000 submissions a second overtakes most of them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_urgent_route_overtakes_queued_bulk() {
+/// `bulk` messages queued on a bulk route to a destination limited to 1,000 submissions a
+/// second, then a one-time password on a `priority = 9` route, over `config(base)`. Returns
+/// how many bulk messages the SMSC had when the password was admitted, and the
+/// password's position among everything the SMSC received.
+async fn bulk_then_a_one_time_password(config: impl FnOnce(&str) -> String, bulk: usize) -> (usize, usize) {
     let smsc = smsc().await;
     let routes = "[[routes]]\nname = \"otp\"\nsource-prefix = \"OTP\"\npriority = 9\nto = [\"upstream\"]\n\
                   [[routes]]\nname = \"bulk\"\nto = [\"upstream\"]\n";
     let upstream = UPSTREAM.replace("window = 200", "window = 200\nmax-tps = 1000");
-    let config = [SMPP, HTTP, ADMIN, &upstream, routes].concat();
+    let config = config(&[SMPP, HTTP, ADMIN, &upstream, routes].concat());
     let gw = gateway(&config, &smsc).await;
     let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
         .await
         .unwrap();
-    const BULK: usize = 10_000;
-    for chunk in 0..BULK / 500 {
+    for chunk in 0..bulk / 500 {
         let specs: Vec<SubmitSpec> = (0..500)
             .map(|i| SubmitSpec::gsm("Shop", &format!("4477009{:05}", chunk * 500 + i), "campaign"))
             .collect();
@@ -465,7 +465,7 @@ async fn an_urgent_route_overtakes_queued_bulk() {
     }
     let before_otp = smsc.messages().len();
     assert!(
-        before_otp < BULK / 2,
+        before_otp < bulk / 2,
         "the bulk went out before the test could queue it: {before_otp}"
     );
     let otp = SubmitSpec::gsm("OTPBANK", "447700955555", "Your code is 4242");
@@ -479,6 +479,15 @@ async fn an_urgent_route_overtakes_queued_bulk() {
         .iter()
         .position(|m| m.destination == "447700955555")
         .unwrap();
+    (before_otp, position)
+}
+
+/// A route's `priority`: a one-time password admitted after 10,000 bulk messages queued
+/// for a destination limited to 1,000 submissions a second overtakes most of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_urgent_route_overtakes_queued_bulk() {
+    const BULK: usize = 10_000;
+    let (before_otp, position) = bulk_then_a_one_time_password(str::to_owned, BULK).await;
     assert!(
         position < BULK / 2,
         "the urgent message went out after {position} of {BULK} bulk messages (bulk sent before it was \
@@ -492,38 +501,8 @@ async fn an_urgent_route_overtakes_queued_bulk() {
 /// them on a `priority = 9` route is selected from there before them and reaches the
 /// SMSC before most of the bulk.
 async fn an_urgent_route_overtakes_bulk_waiting_in_the_pending_stage(profile: fn(&str) -> String) {
-    let smsc = smsc().await;
-    let routes = "[[routes]]\nname = \"otp\"\nsource-prefix = \"OTP\"\npriority = 9\nto = [\"upstream\"]\n\
-                  [[routes]]\nname = \"bulk\"\nto = [\"upstream\"]\n";
-    let upstream = UPSTREAM.replace("window = 200", "window = 200\nmax-tps = 1000");
-    let config = profile(&[SMPP, HTTP, ADMIN, &upstream, routes].concat());
-    let gw = gateway(&config, &smsc).await;
-    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
-        .await
-        .unwrap();
     const BULK: usize = 5_000;
-    for chunk in 0..BULK / 500 {
-        let specs: Vec<SubmitSpec> = (0..500)
-            .map(|i| SubmitSpec::gsm("Shop", &format!("4477008{:05}", chunk * 500 + i), "campaign"))
-            .collect();
-        assert!(esme.submit_pipelined(&specs, 100).await.iter().all(|o| o.is_ok()));
-    }
-    let before_otp = smsc.messages().len();
-    assert!(
-        before_otp < BULK / 2,
-        "the bulk went out before the test could queue it: {before_otp}"
-    );
-    let otp = SubmitSpec::gsm("OTPBANK", "447700955556", "Your code is 4242");
-    assert!(esme.submit(&otp).await.unwrap().is_ok());
-    assert!(
-        eventually(WAIT, || smsc.messages_to("447700955556").len() == 1).await,
-        "the one-time password never reached the SMSC"
-    );
-    let position = smsc
-        .messages()
-        .iter()
-        .position(|m| m.destination == "447700955556")
-        .unwrap();
+    let (before_otp, position) = bulk_then_a_one_time_password(profile, BULK).await;
     assert!(
         position < before_otp + 1_000,
         "the urgent message went out after {position} of {BULK} bulk messages (bulk sent before it was \
