@@ -41,6 +41,11 @@ pub(crate) const MIGRATIONS: &[(i64, &str, &str)] = &[
         "dlr progress",
         include_str!("../../migrations/0006_dlr_progress.sql"),
     ),
+    (
+        7,
+        "room for updates",
+        include_str!("../../migrations/0007_room_for_updates.sql"),
+    ),
 ];
 
 fn migrator() -> Migrator {

@@ -16,14 +16,31 @@
 //!
 //! See `docs/postgresql-dlr.md` for the concurrency design and per-operation costs.
 //!
-//! Tables are created with fillfactor 70 where receipts update rows in place (tracks,
-//! correlations), so those updates stay HOT. Receipt targets are JSONB (readable with
+//! Rows updated in place about once per message (tracks, correlations, routed work)
+//! have half of each page kept free (fillfactor 50), so those updates stay HOT. Receipt targets are JSONB (readable with
 //! psql; expanded into deliveries inside the resolving statement).
 //!
 //! With the `pg-test-cluster` feature (and in this crate's tests), `test_cluster`
 //! starts a throwaway PostgreSQL cluster: another crate's tests get it with
 //! `sendium-storage = { workspace = true, features = ["pg-test-cluster"] }` under
 //! `[dev-dependencies]`, then `TestCluster::shared().fresh_database()`.
+
+/// Planner settings of every Sendium connection. The tables are queues, emptied as fast
+/// as they fill, so the statistics autovacuum last took are often those of a nearly empty
+/// table, and a plan cached from them (a prepared statement's generic plan) is kept as
+/// the table grows. A sequential scan or a hash or merge join then reads the whole
+/// table on every call: measured, one receipt batch's correlation update took 87 s.
+/// Every statement is written to reach its rows through an index on its own bounded
+/// list, so sequential scans and hash and merge joins are disabled (priced out, still
+/// possible where nothing else is), and a nested loop of index probes is chosen
+/// whatever the statistics say. JIT is off: compiling a short statement (which a cost
+/// estimate from stale statistics can trigger) takes longer than running it.
+pub(crate) const SESSION_SETTINGS: [(&str, &str); 4] = [
+    ("jit", "off"),
+    ("enable_seqscan", "off"),
+    ("enable_hashjoin", "off"),
+    ("enable_mergejoin", "off"),
+];
 
 /// Transactions retried on deadlock / serialization failure before giving up.
 pub(crate) const MAX_TX_RETRIES: u32 = 8;

@@ -114,9 +114,7 @@ impl PostgresDlrStore {
                 )
             })?
             .application_name("sendium-dlr")
-            // Short statements on queue tables: compiling one with JIT (which a cost
-            // estimate from stale statistics can trigger) takes longer than running it.
-            .options([("jit", "off")]);
+            .options(crate::postgresql::SESSION_SETTINGS);
         let loc = Location::of(&connect);
         tokio::time::timeout(options.operation_timeout, migrate::run(&connect, &loc))
             .await

@@ -170,9 +170,7 @@ impl PgStages {
                 )
             })?
             .application_name("sendium")
-            // Short statements on queue tables: compiling one with JIT (which a cost
-            // estimate from stale statistics can trigger) takes longer than running it.
-            .options([("jit", "off")]);
+            .options(crate::postgresql::SESSION_SETTINGS);
         if let Some(schema) = &options.schema {
             connect = connect.options([("search_path", schema.as_str())]);
         }
