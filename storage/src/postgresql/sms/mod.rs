@@ -276,6 +276,19 @@ pub fn partition_of(account: &str, destination: &str, partitions: u16) -> u16 {
     u16::try_from(hash % u32::from(partitions.max(1))).unwrap_or(0)
 }
 
+/// The one row of a read over a whole table (a stage's stats: how many rows it holds).
+/// A sequential scan is the plan for that, so the session's pricing-out of sequential
+/// scans (see [`SESSION_SETTINGS`](crate::postgresql::SESSION_SETTINGS)) is lifted for
+/// its transaction; a full index scan of a queue table's index, most of it dead entries
+/// until a vacuum, costs several times more.
+pub(super) async fn whole_table_row(pool: &PgPool, sql: &'static str) -> Result<sqlx::postgres::PgRow, OpError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET LOCAL enable_seqscan = on").execute(&mut *tx).await?;
+    let row = sqlx::query(sql).fetch_one(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(row)
+}
+
 /// `Vec<T>` from one column of rows.
 pub(crate) fn column<T>(rows: &[sqlx::postgres::PgRow], name: &str) -> Result<Vec<T>, sqlx::Error>
 where

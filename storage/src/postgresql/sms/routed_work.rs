@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
-use super::Db;
 use super::pending::complete_sources;
+use super::{Db, whole_table_row};
 use crate::backend::{Backend, StageCapabilities};
 use crate::envelope::{self, RecordKind};
 use crate::error::RoutedWorkError;
@@ -213,10 +213,11 @@ impl RoutedWorkStore for PgRoutedWorkStore {
         let db = &self.db;
         db.timed(async {
             let r: Result<RoutedWorkStats, OpError> = async {
-                let row =
-                    sqlx::query("SELECT count(*) AS units, coalesce(sum(open_branches), 0) AS open FROM sms_routed")
-                        .fetch_one(&db.pool)
-                        .await?;
+                let row = whole_table_row(
+                    &db.pool,
+                    "SELECT count(*) AS units, coalesce(sum(open_branches), 0) AS open FROM sms_routed",
+                )
+                .await?;
                 Ok(RoutedWorkStats {
                     units: u64::try_from(row.try_get::<i64, _>("units")?).unwrap_or(0),
                     open_branches: u64::try_from(row.try_get::<i64, _>("open")?).unwrap_or(0),

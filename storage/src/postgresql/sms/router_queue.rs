@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
-use super::Db;
+use super::{Db, whole_table_row};
 use crate::backend::{Backend, StageCapabilities};
 use crate::error::RouterQueueError;
 use crate::ids::{MessageId, ReadyCursor, ReadySeq};
@@ -132,14 +132,17 @@ impl RouterQueueStore for PgRouterQueueStore {
     }
 
     async fn stats(&self) -> Result<RouterQueueStats, RouterQueueError> {
-        self.read(async |conn: &mut PgConnection| {
-            let row = sqlx::query("SELECT count(*) AS staged FROM sms_staged")
-                .fetch_one(&mut *conn)
-                .await?;
-            Ok(RouterQueueStats {
-                staged: u64::try_from(row.try_get::<i64, _>("staged")?).unwrap_or(0),
-                cursor: ReadyCursor::START,
-            })
+        let db = &self.db;
+        db.timed(async {
+            let r: Result<RouterQueueStats, OpError> = async {
+                let row = whole_table_row(&db.pool, "SELECT count(*) AS staged FROM sms_staged").await?;
+                Ok(RouterQueueStats {
+                    staged: u64::try_from(row.try_get::<i64, _>("staged")?).unwrap_or(0),
+                    cursor: ReadyCursor::START,
+                })
+            }
+            .await;
+            db.done(r)
         })
         .await
     }
