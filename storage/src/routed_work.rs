@@ -147,19 +147,11 @@ pub struct RoutedWrite {
     pub moves: Vec<BranchMove>,
     pub complete: Vec<BranchDone>,
     pub remove: Vec<UnitId>,
-    /// Units whose last branch completes in this write and whose sources complete with
-    /// it: their pending units and records and their routed work go in the same
-    /// transition. Only for a store that [`completes_sources`](RoutedWorkStore::completes_sources).
-    pub finish: Vec<UnitId>,
 }
 
 impl RoutedWrite {
     pub fn is_empty(&self) -> bool {
-        self.record.is_empty()
-            && self.moves.is_empty()
-            && self.complete.is_empty()
-            && self.remove.is_empty()
-            && self.finish.is_empty()
+        self.record.is_empty() && self.moves.is_empty() && self.complete.is_empty() && self.remove.is_empty()
     }
 }
 
@@ -177,20 +169,8 @@ pub trait RoutedWorkStore: Send + Sync + 'static {
     ///   branches are ignored;
     /// - record branch completions. A branch already completed keeps its first outcome;
     ///   completions for unknown units are ignored;
-    /// - forget units whose sources completed; unknown ids are ignored;
-    /// - complete the sources of `finish` (a store that [`completes_sources`](Self::completes_sources)):
-    ///   each unit's pending unit, its records and its routed work go. A unit that
-    ///   still has an open branch after this write's completions is left as it is.
+    /// - forget units whose sources completed; unknown ids are ignored.
     async fn apply(&self, write: RoutedWrite) -> Result<(), RoutedWorkError>;
-
-    /// Whether a write's `finish` completes sources in the pending stage, in the same
-    /// transaction as the branch completions (both stages in one database). The Router
-    /// then completes a source together with its last branch instead of asking Ingress
-    /// once that write is durable, and the interruption point between the two is gone.
-    /// A store without it is never given a `finish`.
-    fn completes_sources(&self) -> bool {
-        false
-    }
 
     /// Recorded units with `id > after` in id order, at most `limit`; with several
     /// processes on one database (postgresql), those of the partitions this process

@@ -239,9 +239,6 @@ pub struct RouterState {
     max_in_flight: usize,
     max_age: Duration,
     dlr_enabled: bool,
-    /// The routed-work store completes a unit's source in the write that records its
-    /// last branch (see [`RoutedWorkStore::completes_sources`](sendium_storage::RoutedWorkStore::completes_sources)).
-    completes_sources: bool,
     units: HashMap<UnitId, Tracked>,
     dests: HashMap<String, Destination>,
     /// Open branches no destination can take now (see [`placement`]).
@@ -324,7 +321,6 @@ impl Actor for Router {
         let mut state = RouterState {
             shared: args.shared,
             durable: args.store.capabilities().durable,
-            completes_sources: args.store.completes_sources(),
             store: args.store,
             routes: args.routes,
             max_in_flight: args.max_in_flight.max(1),

@@ -24,7 +24,6 @@ pub struct Written {
     moves: Vec<BranchMove>,
     done: Vec<BranchDone>,
     removed: Vec<UnitId>,
-    finished: Vec<UnitId>,
     result: Result<(), sendium_storage::RoutedWorkError>,
 }
 
@@ -102,11 +101,6 @@ impl RouterState {
         let moves = std::mem::take(&mut self.to_move);
         let done = std::mem::take(&mut self.done);
         let removed = std::mem::take(&mut self.to_remove);
-        let finished = if self.completes_sources {
-            self.finishing(&done)
-        } else {
-            Vec::new()
-        };
         self.recording = Some(batch.iter().map(|(u, _)| u.id).collect());
         if self.partitions.is_some() {
             self.recording_partitions = batch.iter().map(|(u, _)| self.partition(u)).collect();
@@ -117,15 +111,11 @@ impl RouterState {
             if !done.is_empty() {
                 failpoint::hit("before-branch-completion");
             }
-            if !finished.is_empty() {
-                failpoint::hit("before-source-completion");
-            }
             let write = sendium_storage::RoutedWrite {
                 record: batch.iter().map(|(_, r)| r.clone()).collect(),
                 moves: moves.clone(),
                 complete: done.clone(),
                 remove: removed.clone(),
-                finish: finished.clone(),
             };
             let result = store.apply(write).await;
             if result.is_ok() && !batch.is_empty() {
@@ -136,7 +126,6 @@ impl RouterState {
                 moves,
                 done,
                 removed,
-                finished,
                 result,
             })));
         });
@@ -161,52 +150,7 @@ impl RouterState {
         if let Some(removed) = settle(w.removed, ok, &mut self.retry_remove) {
             self.removed(removed);
         }
-        if !w.finished.is_empty() {
-            if ok {
-                metrics::counter!("sendium_sources_completed_total").increment(w.finished.len() as u64);
-                self.removed(w.finished);
-            } else {
-                // Their completions are retried on the tick, and decide again then.
-                for id in &w.finished {
-                    if let Some(t) = self.units.get_mut(id) {
-                        t.completion_sent = false;
-                    }
-                }
-            }
-        }
         self.start_write();
-    }
-
-    /// The units whose sources complete in the write about to start, with these branch
-    /// completions (a store that completes sources): every branch done once they count,
-    /// no receipt handoff outstanding, no other completion of theirs still unwritten,
-    /// and their completion not asked of Ingress already. Marked as asked, so nothing
-    /// else asks for it while the write is under way.
-    fn finishing(&mut self, done: &[BranchDone]) -> Vec<UnitId> {
-        let mut by_unit: HashMap<UnitId, Vec<u16>> = HashMap::new();
-        for d in done {
-            by_unit.entry(d.unit).or_default().push(d.branch);
-        }
-        let mut finish = Vec::new();
-        for (id, here) in by_unit {
-            let Some(t) = self.units.get_mut(&id) else {
-                continue;
-            };
-            if t.completion_sent
-                || !t.awaiting_handoff.is_empty()
-                || !t.closing.iter().all(|b| here.contains(b))
-                || !t
-                    .routed
-                    .branches
-                    .iter()
-                    .all(|b| b.outcome.is_some() || here.contains(&b.no))
-            {
-                continue;
-            }
-            t.completion_sent = true;
-            finish.push(id);
-        }
-        finish
     }
 
     fn recorded(&mut self, fresh: Vec<(Arc<Unit>, RoutedUnit)>) {

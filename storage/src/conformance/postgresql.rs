@@ -1113,8 +1113,14 @@ async fn every_process_spreads_work_over_the_same_partitions() {
     stages_on(&url, StageAccess::Sole, 8).await.unwrap();
 }
 
-/// Stages on a fresh database holding two admitted single messages, and their units.
-async fn two_ready_units() -> (PgStages, Vec<crate::pending::ReadyUnit>) {
+/// The stages share one database, so a change that spans two of them is one transaction:
+/// a routed unit leaves the router queue as its routing is recorded, and a completed
+/// source's routed work goes with it. No restart can find a unit staged and routed at
+/// once, or routed work whose source is gone.
+#[tokio::test]
+async fn changes_spanning_two_stages_are_one_transaction() {
+    use crate::conformance::ops::RoutedWorkOps as _;
+
     let url = TestCluster::shared().fresh_database();
     let s = stages_on(&url, StageAccess::Sole, 4).await.unwrap();
     s.pending
@@ -1126,18 +1132,6 @@ async fn two_ready_units() -> (PgStages, Vec<crate::pending::ReadyUnit>) {
         .unwrap();
     let ready = s.pending.ready_after(crate::ReadyCursor::START, 10).await.unwrap();
     assert_eq!(ready.len(), 2);
-    (s, ready)
-}
-
-/// The stages share one database, so a change that spans two of them is one transaction:
-/// a routed unit leaves the router queue as its routing is recorded, and a completed
-/// source's routed work goes with it. No restart can find a unit staged and routed at
-/// once, or routed work whose source is gone.
-#[tokio::test]
-async fn changes_spanning_two_stages_are_one_transaction() {
-    use crate::conformance::ops::RoutedWorkOps as _;
-
-    let (s, ready) = two_ready_units().await;
     let staged: Vec<StagedUnit> = ready.iter().map(StagedUnit::from).collect();
     s.router_queue.stage(&staged, ready[1].seq).await.unwrap();
     assert_eq!(s.router_queue.stats().await.unwrap().staged, 2);
@@ -1164,57 +1158,4 @@ async fn changes_spanning_two_stages_are_one_transaction() {
     // The Router's own removal afterwards finds nothing left.
     s.routed_work.remove(&[first]).await.unwrap();
     assert_eq!(s.pending.stats().await.unwrap().ready_units, 1);
-}
-
-/// A routed-work write that records a unit's last branch completes its source in the
-/// same transaction: its pending unit and records and its routed work go together, and
-/// the pending totals follow. A unit with a branch still open after the write is left
-/// as it is, its completed branch recorded.
-#[tokio::test]
-async fn the_last_branch_and_its_source_complete_in_one_transaction() {
-    use crate::conformance::ops::RoutedWorkOps as _;
-    use crate::routed_work::{BranchDone, BranchOutcome, RoutedWrite};
-
-    let (s, ready) = two_ready_units().await;
-    assert!(s.routed_work.completes_sources());
-    let (one, two) = (ready[0].unit.id, ready[1].unit.id);
-    let mut two_branches = super::fixtures::routed_to(two, "smsc");
-    let mut second = two_branches.branches[0].clone();
-    second.no = 1;
-    two_branches.branches.push(second);
-    s.routed_work
-        .record(vec![super::fixtures::routed_to(one, "smsc"), two_branches])
-        .await
-        .unwrap();
-    let done = |unit: UnitId| BranchDone {
-        unit,
-        branch: 0,
-        outcome: BranchOutcome::Submitted {
-            destination: "smsc".into(),
-            provider_ids: vec!["1".into()],
-        },
-    };
-    s.routed_work
-        .apply(RoutedWrite {
-            complete: vec![done(one), done(two)],
-            finish: vec![one, two],
-            ..RoutedWrite::default()
-        })
-        .await
-        .unwrap();
-
-    let routed = s.routed_work.load_after(None, 10).await.unwrap();
-    assert_eq!(routed.len(), 1, "the finished unit's routed work is gone");
-    assert_eq!(routed[0].id, two);
-    assert!(
-        routed[0].branches[0].outcome.is_some(),
-        "the open unit's completion is recorded"
-    );
-    assert!(
-        s.pending.units(&[one]).await.unwrap().is_empty(),
-        "the finished unit's source is gone"
-    );
-    assert_eq!(s.pending.units(&[two]).await.unwrap().len(), 1);
-    let stats = s.pending.stats().await.unwrap();
-    assert_eq!((stats.records, stats.ready_units), (1, 1), "the totals follow");
 }

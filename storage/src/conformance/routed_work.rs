@@ -121,7 +121,6 @@ pub(crate) async fn applies_record_complete_and_remove_together(f: &dyn Factory)
             outcome: submitted("pb"),
         }],
         remove: vec![a.id],
-        finish: Vec::new(),
     })
     .await
     .unwrap();

@@ -156,6 +156,73 @@ impl PgPendingStore {
         partition_of(&first.account, &first.destination.addr, self.partitions)
     }
 
+    /// Lock the stage (the totals row) and read its totals.
+    async fn lock(&self, tx: &mut PgConnection) -> Result<Totals, OpError> {
+        let row = sqlx::query(
+            "SELECT records, receipt_requests, units, next_seq FROM sms_pending_totals WHERE id = 1 FOR UPDATE",
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+        Ok(Totals {
+            records: row.try_get("records")?,
+            receipts: row.try_get("receipt_requests")?,
+            units: row.try_get("units")?,
+            next_seq: row.try_get("next_seq")?,
+        })
+    }
+
+    async fn save(&self, tx: &mut PgConnection, t: &Totals) -> Result<(), OpError> {
+        sqlx::query(
+            "UPDATE sms_pending_totals SET records = $1, receipt_requests = $2, units = $3, next_seq = $4 WHERE id = 1",
+        )
+        .bind(t.records)
+        .bind(t.receipts)
+        .bind(t.units)
+        .bind(t.next_seq)
+        .execute(&mut *tx)
+        .await?;
+        Ok(())
+    }
+
+    /// Remove completed units and their records.
+    async fn complete_tx(&self, tx: &mut PgConnection, ids: &[UnitId], t: &mut Totals) -> Result<(), OpError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<Uuid> = ids.iter().map(MessageId::as_uuid).collect();
+        // The routed-work stage lives in the same database: a completed source's routed
+        // work goes in the same transaction, so no restart finds routed work whose
+        // source is gone (the Router's own removal later finds nothing left).
+        sqlx::query("DELETE FROM sms_routed WHERE unit = ANY($1)")
+            .bind(&ids)
+            .execute(&mut *tx)
+            .await?;
+        let rows = sqlx::query("DELETE FROM sms_units WHERE id = ANY($1) RETURNING members, receipts")
+            .bind(&ids)
+            .fetch_all(&mut *tx)
+            .await?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let mut members = Vec::new();
+        for row in &rows {
+            members.extend(
+                members_of(&row.try_get::<Vec<u8>, _>("members")?)
+                    .iter()
+                    .map(MessageId::as_uuid),
+            );
+            t.receipts -= i64::from(row.try_get::<i32, _>("receipts")?);
+        }
+        t.units -= rows.len() as i64;
+        let removed = sqlx::query("DELETE FROM sms_records WHERE id = ANY($1)")
+            .bind(&members)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        t.records -= i64::try_from(removed).unwrap_or(i64::MAX);
+        Ok(())
+    }
+
     /// Forget idempotency keys past their retention and completed groups past their
     /// deadline, at most [`FORGET_PER_COMMIT`] of each, once every [`FORGET_EVERY_MS`]
     /// (at once again when a limit was reached).
@@ -301,10 +368,10 @@ impl PgPendingStore {
         complete: &[UnitId],
         now: Timestamp,
     ) -> Result<Vec<AdmitOutcome>, OpError> {
-        let mut t = lock(tx).await?;
-        complete_tx(tx, complete, &mut t).await?;
+        let mut t = self.lock(tx).await?;
+        self.complete_tx(tx, complete, &mut t).await?;
         if admit.is_empty() {
-            save(tx, &t).await?;
+            self.save(tx, &t).await?;
             return Ok(Vec::new());
         }
         let now_ms = ms(now);
@@ -449,7 +516,7 @@ impl PgPendingStore {
         }
         self.write_tx(tx, &writes, &groups, &stored_keys_of_groups, idem_expiry, &mut t)
             .await?;
-        save(tx, &t).await?;
+        self.save(tx, &t).await?;
         Ok(outcomes)
     }
 
@@ -551,7 +618,7 @@ impl PgPendingStore {
 
     /// Turn groups past their deadline into expired units.
     async fn expire_tx(&self, tx: &mut PgConnection, now: Timestamp, limit: usize) -> Result<usize, OpError> {
-        let mut t = lock(tx).await?;
+        let mut t = self.lock(tx).await?;
         let rows = sqlx::query(
             "DELETE FROM sms_groups WHERE key IN \
              (SELECT key FROM sms_groups WHERE open AND deadline <= $1 ORDER BY deadline LIMIT $2) \
@@ -583,7 +650,7 @@ impl PgPendingStore {
             });
         }
         self.insert_units(tx, &units, &mut t).await?;
-        save(tx, &t).await?;
+        self.save(tx, &t).await?;
         Ok(rows.len())
     }
 
@@ -644,86 +711,6 @@ impl PgPendingStore {
             })
             .collect())
     }
-}
-
-/// Lock the stage (the totals row) and read its totals.
-async fn lock(tx: &mut PgConnection) -> Result<Totals, OpError> {
-    let row = sqlx::query(
-        "SELECT records, receipt_requests, units, next_seq FROM sms_pending_totals WHERE id = 1 FOR UPDATE",
-    )
-    .fetch_one(&mut *tx)
-    .await?;
-    Ok(Totals {
-        records: row.try_get("records")?,
-        receipts: row.try_get("receipt_requests")?,
-        units: row.try_get("units")?,
-        next_seq: row.try_get("next_seq")?,
-    })
-}
-
-async fn save(tx: &mut PgConnection, t: &Totals) -> Result<(), OpError> {
-    sqlx::query(
-        "UPDATE sms_pending_totals SET records = $1, receipt_requests = $2, units = $3, next_seq = $4 WHERE id = 1",
-    )
-    .bind(t.records)
-    .bind(t.receipts)
-    .bind(t.units)
-    .bind(t.next_seq)
-    .execute(&mut *tx)
-    .await?;
-    Ok(())
-}
-
-/// Remove completed units and their records.
-async fn complete_tx(tx: &mut PgConnection, ids: &[UnitId], t: &mut Totals) -> Result<(), OpError> {
-    if ids.is_empty() {
-        return Ok(());
-    }
-    let ids: Vec<Uuid> = ids.iter().map(MessageId::as_uuid).collect();
-    // The routed-work stage lives in the same database: a completed source's routed
-    // work goes in the same transaction, so no restart finds routed work whose
-    // source is gone (the Router's own removal later finds nothing left).
-    sqlx::query("DELETE FROM sms_routed WHERE unit = ANY($1)")
-        .bind(&ids)
-        .execute(&mut *tx)
-        .await?;
-    let rows = sqlx::query("DELETE FROM sms_units WHERE id = ANY($1) RETURNING members, receipts")
-        .bind(&ids)
-        .fetch_all(&mut *tx)
-        .await?;
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let mut members = Vec::new();
-    for row in &rows {
-        members.extend(
-            members_of(&row.try_get::<Vec<u8>, _>("members")?)
-                .iter()
-                .map(MessageId::as_uuid),
-        );
-        t.receipts -= i64::from(row.try_get::<i32, _>("receipts")?);
-    }
-    t.units -= rows.len() as i64;
-    let removed = sqlx::query("DELETE FROM sms_records WHERE id = ANY($1)")
-        .bind(&members)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-    t.records -= i64::try_from(removed).unwrap_or(i64::MAX);
-    Ok(())
-}
-
-/// Complete sources from another stage's transaction (the routed-work stage finishing
-/// units whose last branch it records): their units, records and routed work go, and
-/// the stage's totals follow. The totals row is locked last, after the calling
-/// transaction's own statements, so the admission commits it waits for are short.
-pub(super) async fn complete_sources(tx: &mut PgConnection, ids: &[UnitId]) -> Result<(), OpError> {
-    if ids.is_empty() {
-        return Ok(());
-    }
-    let mut t = lock(tx).await?;
-    complete_tx(tx, ids, &mut t).await?;
-    save(tx, &t).await
 }
 
 /// The stage's totals row.

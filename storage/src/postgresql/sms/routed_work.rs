@@ -9,7 +9,6 @@ use async_trait::async_trait;
 use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
-use super::pending::complete_sources;
 use super::{Db, whole_table_row};
 use crate::backend::{Backend, StageCapabilities};
 use crate::envelope::{self, RecordKind};
@@ -72,8 +71,6 @@ impl PgRoutedWorkStore {
                 .execute(&mut *tx)
                 .await?;
         }
-        // The units this write touches, as it leaves them.
-        let mut finished: HashMap<UnitId, RoutedUnit> = HashMap::new();
         if !write.moves.is_empty() || !write.complete.is_empty() {
             // Each touched unit is read (locked), changed and written back once.
             let touched: Vec<Uuid> = write
@@ -114,9 +111,6 @@ impl PgRoutedWorkStore {
             }
             changed.sort_unstable();
             changed.dedup();
-            // A unit finished here leaves below with its source: no point in writing
-            // its last outcome first.
-            changed.retain(|id| !(write.finish.contains(id) && units.get(id).is_some_and(|u| open_count(u) == 0)));
             if !changed.is_empty() {
                 let mut ids = Vec::with_capacity(changed.len());
                 let mut open = Vec::with_capacity(changed.len());
@@ -139,7 +133,6 @@ impl PgRoutedWorkStore {
                 .execute(&mut *tx)
                 .await?;
             }
-            finished = units;
         }
         if !write.remove.is_empty() {
             let ids: Vec<Uuid> = write.remove.iter().map(MessageId::as_uuid).collect();
@@ -147,17 +140,6 @@ impl PgRoutedWorkStore {
                 .bind(&ids)
                 .execute(&mut *tx)
                 .await?;
-        }
-        if !write.finish.is_empty() {
-            // Only units with nothing left open: the pending stage and routed work go
-            // together, so no restart finds a finished unit's source still pending.
-            let finish: Vec<UnitId> = write
-                .finish
-                .iter()
-                .copied()
-                .filter(|id| finished.get(id).is_none_or(|u| open_count(u) == 0))
-                .collect();
-            complete_sources(tx, &finish).await?;
         }
         Ok(())
     }
@@ -167,11 +149,6 @@ impl PgRoutedWorkStore {
 impl RoutedWorkStore for PgRoutedWorkStore {
     fn capabilities(&self) -> StageCapabilities {
         StageCapabilities::durable(Backend::Postgresql)
-    }
-
-    /// The pending stage is in the same database.
-    fn completes_sources(&self) -> bool {
-        true
     }
 
     /// One transaction: a restart does not redo what it recorded.
