@@ -1159,3 +1159,63 @@ async fn changes_spanning_two_stages_are_one_transaction() {
     s.routed_work.remove(&[first]).await.unwrap();
     assert_eq!(s.pending.stats().await.unwrap().ready_units, 1);
 }
+
+/// Queue tables are often analysed while nearly empty, and a prepared statement's
+/// generic plan made from those statistics is kept as the table grows. Without the
+/// connections' planner settings that plan hash-joins a sequential scan of the whole
+/// table (the control below); with them it probes an index, whatever the statistics.
+#[tokio::test]
+async fn a_plan_cached_while_a_table_was_nearly_empty_still_probes_an_index() {
+    use sqlx::{ConnectOptions, Connection, Row};
+    use std::str::FromStr;
+
+    let url = TestCluster::shared().fresh_database();
+    // The store creates the schema.
+    drop(PostgresDlrStore::connect(&url, 1, retention()).await.unwrap());
+
+    async fn cached_plan(url: &str, settings: &[(&str, &str)]) -> String {
+        let options = sqlx::postgres::PgConnectOptions::from_str(url)
+            .unwrap()
+            .options(settings.iter().copied());
+        let mut conn = options.connect().await.unwrap();
+        for sql in [
+            "TRUNCATE dlr_correlations",
+            "INSERT INTO dlr_correlations (destination, provider_key, unit, branch, part, gen) \
+             SELECT 'smsc', 'k' || g, gen_random_uuid(), 0, 1, 0 FROM generate_series(1, 20) g",
+            "ANALYZE dlr_correlations",
+            "SET plan_cache_mode = force_generic_plan",
+            "PREPARE mark(text[], text[], uuid[], int4[]) AS \
+             UPDATE dlr_correlations c SET state = 2 \
+               FROM UNNEST($1, $2, $3, $4) AS x(d, k, u, b) \
+              WHERE c.destination = x.d AND c.provider_key = x.k AND c.unit = x.u AND c.branch = x.b \
+                AND c.state IS NULL",
+            // The first execution makes the generic plan; the table grows after it.
+            "EXECUTE mark('{smsc}', '{k1}', '{00000000-0000-0000-0000-000000000000}', '{0}')",
+            "INSERT INTO dlr_correlations (destination, provider_key, unit, branch, part, gen) \
+             SELECT 'smsc', 'j' || g, gen_random_uuid(), 0, 1, 0 FROM generate_series(1, 20000) g",
+        ] {
+            sqlx::query(sql).execute(&mut conn).await.unwrap();
+        }
+        let rows =
+            sqlx::query("EXPLAIN EXECUTE mark('{smsc}', '{k5}', '{00000000-0000-0000-0000-000000000000}', '{0}')")
+                .fetch_all(&mut conn)
+                .await
+                .unwrap();
+        conn.close().await.unwrap();
+        rows.iter()
+            .map(|r| r.get::<String, _>(0))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    let control = cached_plan(&url, &[]).await;
+    assert!(
+        control.contains("Seq Scan on dlr_correlations"),
+        "the server's default plan from these statistics scans the table:\n{control}"
+    );
+    let plan = cached_plan(&url, &crate::postgresql::SESSION_SETTINGS).await;
+    assert!(
+        !plan.contains("Seq Scan") && !plan.contains("Hash Join") && plan.contains("Index Scan"),
+        "with Sendium's settings the cached plan probes an index:\n{plan}"
+    );
+}
