@@ -231,7 +231,7 @@ impl SelectorState {
             self.restored_total += restored.len() as u64;
             metrics::counter!("sendium_staged_restored_total").increment(restored.len() as u64);
             if !restored.is_empty() {
-                self.shared.dir.router.send(RouterMsg::Route(restored));
+                self.shared.dir.router.send(RouterMsg::RouteRestored(restored));
             }
         }
     }

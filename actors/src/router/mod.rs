@@ -88,6 +88,10 @@ pub enum Peer {
 
 pub enum RouterMsg {
     Route(Vec<ReadyUnit>),
+    /// Staged units sent again after a restart or a takeover of partitions. Read before
+    /// this message was handled, so a unit may have completed here meanwhile: each one
+    /// this Router does not hold is routed only if its source is still pending.
+    RouteRestored(Vec<ReadyUnit>),
     Outcomes(Vec<WorkerOutcome>),
     /// The DLR store accepted these handoffs.
     HandedOff(Vec<BranchKey>),
@@ -379,6 +383,10 @@ impl Actor for Router {
             RouterMsg::Route(units) => {
                 failpoint::hit("actor-router");
                 state.route(units).await;
+            }
+            RouterMsg::RouteRestored(units) => {
+                failpoint::hit("actor-router");
+                state.route_restored(units).await;
             }
             RouterMsg::Outcomes(outcomes) => state.worker_outcomes(outcomes),
             RouterMsg::HandedOff(keys) => state.handed_off(keys),

@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use sendium_storage::failpoint;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use sendium_storage::{BranchDone, BranchMove, ReadyUnit, RoutedUnit, Unit, UnitId};
 
 use super::placement::Occasion;
 use super::plan::{plan, receipt_targets};
-use super::{BranchKey, RouterMsg, RouterState, Tracked, WRITE_GAP};
+use super::{BranchKey, CALL_TIMEOUT, RouterMsg, RouterState, Tracked, WRITE_GAP};
 use crate::ingress::IngressMsg;
 use crate::selector::SelectorMsg;
 
@@ -64,6 +64,58 @@ impl RouterState {
         }
         self.to_record.extend(fresh);
         self.start_write();
+    }
+
+    /// Staged units sent again by the Selector. Its reads of the router queue and the
+    /// pending stage came before this message: a unit this Router completed and forgot
+    /// since then would be routed and submitted a second time. So the sources of the
+    /// units not held here are read again now, after every completion this Router has
+    /// seen, and only those still pending are routed.
+    pub(super) async fn route_restored(&mut self, units: Vec<ReadyUnit>) {
+        let (held, unknown): (Vec<ReadyUnit>, Vec<ReadyUnit>) =
+            units.into_iter().partition(|u| self.units.contains_key(&u.unit.id));
+        let ids: Vec<UnitId> = unknown.iter().map(|u| u.unit.id).collect();
+        let pending: Option<HashSet<UnitId>> = if ids.is_empty() {
+            Some(HashSet::new())
+        } else {
+            match self
+                .shared
+                .dir
+                .ingress
+                .call(|reply| IngressMsg::Units { ids, reply }, CALL_TIMEOUT)
+                .await
+            {
+                Ok(Ok(units)) => Some(units.into_iter().map(|u| u.unit.id).collect()),
+                Ok(Err(e)) => {
+                    self.shared.health.pending.failed("pending", &e);
+                    None
+                }
+                Err(_) => None,
+            }
+        };
+        let Some(pending) = pending else {
+            // Not known now: route them as sent rather than leave them staged with
+            // nothing to send them again.
+            let mut all = held;
+            all.extend(unknown);
+            self.route(all).await;
+            return;
+        };
+        let (live, gone): (Vec<ReadyUnit>, Vec<ReadyUnit>) =
+            unknown.into_iter().partition(|u| pending.contains(&u.unit.id));
+        if !gone.is_empty() {
+            self.shared.dir.selector.send(SelectorMsg::Credit(gone.len()));
+            if self.durable {
+                // Their staged entries are done with.
+                self.shared
+                    .dir
+                    .selector
+                    .send(SelectorMsg::Routed(gone.iter().map(|u| u.unit.id).collect()));
+            }
+        }
+        let mut all = held;
+        all.extend(live);
+        self.route(all).await;
     }
 
     /// One routed-work write with everything waiting — new routes, branch completions,
