@@ -79,8 +79,8 @@ pub type UnitId = MessageId;
 /// The top bits hold the unit's *lane*: the `priority` (0–9) of the route its message
 /// matched when admitted; the rest is a counter shared by every lane. Each lane is a
 /// range of seqs, walked in arrival order with a cursor of its own ([`ReadyCursor`]), and
-/// selection takes the highest lane first. Lane 0 is the seq as a plain counter, so seqs
-/// stored before lanes existed are lane 0's.
+/// selection takes the highest lane first. Lane 0 is the seq as a plain counter (top
+/// bits zero).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct ReadySeq(pub u64);
