@@ -1,10 +1,10 @@
 //! File-backed router-queue stage (`<dir>/router-queue.redb`).
 //!
 //! Same semantics as [`MemoryRouterQueueStore`](crate::memory::MemoryRouterQueueStore).
-//! A write stages the batch (by seq and by id) and the advanced cursor in one
-//! transaction, durable through its journal frame before it returns (see
-//! [`super::engine::journaled`]), so after SIGKILL the batch is restored without
-//! selecting again and selection resumes after it.
+//! The staged units and the cursor live in memory; a write stages the batch and advances
+//! the cursor in one journal frame, durable before it returns, and checkpoints write what
+//! changed since the last one to the file (see [`super::engine::journaled`]). After
+//! SIGKILL the batch is restored without selecting again and selection resumes after it.
 //!
 //! | table | key | value |
 //! |---|---|---|
@@ -12,21 +12,23 @@
 //! | `staged_ids` | unit id | ready seq |
 //! | `meta` | name | `layout`, `cursor`, `journal_lsn` |
 
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use redb::{ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
+use redb::{ReadableTable, TableDefinition, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
 use super::engine::db::{Fail, FileOptions, META, check_layout, get_counter};
 use super::engine::dir::{DataDir, ROUTER_QUEUE_FILE};
 use super::engine::journal::Stage;
-use super::engine::journaled::{JournaledFile, JournaledStore, StageFile, Wait};
+use super::engine::journaled::{JournaledFile, JournaledStore, StageFile, StageState, Wait};
 use super::records::StagedRecord;
 use crate::backend::{Backend, StageCapabilities};
 use crate::envelope::{self, RecordKind};
 use crate::error::{BackendFailure, RouterQueueError};
 use crate::ids::{ReadyCursor, ReadySeq, UnitId};
+use crate::memory::router_queue::RouterQueueState;
 use crate::router_queue::{RouterQueueStats, RouterQueueStore, RouterQueueWrite, StagedUnit};
 
 const STAGED: TableDefinition<u64, &[u8]> = TableDefinition::new("staged");
@@ -51,13 +53,12 @@ const FILE: StageFile = StageFile {
     name: ROUTER_QUEUE_FILE,
     stage: Stage::RouterQueue,
     init,
-    replay,
 };
 
 /// The file-backed router-queue store.
 #[derive(Clone)]
 pub struct FileRouterQueueStore {
-    store: JournaledStore,
+    store: JournaledStore<RouterQueueFile>,
 }
 
 /// What one router-queue commit changed, as journaled: units staged, the cursor (lane 0's
@@ -101,6 +102,28 @@ impl FileRouterQueueStore {
     pub fn path(&self) -> &std::path::Path {
         self.store.path()
     }
+
+    #[cfg(test)]
+    pub(crate) fn store(&self) -> &JournaledStore<RouterQueueFile> {
+        &self.store
+    }
+
+    /// The staged seqs the store file holds, both tables agreeing (not the state in
+    /// memory).
+    #[cfg(test)]
+    pub(crate) fn staged_in_file(&self) -> Vec<u64> {
+        self.store
+            .read_file(|txn| {
+                let mut seqs = Vec::new();
+                for item in txn.open_table(STAGED)?.iter()? {
+                    seqs.push(item?.0.value());
+                }
+                let ids = redb::ReadableTableMetadata::len(&txn.open_table(STAGED_IDS)?)?;
+                assert_eq!(ids, seqs.len() as u64, "staged and staged_ids agree");
+                Ok(seqs)
+            })
+            .unwrap_or_default()
+    }
 }
 
 fn init(txn: &WriteTransaction) -> Result<(), Fail> {
@@ -117,122 +140,148 @@ fn decode(seq: u64, bytes: &[u8]) -> Result<StagedRecord, Fail> {
     envelope::decode(RecordKind::StagedUnit, bytes).map_err(|e| Fail::record("staged", seq, e))
 }
 
+/// The stage's state in memory (see [`super::engine::journaled`]): the staged units and
+/// the cursor, and what changed since the last checkpoint.
+#[derive(Default)]
+pub(crate) struct RouterQueueFile {
+    queue: RouterQueueState,
+    /// Units staged or released since the last checkpoint, by seq.
+    changed: BTreeMap<ReadySeq, UnitId>,
+    cursor_changed: bool,
+    /// Seqs the file holds.
+    in_file: HashSet<ReadySeq>,
+}
+
+impl RouterQueueFile {
+    /// Apply `write`, mark what it changed, and return the frame that records it (`None`
+    /// if it changed nothing).
+    fn apply(&mut self, write: &RouterQueueWrite) -> Result<Option<Vec<u8>>, Fail> {
+        let applied = self.queue.apply(write, true);
+        if applied.is_empty() {
+            return Ok(None);
+        }
+        for u in applied.stage.iter().chain(&applied.release) {
+            self.changed.insert(u.seq, u.id);
+        }
+        self.cursor_changed |= applied.cursor_moved;
+        let cursor = match (&write.cursor, applied.cursor_moved) {
+            (Some(c), true) => *c,
+            _ => ReadyCursor::START,
+        };
+        let frame = RouterQueueFrame {
+            stage: applied.stage.iter().map(|u| (u.id, u.seq.0)).collect(),
+            cursor: cursor.lane(0).0,
+            release: applied.release.iter().map(|u| u.id).collect(),
+            lanes: cursor.positions().filter(|s| s.lane() > 0).map(|s| s.0).collect(),
+        };
+        encode_frame(&frame).map(Some)
+    }
+}
+
+impl StageState for RouterQueueFile {
+    fn load(txn: &WriteTransaction) -> Result<Self, Fail> {
+        let mut state = Self::default();
+        for item in txn.open_table(STAGED)?.iter()? {
+            let (k, v) = item?;
+            let seq = ReadySeq(k.value());
+            let id = decode(seq.0, v.value())?.id;
+            state.queue.by_seq.insert(seq, id);
+            state.queue.by_id.insert(id, seq);
+            state.in_file.insert(seq);
+        }
+        let meta = txn.open_table(META)?;
+        for lane in 0..ReadySeq::LANES as u8 {
+            state
+                .queue
+                .cursor
+                .advance(ReadySeq(get_counter(&meta, cursor_key(lane).as_str())?));
+        }
+        Ok(state)
+    }
+
+    fn replay(&mut self, payload: &[u8], lsn: u64) -> Result<(), Fail> {
+        let frame: RouterQueueFrame = envelope::decode(RecordKind::RouterQueueJournalFrame, payload)
+            .map_err(|e| Fail::record("journal", format!("frame {lsn}"), e))?;
+        let write = RouterQueueWrite {
+            cursor: Some(frame.cursor()),
+            stage: frame
+                .stage
+                .into_iter()
+                .map(|(id, seq)| StagedUnit { id, seq: ReadySeq(seq) })
+                .collect(),
+            release: frame.release,
+        };
+        self.apply(&write)?;
+        Ok(())
+    }
+
+    fn save(&self, txn: &WriteTransaction, whole: bool) -> Result<(), Fail> {
+        if whole {
+            txn.delete_table(STAGED)?;
+            txn.delete_table(STAGED_IDS)?;
+        }
+        let mut staged = txn.open_table(STAGED)?;
+        let mut ids = txn.open_table(STAGED_IDS)?;
+        let put = |staged: &mut redb::Table<'_, u64, &[u8]>,
+                   ids: &mut redb::Table<'_, &[u8; 16], u64>,
+                   seq: ReadySeq,
+                   id: UnitId|
+         -> Result<(), Fail> {
+            let bytes = envelope::encode(RecordKind::StagedUnit, &StagedRecord { id })
+                .map_err(|e| Fail::record("staged", seq.0, e))?;
+            staged.insert(seq.0, bytes.as_slice())?;
+            ids.insert(&id.to_bytes(), seq.0)?;
+            Ok(())
+        };
+        if whole {
+            for (&seq, &id) in &self.queue.by_seq {
+                put(&mut staged, &mut ids, seq, id)?;
+            }
+        } else {
+            for (&seq, &id) in &self.changed {
+                if self.queue.by_seq.get(&seq) == Some(&id) {
+                    put(&mut staged, &mut ids, seq, id)?;
+                } else if self.in_file.contains(&seq) {
+                    staged.remove(seq.0)?;
+                    ids.remove(&id.to_bytes())?;
+                }
+            }
+        }
+        if whole || self.cursor_changed {
+            let mut meta = txn.open_table(META)?;
+            for seq in self.queue.cursor.positions() {
+                meta.insert(cursor_key(seq.lane()).as_str(), seq.0)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn saved(&mut self) {
+        for (seq, _) in std::mem::take(&mut self.changed) {
+            if self.queue.by_seq.contains_key(&seq) {
+                self.in_file.insert(seq);
+            } else {
+                self.in_file.remove(&seq);
+            }
+        }
+        self.cursor_changed = false;
+    }
+}
+
 fn encode_frame(frame: &RouterQueueFrame) -> Result<Vec<u8>, Fail> {
     envelope::encode(RecordKind::RouterQueueJournalFrame, frame)
         .map_err(|e| Fail::record("journal", "router-queue frame", e))
 }
 
-/// Redo one journaled commit.
-fn replay(txn: &WriteTransaction, payload: &[u8], lsn: u64) -> Result<(), Fail> {
-    let frame: RouterQueueFrame = envelope::decode(RecordKind::RouterQueueJournalFrame, payload)
-        .map_err(|e| Fail::record("journal", format!("frame {lsn}"), e))?;
-    let cursor = frame.cursor();
-    let units: Vec<StagedUnit> = frame
-        .stage
-        .into_iter()
-        .map(|(id, seq)| StagedUnit { id, seq: ReadySeq(seq) })
-        .collect();
-    stage_in(txn, &units, &cursor)?;
-    release_in(txn, &frame.release)?;
-    Ok(())
-}
-
-/// Stage `units` and advance the cursor. Returns whether anything changed.
-fn stage_in(txn: &WriteTransaction, units: &[StagedUnit], cursor: &ReadyCursor) -> Result<bool, Fail> {
-    let mut staged = txn.open_table(STAGED)?;
-    let mut ids = txn.open_table(STAGED_IDS)?;
-    let mut meta = txn.open_table(META)?;
-    let mut changed = false;
-    for u in units {
-        // Staging a unit again keeps its one entry.
-        if ids.get(&u.id.to_bytes())?.is_some() {
-            continue;
-        }
-        ids.insert(&u.id.to_bytes(), u.seq.0)?;
-        let bytes = envelope::encode(RecordKind::StagedUnit, &StagedRecord { id: u.id })
-            .map_err(|e| Fail::record("staged", u.seq.0, e))?;
-        staged.insert(u.seq.0, bytes.as_slice())?;
-        changed = true;
-    }
-    // No lane's cursor moves backwards.
-    for seq in cursor.positions() {
-        let key = cursor_key(seq.lane());
-        if seq.0 > get_counter(&meta, key.as_str())? {
-            meta.insert(key.as_str(), seq.0)?;
-            changed = true;
-        }
-    }
-    Ok(changed)
-}
-
-/// Forget staged units. Returns whether anything changed.
-fn release_in(txn: &WriteTransaction, release: &[UnitId]) -> Result<bool, Fail> {
-    let mut staged = txn.open_table(STAGED)?;
-    let mut ids = txn.open_table(STAGED_IDS)?;
-    let mut changed = false;
-    for id in release {
-        let Some(seq) = ids.remove(&id.to_bytes())?.map(|g| g.value()) else {
-            continue;
-        };
-        staged.remove(seq)?;
-        changed = true;
-    }
-    Ok(changed)
-}
-
 /// One write. A release alone does not wait for its frame: see
 /// [`FileRouterQueueStore::apply`].
-fn apply_write(file: &JournaledFile, write: RouterQueueWrite) -> Result<(), BackendFailure> {
+fn apply_write(file: &JournaledFile<RouterQueueFile>, write: RouterQueueWrite) -> Result<(), BackendFailure> {
     let wait = if write.stage.is_empty() && write.cursor.is_none() {
         Wait::Buffered
     } else {
         Wait::Synced
     };
-    file.write(wait, |txn| {
-        let cursor = write.cursor.unwrap_or_default();
-        let mut changed = stage_in(txn, &write.stage, &cursor)?;
-        changed |= release_in(txn, &write.release)?;
-        if !changed {
-            return Ok(None);
-        }
-        let frame = RouterQueueFrame {
-            stage: write.stage.iter().map(|u| (u.id, u.seq.0)).collect(),
-            cursor: cursor.lane(0).0,
-            release: write.release,
-            lanes: cursor.positions().filter(|s| s.lane() > 0).map(|s| s.0).collect(),
-        };
-        encode_frame(&frame).map(Some)
-    })
-}
-
-fn read_staged_after(file: &JournaledFile, after: ReadySeq, limit: usize) -> Result<Vec<StagedUnit>, BackendFailure> {
-    file.read(|txn| {
-        let staged = txn.open_table(STAGED)?;
-        let mut out = Vec::with_capacity(limit.min(1024));
-        for item in staged.range(after.0.saturating_add(1)..)?.take(limit) {
-            let (k, v) = item?;
-            let seq = k.value();
-            out.push(StagedUnit {
-                id: decode(seq, v.value())?.id,
-                seq: ReadySeq(seq),
-            });
-        }
-        Ok(out)
-    })
-}
-
-fn read_stats(file: &JournaledFile) -> Result<RouterQueueStats, BackendFailure> {
-    file.read(|txn| {
-        let meta = txn.open_table(META)?;
-        let mut cursor = ReadyCursor::START;
-        for lane in 0..ReadySeq::LANES as u8 {
-            cursor.advance(ReadySeq(get_counter(&meta, cursor_key(lane).as_str())?));
-        }
-        Ok(RouterQueueStats {
-            staged: txn.open_table(STAGED_IDS)?.len()?,
-            cursor,
-        })
-    })
+    file.write(wait, |state| state.apply(&write))
 }
 
 #[async_trait]
@@ -241,7 +290,7 @@ impl RouterQueueStore for FileRouterQueueStore {
         StageCapabilities::durable(Backend::File)
     }
 
-    /// One transaction, durable through its journal frame when it stages: the batch and
+    /// One transition, durable through its journal frame when it stages: the batch and
     /// the cursor together, or neither. A release alone does not wait for its frame to
     /// be synced: releasing is cleanup whose loss is harmless. If the process dies before
     /// the frame is flushed (with the next commit of any stage) or checkpointed, the unit
@@ -256,7 +305,9 @@ impl RouterQueueStore for FileRouterQueueStore {
     }
 
     async fn staged_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<StagedUnit>, RouterQueueError> {
-        self.store.run(move |f| read_staged_after(f, after, limit)).await
+        self.store
+            .run(move |f| f.read(|s| s.queue.staged_after(after, limit)))
+            .await
     }
 
     async fn cursor(&self) -> Result<ReadyCursor, RouterQueueError> {
@@ -264,6 +315,6 @@ impl RouterQueueStore for FileRouterQueueStore {
     }
 
     async fn stats(&self) -> Result<RouterQueueStats, RouterQueueError> {
-        self.store.run(read_stats).await
+        self.store.run(|f| f.read(|s| s.queue.stats())).await
     }
 }

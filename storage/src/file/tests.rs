@@ -1316,3 +1316,110 @@ fn a_pending_unit_missing_from_the_unit_index_fails_closed() {
         assert!(s.pending.units(&[MessageId::generate()]).await.unwrap().is_empty());
     });
 }
+
+/// Units recorded by `s.rw`, as restore reads them.
+async fn routed_ids(s: &Stores) -> Vec<MessageId> {
+    s.rw.load_after(None, 1000)
+        .await
+        .unwrap()
+        .iter()
+        .map(|u| u.id)
+        .collect()
+}
+
+#[test]
+fn background_stages_checkpoint_only_what_is_live() {
+    let tmp = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let s = open_all(tmp.path());
+        s.rw.store().journal().pause_ticks();
+        let units: Vec<_> = (0..100).map(|_| routed(MessageId::generate(), 1)).collect();
+        s.rw.record(units.clone()).await.unwrap();
+        let gone: Vec<_> = units[..90].iter().map(|u| u.id).collect();
+        s.rw.remove(&gone).await.unwrap();
+        let staged: Vec<_> = (1..=100)
+            .map(|n| StagedUnit {
+                id: MessageId::generate(),
+                seq: ReadySeq(n),
+            })
+            .collect();
+        s.rq.stage(&staged, ReadySeq(100)).await.unwrap();
+        let released: Vec<_> = staged[..95].iter().map(|u| u.id).collect();
+        s.rq.release(&released).await.unwrap();
+        assert!(
+            s.rw.units_in_file().is_empty(),
+            "nothing reaches the file before a checkpoint"
+        );
+        assert!(s.rq.staged_in_file().is_empty());
+
+        s.rw.store().checkpoint_now().unwrap();
+        s.rq.store().checkpoint_now().unwrap();
+        let live: Vec<_> = units[90..].iter().map(|u| u.id).collect();
+        assert_eq!(s.rw.units_in_file(), live, "only the units live at the checkpoint");
+        assert_eq!(s.rq.staged_in_file(), (96..=100).collect::<Vec<u64>>());
+
+        // A unit of the file removed, another recorded: the next checkpoint writes both.
+        s.rw.remove(&[live[0]]).await.unwrap();
+        let late = routed(MessageId::generate(), 1);
+        s.rw.record(vec![late.clone()]).await.unwrap();
+        s.rw.store().checkpoint_now().unwrap();
+        let mut expected = live[1..].to_vec();
+        expected.push(late.id);
+        assert_eq!(s.rw.units_in_file(), expected);
+        assert_eq!(routed_ids(&s).await, expected);
+        assert_eq!(s.rw.stats().await.unwrap().open_branches, 10);
+    });
+}
+
+#[test]
+fn a_background_write_whose_frame_fails_to_sync_is_not_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let s = open_all(tmp.path());
+        let a = routed(MessageId::generate(), 1);
+        let b = routed(MessageId::generate(), 1);
+        let c = routed(MessageId::generate(), 1);
+        s.rw.record(vec![a.clone()]).await.unwrap();
+        let faults = s.rw.store().journal().faults().clone();
+        faults.sync.store(true, std::sync::atomic::Ordering::Relaxed);
+        let err = s.rw.record(vec![b.clone()]).await.unwrap_err();
+        let f = crate::StorageError::from(err).failure().clone();
+        assert!(f.location.contains("journal."), "{f}");
+        faults.sync.store(false, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(routed_ids(&s).await, vec![a.id], "the refused record is not kept");
+        s.rw.record(vec![c.clone()]).await.unwrap();
+        assert_eq!(routed_ids(&s).await, vec![a.id, c.id]);
+        drop(s);
+        let s = open_all(tmp.path());
+        assert_eq!(routed_ids(&s).await, vec![a.id, c.id]);
+    });
+}
+
+#[test]
+fn a_failed_checkpoint_keeps_its_changes_for_the_next_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let s = open_all(tmp.path());
+        s.rw.store().journal().pause_ticks();
+        let units: Vec<_> = (0..3).map(|_| routed(MessageId::generate(), 2)).collect();
+        s.rw.record(units[..2].to_vec()).await.unwrap();
+        s.rw.store().checkpoint_now().unwrap();
+        s.rw.remove(&[units[0].id]).await.unwrap();
+        s.rw.record(vec![units[2].clone()]).await.unwrap();
+
+        let faults = s.rw.store().file_faults();
+        faults.io.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(s.rw.store().checkpoint_now().is_err());
+        faults.io.store(false, std::sync::atomic::Ordering::Relaxed);
+        let live = vec![units[1].id, units[2].id];
+        assert_eq!(routed_ids(&s).await, live, "writes go on while the file is failing");
+        // The file is reopened (and recovered), then rewritten from the state.
+        s.rw.store().checkpoint_now().unwrap();
+        assert_eq!(s.rw.units_in_file(), live);
+        assert_eq!(s.rw.stats().await.unwrap().open_branches, 4);
+        drop(s);
+        let s = open_all(tmp.path());
+        assert_eq!(routed_ids(&s).await, live);
+        assert_eq!(s.rw.stats().await.unwrap().open_branches, 4);
+    });
+}

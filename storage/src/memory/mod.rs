@@ -4,8 +4,8 @@
 
 mod dlr;
 mod pending;
-mod routed_work;
-mod router_queue;
+pub(crate) mod routed_work;
+pub(crate) mod router_queue;
 
 pub use dlr::MemoryDlrStore;
 pub use pending::{MemoryPendingStore, PendingLimits};

@@ -10,16 +10,81 @@ use crate::error::RouterQueueError;
 use crate::ids::{ReadyCursor, ReadySeq, UnitId};
 use crate::router_queue::{RouterQueueStats, RouterQueueStore, RouterQueueWrite, StagedUnit};
 
+/// The router-queue stage's state and its rules, in memory: the memory backend is this
+/// behind a lock; the file backend journals what [`apply`](Self::apply) changed and
+/// checkpoints it.
 #[derive(Debug, Default)]
-struct Inner {
-    by_seq: BTreeMap<ReadySeq, UnitId>,
-    by_id: HashMap<UnitId, ReadySeq>,
-    cursor: ReadyCursor,
+pub(crate) struct RouterQueueState {
+    pub(crate) by_seq: BTreeMap<ReadySeq, UnitId>,
+    pub(crate) by_id: HashMap<UnitId, ReadySeq>,
+    pub(crate) cursor: ReadyCursor,
+}
+
+/// What one [`RouterQueueState::apply`] changed (with `report`): the units staged, whether
+/// a lane's cursor moved, the units released with their seqs.
+#[derive(Debug, Default)]
+pub(crate) struct Applied {
+    pub(crate) stage: Vec<StagedUnit>,
+    pub(crate) cursor_moved: bool,
+    pub(crate) release: Vec<StagedUnit>,
+}
+
+impl Applied {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.stage.is_empty() && !self.cursor_moved && self.release.is_empty()
+    }
+}
+
+impl RouterQueueState {
+    /// Apply `write` as [`RouterQueueStore::apply`] describes; with `report`, return
+    /// what took effect.
+    pub(crate) fn apply(&mut self, write: &RouterQueueWrite, report: bool) -> Applied {
+        let mut applied = Applied::default();
+        for u in &write.stage {
+            // Staging a unit again keeps its first entry.
+            if let std::collections::hash_map::Entry::Vacant(v) = self.by_id.entry(u.id) {
+                v.insert(u.seq);
+                self.by_seq.insert(u.seq, u.id);
+                if report {
+                    applied.stage.push(*u);
+                }
+            }
+        }
+        if let Some(cursor) = &write.cursor {
+            for seq in cursor.positions() {
+                applied.cursor_moved |= self.cursor.advance(seq);
+            }
+        }
+        for id in &write.release {
+            if let Some(seq) = self.by_id.remove(id) {
+                self.by_seq.remove(&seq);
+                if report {
+                    applied.release.push(StagedUnit { id: *id, seq });
+                }
+            }
+        }
+        applied
+    }
+
+    pub(crate) fn staged_after(&self, after: ReadySeq, limit: usize) -> Vec<StagedUnit> {
+        self.by_seq
+            .range(ReadySeq(after.0.saturating_add(1))..)
+            .take(limit)
+            .map(|(seq, id)| StagedUnit { id: *id, seq: *seq })
+            .collect()
+    }
+
+    pub(crate) fn stats(&self) -> RouterQueueStats {
+        RouterQueueStats {
+            staged: self.by_id.len() as u64,
+            cursor: self.cursor,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
 pub struct MemoryRouterQueueStore {
-    inner: Mutex<Inner>,
+    inner: Mutex<RouterQueueState>,
 }
 
 impl MemoryRouterQueueStore {
@@ -35,33 +100,12 @@ impl RouterQueueStore for MemoryRouterQueueStore {
     }
 
     async fn apply(&self, write: RouterQueueWrite) -> Result<(), RouterQueueError> {
-        let mut inner = self.inner.lock();
-        for u in &write.stage {
-            // Staging a unit again keeps its first entry (as the file backend does).
-            if let std::collections::hash_map::Entry::Vacant(v) = inner.by_id.entry(u.id) {
-                v.insert(u.seq);
-                inner.by_seq.insert(u.seq, u.id);
-            }
-        }
-        if let Some(cursor) = &write.cursor {
-            inner.cursor.merge(cursor);
-        }
-        for id in &write.release {
-            if let Some(seq) = inner.by_id.remove(id) {
-                inner.by_seq.remove(&seq);
-            }
-        }
+        self.inner.lock().apply(&write, false);
         Ok(())
     }
 
     async fn staged_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<StagedUnit>, RouterQueueError> {
-        let inner = self.inner.lock();
-        Ok(inner
-            .by_seq
-            .range(ReadySeq(after.0.saturating_add(1))..)
-            .take(limit)
-            .map(|(seq, id)| StagedUnit { id: *id, seq: *seq })
-            .collect())
+        Ok(self.inner.lock().staged_after(after, limit))
     }
 
     async fn cursor(&self) -> Result<ReadyCursor, RouterQueueError> {
@@ -69,10 +113,6 @@ impl RouterQueueStore for MemoryRouterQueueStore {
     }
 
     async fn stats(&self) -> Result<RouterQueueStats, RouterQueueError> {
-        let inner = self.inner.lock();
-        Ok(RouterQueueStats {
-            staged: inner.by_id.len() as u64,
-            cursor: inner.cursor,
-        })
+        Ok(self.inner.lock().stats())
     }
 }

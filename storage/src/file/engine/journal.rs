@@ -19,11 +19,13 @@
 //! share one `fdatasync` ([group commit](Journal::sync)): a router-queue frame appended
 //! while an admission's frame is being synced rides along with the next one.
 //!
-//! So a stage's commit is applied to its redb file with `Durability::None` (visible at
-//! once, durable only at the file's next durable commit) and made durable by a journal
-//! frame holding exactly what it changed, synced before the commit returns. Every so
-//! often a stage commits with `Durability::Immediate` instead — a *checkpoint*, which
-//! makes everything before it durable in its file.
+//! So a stage's commit is made durable by a journal frame holding exactly what it
+//! changed, synced before the commit returns. The pending stage applies the commit to its
+//! redb file with `Durability::None` (visible at once, durable only at the file's next
+//! durable commit); the background stages keep their state in memory and their files
+//! hold only what checkpoints write (see [`super::journaled`]). Every so often a stage
+//! commits with `Durability::Immediate` — a *checkpoint*, which makes everything before
+//! it durable in its file.
 //!
 //! # Segments and checkpoints
 //!
@@ -103,8 +105,10 @@ const INLINE_CHECKPOINT_BYTES: u64 = 2 * PREALLOCATE;
 const RIDE_PATIENCE: Duration = Duration::from_millis(2);
 /// A stage that has appended this much since its last checkpoint checkpoints on its
 /// next write instead of appending: redb keeps a non-durable commit's pages in memory
-/// until the next durable one, so this bounds the process's memory at rates where the
-/// checkpointer's rounds come too late (a backlog filled at 250,000 messages/s).
+/// until the next durable one (and a background stage's checkpoint writes what changed
+/// since its last), so this bounds the process's memory and the checkpoint's size at
+/// rates where the checkpointer's rounds come too late (a backlog filled at 250,000
+/// messages/s).
 const STAGE_CHECKPOINT_BYTES: u64 = 8 << 20;
 /// Failed frame ranges remembered for their waiters.
 const FAILED_KEPT: usize = 256;

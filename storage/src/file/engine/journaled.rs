@@ -1,33 +1,54 @@
-//! A stage's store file whose commits are made durable by frames of the stages' journal
-//! instead of fdatasyncs of its own, and [`JournaledStore`], the store handle of the
-//! background stages (router-queue, routed-work) built on it.
+//! The engine of the background stages (router-queue, routed-work): the stage's whole
+//! state in memory, every change made durable by a frame of the stages' journal, and
+//! the stage's redb file a checkpoint image of that state.
 //!
-//! A write applies its change in one redb transaction and returns the frame that
-//! records it; the frame is appended to the journal and, for a change that must survive
-//! a crash, synced (sharing the `fdatasync` of whatever else is being flushed) before
-//! the transaction commits with `Durability::None`. A change whose loss is harmless
-//! (cleanup: releases, removals) does not wait: its frame goes with the next flush, and
-//! since frames are flushed in LSN order, a frame that survives a crash has every
-//! earlier frame of its stage with it. Checkpoints (`Durability::Immediate`, recording
-//! the journal LSN) come from the journal's checkpointer, or inline when the journal
-//! cannot take frames. See [`super::journal`].
+//! # Why the state lives in memory
+//!
+//! These stages hold in-flight work only (bounded by `max-in-flight`), and a record
+//! lives from routing to its source's completion: tens of milliseconds, against a
+//! checkpoint every second or so. Applying every change to redb as it happened wrote
+//! each record into a B-tree, rewrote it on completion and deleted it again, all before
+//! the checkpoint that made the file durable; the file held almost none of them then.
+//! So a write changes the in-memory [`StageState`] and appends the frame that records
+//! the change; a checkpoint writes to redb only the records changed since the last one,
+//! as they are at that moment (a record created and removed in between never reaches
+//! the file).
+//!
+//! # Durability
+//!
+//! A write that must survive a crash returns once its frame is synced (sharing the
+//! `fdatasync` of whatever else is being flushed, see [`super::journal`]). A change whose
+//! loss is harmless (cleanup: releases, removals) does not wait: its frame goes with the
+//! next flush, and since frames are flushed in LSN order, a frame that survives a crash
+//! has every earlier frame of its stage with it. A checkpoint is one durable redb
+//! commit (`Durability::Immediate`) of the changed records and the journal LSN they
+//! correspond to. After a crash the file is at its last checkpoint; its frames after
+//! that LSN are applied again to the state loaded from it, with the decisions the live
+//! process made, and the result is saved before anyone reads the stage.
+//!
+//! # Failures
+//!
+//! A change is applied to memory before its frame is synced (the frame is built from
+//! what it changed). If the sync fails, the write fails and memory holds a change the
+//! journal does not: the state is marked stale, the file invalidated, and the next call
+//! reopens the file, which replays the synced frames, and takes the state it recovered.
+//! A failed checkpoint keeps its changed records for the next one; after the file was
+//! reopened the next checkpoint rewrites the file's tables whole from memory.
 
 use std::path::Path;
 use std::sync::{Arc, Weak};
 
-use redb::{Database, Durability, ReadTransaction, WriteTransaction};
+use parking_lot::{Mutex, MutexGuard, RwLock};
+use redb::{Database, Durability, WriteTransaction};
 
 use super::backend::FaultSwitch;
 use super::db::{Fail, FileOptions, InitFn, META, RecoverFn, StoreFile, blocking, get_counter, on_this_thread};
 use super::dir::DataDir;
 use super::journal::{Checkpoint, Journal, Stage};
-use crate::error::BackendFailure;
+use crate::error::{BackendFailure, FailureKind};
 
 /// Meta key of the journal LSN a stage file's state corresponds to.
 pub(crate) const JOURNAL_LSN: &str = "journal_lsn";
-
-/// Applies one frame's payload (LSN given for error locations) during recovery.
-pub(crate) type ReplayFn = fn(&WriteTransaction, &[u8], u64) -> Result<(), Fail>;
 
 /// When a journaled write returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,27 +59,45 @@ pub(crate) enum Wait {
     Buffered,
 }
 
-/// What a journaled stage's store file is: its name in the data directory, its stage in
-/// the journal, how its tables are created and checked, and how one of its frames is
-/// applied again.
+/// A background stage's state in memory: how it is read from its file, how a journal
+/// frame is applied to it, and how its changes are written back at a checkpoint.
+pub(crate) trait StageState: Default + Send + Sync + 'static {
+    /// The stage's whole state as its file holds it (the file's tables are checked).
+    fn load(txn: &WriteTransaction) -> Result<Self, Fail>;
+    /// Apply one of the stage's journal frames (`lsn` names it in errors).
+    fn replay(&mut self, payload: &[u8], lsn: u64) -> Result<(), Fail>;
+    /// Write the records changed since the last [`saved`](Self::saved) to the file, or
+    /// with `whole` replace the file's tables with the whole state.
+    fn save(&self, txn: &WriteTransaction, whole: bool) -> Result<(), Fail>;
+    /// The last [`save`](Self::save) committed: the file holds the state as it is.
+    fn saved(&mut self);
+}
+
+/// What a background stage's store file is: its name in the data directory, its stage
+/// in the journal, and how its tables are created and checked.
 pub(crate) struct StageFile {
     pub(crate) name: &'static str,
     pub(crate) stage: Stage,
     pub(crate) init: InitFn,
-    pub(crate) replay: ReplayFn,
 }
 
 /// The store of a background stage: its [`JournaledFile`], shared with the journal's
-/// checkpointer, and the hop of every call onto the blocking pool. The stage keeps only
-/// its tables, its frames and what its calls do with them.
-#[derive(Clone)]
-pub(crate) struct JournaledStore {
-    file: Arc<JournaledFile>,
+/// checkpointer, and the hop of every call onto the blocking pool.
+pub(crate) struct JournaledStore<S: StageState> {
+    file: Arc<JournaledFile<S>>,
 }
 
-impl JournaledStore {
-    /// Open (or create) the stage's file in `dir`, applying its journal frames first,
-    /// and have the journal's checkpointer checkpoint it. Blocking.
+impl<S: StageState> Clone for JournaledStore<S> {
+    fn clone(&self) -> Self {
+        Self {
+            file: self.file.clone(),
+        }
+    }
+}
+
+impl<S: StageState> JournaledStore<S> {
+    /// Open (or create) the stage's file in `dir`, recover its state (applying its
+    /// journal frames), and have the journal's checkpointer checkpoint it. Blocking.
     pub(crate) fn open(dir: &Arc<DataDir>, of: &StageFile, options: FileOptions) -> Result<Self, BackendFailure> {
         let file = Arc::new(JournaledFile::open(dir, of, options)?);
         let hook: Weak<dyn Checkpoint> = Arc::downgrade(&file) as Weak<dyn Checkpoint>;
@@ -74,7 +113,7 @@ impl JournaledStore {
     /// Run `f` on the blocking pool (see [`super::db`]), its failure as the stage's error.
     pub(crate) async fn run<R, E>(
         &self,
-        f: impl FnOnce(&JournaledFile) -> Result<R, BackendFailure> + Send + 'static,
+        f: impl FnOnce(&JournaledFile<S>) -> Result<R, BackendFailure> + Send + 'static,
     ) -> Result<R, E>
     where
         R: Send + 'static,
@@ -84,21 +123,66 @@ impl JournaledStore {
     }
 }
 
-/// One stage's redb file, made durable through the journal (see the module docs).
-pub(crate) struct JournaledFile {
+#[cfg(test)]
+impl<S: StageState> JournaledStore<S> {
+    pub(crate) fn journal(&self) -> &Arc<Journal> {
+        &self.file.journal
+    }
+
+    /// The store file's fault switches.
+    pub(crate) fn file_faults(&self) -> &FaultSwitch {
+        &self.file.file.faults
+    }
+
+    pub(crate) fn checkpoint_now(&self) -> Result<(), BackendFailure> {
+        self.file.checkpoint()
+    }
+
+    /// Read the store file as it is (not the state in memory).
+    pub(crate) fn read_file<R>(
+        &self,
+        f: impl FnOnce(&redb::ReadTransaction) -> Result<R, Fail>,
+    ) -> Result<R, BackendFailure> {
+        self.file.file.read(f)
+    }
+}
+
+/// One background stage: its state, its journal frames and its checkpoint file (see
+/// the module docs).
+pub(crate) struct JournaledFile<S: StageState> {
     file: StoreFile,
     journal: Arc<Journal>,
     stage: Stage,
+    /// Held by a write from its change to its frame's sync, and by a checkpoint: the
+    /// stage's frames are in the order of its changes, and a checkpoint sees every
+    /// change whose frame it covers.
+    writer: Mutex<()>,
+    state: RwLock<Current<S>>,
+    /// The state the last (re)open of the file recovered, until taken.
+    recovered: Arc<Mutex<Option<S>>>,
 }
 
-impl JournaledFile {
-    /// Open `<dir>/<name>`, applying the stage's journal frames its durable state does
-    /// not hold (`replay`) before anyone reads it. Blocking.
+struct Current<S> {
+    state: S,
+    /// Holds a change the journal may not: replaced by the file's recovery before use.
+    stale: bool,
+    /// The file was reopened behind the state: the next checkpoint rewrites it whole.
+    rewrite: bool,
+}
+
+impl<S: StageState> JournaledFile<S> {
+    /// Open `<dir>/<name>`, recovering the state (its journal frames the file does not
+    /// hold applied, and saved) before anyone reads it. Blocking.
     fn open(dir: &Arc<DataDir>, of: &StageFile, options: FileOptions) -> Result<Self, BackendFailure> {
-        let (stage, replay) = (of.stage, of.replay);
+        let stage = of.stage;
         let journal = dir.journal()?;
-        let j = journal.clone();
-        let recover: RecoverFn = Box::new(move |db| recover(db, &j, stage, replay, options.quick_repair));
+        let recovered: Arc<Mutex<Option<S>>> = Arc::default();
+        let (j, slot) = (journal.clone(), recovered.clone());
+        let recover: RecoverFn = Box::new(move |db| {
+            let state = recover::<S>(db, &j, stage, options.quick_repair)?;
+            *slot.lock() = Some(state);
+            Ok(())
+        });
         let file = StoreFile::open_with(
             dir,
             of.name,
@@ -107,114 +191,166 @@ impl JournaledFile {
             Arc::new(FaultSwitch::default()),
             Some(recover),
         )?;
-        Ok(Self { file, journal, stage })
+        let state = recovered.lock().take().unwrap_or_default();
+        Ok(Self {
+            file,
+            journal,
+            stage,
+            writer: Mutex::new(()),
+            state: RwLock::new(Current {
+                state,
+                stale: false,
+                rewrite: false,
+            }),
+            recovered,
+        })
     }
 
-    /// Run `f` in one read transaction (a consistent snapshot; never blocks a writer).
-    pub(crate) fn read<R>(&self, f: impl FnOnce(&ReadTransaction) -> Result<R, Fail>) -> Result<R, BackendFailure> {
-        self.file.read(f)
+    /// Read the state. A read waits for a write in progress: it sees only changes whose
+    /// writes have returned.
+    pub(crate) fn read<R>(&self, f: impl FnOnce(&S) -> R) -> Result<R, BackendFailure> {
+        let _writer = self.writer.lock();
+        self.refresh()?;
+        Ok(f(&self.state.read().state))
     }
 
-    /// One write transaction: `change` applies the change and returns the payload of
-    /// the frame that records it, or `None` if it changed nothing (the transaction is
-    /// aborted). Durable as `wait` says before it returns (see the module docs).
+    /// One write: `change` applies it to the state and returns the payload of the frame
+    /// that records it, or `None` if it changed nothing. Durable as `wait` says before
+    /// it returns (see the module docs).
     pub(crate) fn write(
         &self,
         wait: Wait,
-        change: impl FnOnce(&WriteTransaction) -> Result<Option<Vec<u8>>, Fail>,
+        change: impl FnOnce(&mut S) -> Result<Option<Vec<u8>>, Fail>,
     ) -> Result<(), BackendFailure> {
-        // Set once the frame is synced: from then on the journal, not redb's memory, is
-        // the truth.
-        let mut journaled = false;
-        let mut checkpoint = None;
-        let result = self.file.write_txn(|txn| {
-            let recorded = get_counter(&txn.open_table(META)?, JOURNAL_LSN)?;
-            self.journal
-                .check_applied(self.stage, recorded)
-                .map_err(Fail::Located)?;
-            let Some(payload) = change(txn)? else {
-                return Ok(((), false));
-            };
-            let lsn = match self.journal.try_append(self.stage, &payload).map_err(Fail::Located)? {
-                Some(lsn) => {
-                    if wait == Wait::Synced {
-                        self.journal.sync_riding(lsn).map_err(Fail::Located)?;
-                        self.journal.applying(self.stage, lsn);
-                        journaled = true;
-                    }
-                    txn.set_durability(Durability::None)?;
-                    lsn
+        let writer = self.writer.lock();
+        self.refresh()?;
+        let payload = {
+            let mut current = self.state.write();
+            match change(&mut current.state) {
+                Ok(Some(payload)) => payload,
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    // A change that failed half way (a record that does not encode)
+                    // left memory ahead of the journal.
+                    current.stale = true;
+                    self.file.invalidate(FailureKind::Unavailable);
+                    return Err(self.file.failure(e));
                 }
-                None => {
-                    let lsn = self.journal.checkpoint_lsn();
-                    txn.set_durability(Durability::Immediate)?;
-                    checkpoint = Some(lsn);
-                    lsn
-                }
-            };
-            txn.open_table(META)?.insert(JOURNAL_LSN, lsn)?;
-            Ok(((), true))
+            }
+        };
+        let appended = self.journal.try_append(self.stage, &payload).and_then(|lsn| match lsn {
+            Some(lsn) if wait == Wait::Synced => self.journal.sync_riding(lsn),
+            Some(_) => Ok(()),
+            // The journal cannot take the frame: the change becomes durable by a
+            // checkpoint instead.
+            None => self.save(&writer),
         });
-        match (result, journaled) {
-            (Ok(()), _) => {
-                if let Some(lsn) = checkpoint {
-                    self.journal.checkpointed(self.stage, lsn);
-                }
-                Ok(())
-            }
-            (Err(e), true) => {
-                // Durable in the journal, not applied to redb: the write happened. No
-                // write proceeds on redb's state without it (`check_applied`), and the
-                // reopen this asks for applies it before anything reads the file again.
-                tracing::warn!(stage = self.stage.name(), error = %e, "commit journaled but not applied; reopening the store file");
-                self.file.invalidate(e.kind);
-                Ok(())
-            }
-            (Err(e), false) => Err(e),
+        if let Err(e) = appended {
+            self.state.write().stale = true;
+            self.file.invalidate(e.kind);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Replace a stale state by the one the file's recovery produces (reopening the
+    /// file, which was invalidated when the state went stale). The writer lock is held.
+    fn refresh(&self) -> Result<(), BackendFailure> {
+        if self.state.read().stale {
+            self.file.read(|_| Ok(()))?;
+        }
+        self.adopt_recovered();
+        Ok(())
+    }
+
+    /// After a (re)open of the file: a stale state takes the recovered one; a current
+    /// one stays the truth, and the next checkpoint rewrites the file whole from it.
+    fn adopt_recovered(&self) {
+        let Some(recovered) = self.recovered.lock().take() else {
+            return;
+        };
+        let mut current = self.state.write();
+        if current.stale {
+            *current = Current {
+                state: recovered,
+                stale: false,
+                rewrite: false,
+            };
+        } else {
+            current.rewrite = true;
         }
     }
-}
 
-impl Checkpoint for JournaledFile {
-    /// A durable commit recording the journal's LSN, if the stage has frames its file's
-    /// durable state does not hold.
-    fn checkpoint(&self) -> Result<(), BackendFailure> {
-        if !self.journal.uncovered(self.stage) {
-            return Ok(());
-        }
+    /// A durable commit of the changed records and the journal's LSN. The writer lock
+    /// is held and the state is not stale.
+    fn save(&self, _writer: &MutexGuard<'_, ()>) -> Result<(), BackendFailure> {
         on_this_thread(&self.file, || {
             let mut lsn = 0;
             self.file.write(Durability::Immediate, |txn| {
-                let mut meta = txn.open_table(META)?;
-                let recorded = get_counter(&meta, JOURNAL_LSN)?;
-                self.journal
-                    .check_applied(self.stage, recorded)
-                    .map_err(Fail::Located)?;
+                // The file may have been reopened (and recovered) to begin this
+                // transaction, after an earlier failure latched it.
+                self.adopt_recovered();
+                let current = self.state.read();
+                current.state.save(txn, current.rewrite)?;
                 lsn = self.journal.checkpoint_lsn();
-                meta.insert(JOURNAL_LSN, lsn)?;
+                txn.open_table(META)?.insert(JOURNAL_LSN, lsn)?;
                 Ok(((), true))
             })?;
+            let mut current = self.state.write();
+            current.state.saved();
+            current.rewrite = false;
+            drop(current);
             self.journal.checkpointed(self.stage, lsn);
             Ok(())
         })
     }
 }
 
-/// Apply the stage's frames the file does not hold, durably. Runs on every (re)open,
-/// before any caller sees the file.
-fn recover(db: &Database, journal: &Journal, stage: Stage, replay: ReplayFn, quick_repair: bool) -> Result<(), Fail> {
+impl<S: StageState> Checkpoint for JournaledFile<S> {
+    /// A durable commit of the records changed since the last one, if the stage has
+    /// frames its file's durable state does not hold.
+    fn checkpoint(&self) -> Result<(), BackendFailure> {
+        let writer = self.writer.lock();
+        self.refresh()?;
+        if !self.journal.uncovered(self.stage) && !self.state.read().rewrite {
+            return Ok(());
+        }
+        self.save(&writer)
+    }
+}
+
+impl<S: StageState> Drop for JournaledFile<S> {
+    /// A clean close checkpoints: the file then holds every change, those whose frames
+    /// were never flushed (cleanup) too.
+    fn drop(&mut self) {
+        if self.state.get_mut().stale {
+            return;
+        }
+        let writer = self.writer.lock();
+        if let Err(e) = self.save(&writer) {
+            tracing::warn!(stage = self.stage.name(), error = %e, "checkpoint at close failed");
+        }
+    }
+}
+
+/// Load the stage's state from its file, apply its frames the file does not hold, and
+/// save the result durably. Runs on every (re)open, before any caller sees the file.
+fn recover<S: StageState>(db: &Database, journal: &Journal, stage: Stage, quick_repair: bool) -> Result<S, Fail> {
     let mut txn = db.begin_write()?;
     txn.set_durability(Durability::Immediate)?;
     txn.set_quick_repair(quick_repair);
     let stored = get_counter(&txn.open_table(META)?, JOURNAL_LSN)?;
     let frames = journal.register(stage, stored).map_err(Fail::Located)?;
+    let mut state = S::load(&txn)?;
     let replayed = frames.len();
     for frame in frames {
-        replay(&txn, &frame.payload, frame.lsn)?;
+        state.replay(&frame.payload, frame.lsn)?;
     }
+    state.save(&txn, false)?;
     let lsn = journal.checkpoint_lsn();
     txn.open_table(META)?.insert(JOURNAL_LSN, lsn)?;
     txn.commit()?;
+    state.saved();
     journal.checkpointed(stage, lsn);
     if replayed > 0 {
         tracing::info!(
@@ -223,5 +359,5 @@ fn recover(db: &Database, journal: &Journal, stage: Stage, replay: ReplayFn, qui
             "applied journal frames after an unclean stop"
         );
     }
-    Ok(())
+    Ok(state)
 }

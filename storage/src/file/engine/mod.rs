@@ -9,7 +9,7 @@
 //! | [`backend`] | redb's file backend with fault injection (`disk-full`, `disk-io-error`), fsync metrics |
 //! | [`journal`] | the stages' journal (`journal.0`, `journal.1`): frames, group commit, segments, checkpoints, recovery scans |
 //! | [`observe`] | the seam crash-image tests watch every write, sync, create and rename through |
-//! | [`journaled`] | a store file made durable by journal frames, and the store handle the background stages share |
+//! | [`journaled`] | the background stages' engine: state in memory, changes journaled, the store file a checkpoint image |
 //!
 //! The stages (`pending`, `router_queue`, `routed_work`, `dlr`) sit beside this module
 //! and own only their tables, records and frames.
