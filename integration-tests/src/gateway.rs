@@ -88,6 +88,35 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// A port on 127.0.0.1 where nothing will ever listen while this is alive: a bound,
+/// never listening socket holds it, so connections to it are refused and the OS hands it
+/// to no other socket (a port from [`free_port`] is free only until some test's listener
+/// on port 0 happens to be given it).
+#[derive(Debug)]
+pub struct ClosedPort {
+    socket: tokio::net::TcpSocket,
+}
+
+impl ClosedPort {
+    pub fn new() -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().expect("TCP socket");
+        socket
+            .bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0).into())
+            .expect("bind 127.0.0.1:0");
+        Self { socket }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.socket.local_addr().expect("local address").port()
+    }
+}
+
+impl Default for ClosedPort {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// Replaces `{name}` placeholders with `vars`. An unknown `{identifier}` is an error that
 /// names it and the known ones.
 pub fn render_template(template: &str, vars: &[(&str, String)]) -> Result<String, String> {

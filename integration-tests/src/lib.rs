@@ -50,7 +50,7 @@ pub use esme::{
     BindError, Concat, DlrParts, DlrReply, EsmeError, EsmeOptions, MoMessage, Receipt, ReceivedPdu, SubmitOutcome,
     SubmitResp, SubmitSpec, TestEsme,
 };
-pub use gateway::{GatewayBuilder, GatewayProcess, Ports, free_port, render_template, sendium_command};
+pub use gateway::{ClosedPort, GatewayBuilder, GatewayProcess, Ports, free_port, render_template, sendium_command};
 pub use histogram::Histogram;
 pub use loadgen::{LoadConfig, LoadError, LoadReport, Mix};
 pub use smsc::{
