@@ -29,7 +29,7 @@
 //! by redb in each tree's header, the receipt counter lives in `meta` and is updated in
 //! the same transactions, and the oldest record is the first key of `records`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -93,7 +93,15 @@ struct Inner {
     /// every acknowledged admission.
     answered_unapplied: Mutex<bool>,
     applied: Condvar,
+    /// Single-record units recently made ready by a commit, by ready seq, built from the
+    /// records the commit had in hand: selection takes them from here instead of reading
+    /// and decoding their records again. Only a hint — selection uses an entry only for a
+    /// seq the `ready` table holds, with the same unit id — bounded by [`FRESH_UNITS`].
+    fresh: Mutex<BTreeMap<u64, Unit>>,
 }
+
+/// How many freshly ready units [`Inner::fresh`] keeps (the lowest seqs go first).
+const FRESH_UNITS: usize = 16_384;
 
 /// Makes the store's readers wait from [`start`](Self::start) until it is dropped: when
 /// the write has committed, or failed (the file is then invalidated, and the next read
@@ -145,6 +153,26 @@ struct Decided {
 }
 
 impl Decided {
+    /// The single-record units its apply made ready (`made`: seq and id, in admission
+    /// order), built from the records in hand.
+    fn into_fresh(self, made: &[(u64, UnitId)]) -> Vec<(u64, Unit)> {
+        let mut records = self.records.into_iter();
+        let mut out = Vec::with_capacity(made.len());
+        for &(seq, id) in made {
+            if let Some(record) = records.by_ref().find(|r| r.id == id) {
+                out.push((
+                    seq,
+                    Unit {
+                        id,
+                        disposition: Disposition::Deliver,
+                        parts: vec![record],
+                    },
+                ));
+            }
+        }
+        out
+    }
+
     fn apply(&self, t: &mut Tx<'_>, frame: &JournalFrame) -> Result<(), Fail> {
         if !self.completions_applied {
             complete_in(t, &frame.complete)?;
@@ -200,6 +228,7 @@ impl FilePendingStore {
             replayed,
             answered_unapplied: Mutex::new(false),
             applied: Condvar::new(),
+            fresh: Mutex::new(BTreeMap::new()),
         });
         journal.set_hook(Stage::Pending, Arc::downgrade(&inner) as Weak<dyn Checkpoint>);
         Ok(Self { inner })
@@ -245,6 +274,12 @@ impl FilePendingStore {
     #[cfg(test)]
     pub(crate) fn journal_uncovered(&self) -> bool {
         self.inner.journal.uncovered(Stage::Pending)
+    }
+
+    /// Units kept for selection (see `Inner::fresh`).
+    #[cfg(test)]
+    pub(crate) fn fresh_units(&self) -> usize {
+        self.inner.fresh.lock().len()
     }
 
     #[cfg(test)]
@@ -557,6 +592,11 @@ struct Tx<'t> {
     receipts: u64,
     /// The journal LSN this state corresponds to.
     journal_lsn: u64,
+    /// Single-record units made ready, seq and id in admission order (see [`Inner::fresh`]).
+    made_ready: Vec<(u64, UnitId)>,
+    /// A record was stored over one of the same id: units made ready earlier may hold
+    /// another record than the table now does.
+    overwrote: bool,
 }
 
 impl<'t> Tx<'t> {
@@ -579,6 +619,8 @@ impl<'t> Tx<'t> {
             next_seq,
             receipts,
             journal_lsn,
+            made_ready: Vec::new(),
+            overwrote: false,
         })
     }
 
@@ -595,7 +637,7 @@ impl<'t> Tx<'t> {
         members: Vec<MessageId>,
         receipts: u64,
         lane: u8,
-    ) -> Result<(), Fail> {
+    ) -> Result<u64, Fail> {
         self.next_seq += 1;
         let seq = ReadySeq::in_lane(lane, self.next_seq).0;
         let entry = UnitEntry {
@@ -611,7 +653,7 @@ impl<'t> Tx<'t> {
             // Only with a reused message id: keep one ready entry per unit.
             self.ready.remove(old)?;
         }
-        Ok(())
+        Ok(seq)
     }
 
     /// The open group of a group key (its [`group_prefix`]). Normally at most one is
@@ -810,7 +852,7 @@ impl<'t> Tx<'t> {
                 let complete = group.parts.len() == usize::from(part.total);
                 let old_deadline = group.deadline;
                 group.deadline = group.deadline.min(part.expires_at);
-                self.records.insert(&id.to_bytes(), bytes)?;
+                self.overwrote |= self.records.insert(&id.to_bytes(), bytes)?.is_some();
                 self.deadlines.remove((old_deadline.0, gkb.as_slice()))?;
                 let gbytes = encode(
                     RecordKind::PendingGroup,
@@ -834,8 +876,9 @@ impl<'t> Tx<'t> {
                 }
             }
             _ => {
-                self.records.insert(&id.to_bytes(), bytes)?;
-                self.make_ready(id, Disposition::Deliver, vec![id], wants, lane)?;
+                self.overwrote |= self.records.insert(&id.to_bytes(), bytes)?.is_some();
+                let seq = self.make_ready(id, Disposition::Deliver, vec![id], wants, lane)?;
+                self.made_ready.push((seq, id));
             }
         }
         Ok(())
@@ -883,6 +926,8 @@ impl Inner {
         // the truth, and this is the answer whatever redb's commit does.
         let mut journaled = None;
         let mut checkpoint = None;
+        let mut fresh = Vec::new();
+        let mut overwrote = false;
         let readers_wait = ReadersWait(self);
         let result = self.file.write_txn(|txn| {
             let mut t = Tx::open(txn)?;
@@ -918,12 +963,14 @@ impl Inner {
                         // a storage engine failing after the acknowledgement.
                         failpoint::hit("pending-apply");
                         decided.apply(&mut t, &frame)?;
+                        fresh = decided.into_fresh(&t.made_ready);
                     }
                     lsn
                 }
                 (_, frame) => {
                     if let (Some(frame), Some(decided)) = (frame, decided) {
                         decided.apply(&mut t, &frame)?;
+                        fresh = decided.into_fresh(&t.made_ready);
                     }
                     let lsn = self.journal.checkpoint_lsn();
                     checkpoint = Some(lsn);
@@ -932,6 +979,7 @@ impl Inner {
             };
             t.meta.insert(JOURNAL_LSN, lsn)?;
             t.save_counters()?;
+            overwrote = t.overwrote;
             drop(t);
             txn.set_durability(if checkpoint.is_some() {
                 Durability::Immediate
@@ -945,6 +993,7 @@ impl Inner {
                 if let Some(lsn) = checkpoint {
                     self.journal.checkpointed(Stage::Pending, lsn);
                 }
+                self.keep_fresh(fresh, overwrote);
                 Ok(out)
             }
             (Err(e), Some(out)) => {
@@ -955,7 +1004,11 @@ impl Inner {
                 self.file.invalidate(e.kind);
                 Ok(out)
             }
-            (Err(e), None) => Err(e),
+            (Err(e), None) => {
+                // Its seqs will be given to other units.
+                self.fresh.lock().clear();
+                Err(e)
+            }
         };
         // Only now, with the file invalidated if the apply failed: a waiting reader
         // must reopen it (and so replay the frame), not read what redb holds.
@@ -1091,6 +1144,20 @@ impl Inner {
         }
     }
 
+    /// Keep the units a committed write made ready for selection (see [`Inner::fresh`]).
+    fn keep_fresh(&self, units: Vec<(u64, Unit)>, overwrote: bool) {
+        let mut fresh = self.fresh.lock();
+        if overwrote {
+            fresh.clear();
+        }
+        for (seq, unit) in units {
+            if fresh.len() >= FRESH_UNITS && fresh.pop_first().is_none() {
+                break;
+            }
+            fresh.insert(seq, unit);
+        }
+    }
+
     /// Does not wait for an answered commit: its units are picked up by the Selector's
     /// next read, which the commit's end wakes it for (the Selector reads this on every
     /// wake, and waiting here would stall it behind the writer's commits).
@@ -1105,11 +1172,21 @@ impl Inner {
                 }
                 let from = after.lane(lane).0.max(ReadySeq::in_lane(lane, 0).0).saturating_add(1);
                 let room = limit - out.len();
+                let mut fresh = self.fresh.lock();
                 for item in ready.range(from..ReadySeq::lane_end(lane).0)?.take(room) {
                     let (k, v) = item?;
                     let seq = k.value();
                     let entry = decode_unit(seq, v.value())?;
-                    out.push(build_unit(&records, seq, entry)?);
+                    let kept = fresh
+                        .remove(&seq)
+                        .filter(|u| entry.id == u.id && entry.members.as_slice() == [u.id]);
+                    out.push(match kept {
+                        Some(unit) => ReadyUnit {
+                            seq: ReadySeq(seq),
+                            unit,
+                        },
+                        None => build_unit(&records, seq, entry)?,
+                    });
                 }
             }
             Ok(out)

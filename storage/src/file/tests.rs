@@ -1423,3 +1423,40 @@ fn a_failed_checkpoint_keeps_its_changes_for_the_next_one() {
         assert_eq!(s.rw.stats().await.unwrap().open_branches, 4);
     });
 }
+
+#[test]
+fn selection_reads_the_same_units_with_or_without_the_fresh_ones_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let s = open_all(tmp.path());
+        let mut idem = record("esme1", "447700900001", "with key");
+        idem.idempotency_key = Some("key-1".into());
+        let mut rich = record("esme2", "447700900002", "every field");
+        rich.callback_url = Some("http://127.0.0.1:9/cb".into());
+        rich.valid_until = Some(Timestamp(u64::MAX / 2));
+        rich.dlr_mask = Some(31);
+        rich.destination_hint = Some("up-b".into());
+        rich.service_type = "CMT".into();
+        rich.route_priority = 3;
+        let batch = vec![
+            idem,
+            rich,
+            record("esme1", "447700900003", "plain"),
+            part("esme1", "447700900004", 9, 2, 1, LONG),
+            part("esme1", "447700900004", 9, 2, 2, LONG),
+        ];
+        s.pending.admit(batch).await.unwrap();
+        assert_eq!(s.pending.fresh_units(), 3, "the single-record units");
+        // The first read takes the single-record units from what the commit kept; the
+        // second, of the same units, reads and decodes every record.
+        let kept = s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap();
+        let read = s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap();
+        assert_eq!(kept.len(), 4, "3 singles + 1 complete group");
+        assert_eq!(s.pending.fresh_units(), 0, "taken by the first read");
+        assert_eq!(kept, read);
+        // A completed unit is not selected again, kept or not.
+        s.pending.complete(&[kept[0].unit.id]).await.unwrap();
+        let after = s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap();
+        assert_eq!(after, read[1..].to_vec());
+    });
+}
