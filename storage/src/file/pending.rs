@@ -100,8 +100,9 @@ struct Inner {
     fresh: Mutex<BTreeMap<u64, Unit>>,
 }
 
-/// How many freshly ready units [`Inner::fresh`] keeps (the lowest seqs go first).
-const FRESH_UNITS: usize = 16_384;
+/// How many freshly ready units [`Inner::fresh`] keeps. When it is full, newer units
+/// are not kept: selection reads in seq order, so the kept ones are those it reads next.
+const FRESH_UNITS: usize = 4096;
 
 /// Makes the store's readers wait from [`start`](Self::start) until it is dropped: when
 /// the write has committed, or failed (the file is then invalidated, and the next read
@@ -1150,12 +1151,8 @@ impl Inner {
         if overwrote {
             fresh.clear();
         }
-        for (seq, unit) in units {
-            if fresh.len() >= FRESH_UNITS && fresh.pop_first().is_none() {
-                break;
-            }
-            fresh.insert(seq, unit);
-        }
+        let room = FRESH_UNITS.saturating_sub(fresh.len());
+        fresh.extend(units.into_iter().take(room));
     }
 
     /// Does not wait for an answered commit: its units are picked up by the Selector's

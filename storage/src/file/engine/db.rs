@@ -79,8 +79,9 @@ impl FileOptions {
     /// puts a 1,000,000-message backlog at the 256 MiB RSS limit, with router-queue and
     /// routed-work keeping non-durable pages too).
     pub const PENDING_CACHE: usize = 32 << 20;
-    /// 16 MiB of cache for router-queue and routed-work, which hold in-flight work only.
-    pub const STAGE_CACHE: usize = 16 << 20;
+    /// 2 MiB of cache for router-queue and routed-work: their state lives in memory, and
+    /// their files are only written by checkpoints and read when opened.
+    pub const STAGE_CACHE: usize = 2 << 20;
 
     pub fn pending() -> Self {
         Self {
