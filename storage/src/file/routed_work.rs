@@ -12,7 +12,6 @@
 //! | `units` | unit id (UUIDv7 bytes: id order) | [`RoutedUnit`] envelope |
 //! | `meta` | name | `layout`, `open_branches`, `journal_lsn` |
 
-use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -23,7 +22,7 @@ use serde_bytes::ByteBuf;
 use super::engine::db::{Fail, FileOptions, META, check_layout};
 use super::engine::dir::{DataDir, ROUTED_WORK_FILE};
 use super::engine::journal::Stage;
-use super::engine::journaled::{JournaledFile, JournaledStore, StageFile, StageState, Wait};
+use super::engine::journaled::{ChangedKeys, JournaledFile, JournaledStore, StageFile, StageState, Wait};
 use crate::backend::{Backend, StageCapabilities};
 use crate::envelope::{self, RecordKind};
 use crate::error::{BackendFailure, RoutedWorkError};
@@ -121,19 +120,20 @@ fn encode(unit: &RoutedUnit) -> Result<Vec<u8>, Fail> {
 pub(crate) struct RoutedWorkFile {
     work: RoutedWorkState,
     /// Units recorded, changed or removed since the last checkpoint.
-    changed: BTreeSet<UnitId>,
-    /// Units the file holds.
-    in_file: HashSet<UnitId>,
+    changed: ChangedKeys<UnitId, ()>,
 }
 
 impl RoutedWorkFile {
     /// Apply `write` and mark what it changed; returns what took effect.
     fn apply(&mut self, write: RoutedWrite) -> Applied {
         let applied = self.work.apply(write, true);
-        self.changed.extend(applied.record.iter().copied());
-        self.changed.extend(applied.moves.iter().map(|m| m.unit));
-        self.changed.extend(applied.complete.iter().map(|d| d.unit));
-        self.changed.extend(applied.remove.iter().copied());
+        let touched = (applied.record.iter().copied())
+            .chain(applied.moves.iter().map(|m| m.unit))
+            .chain(applied.complete.iter().map(|d| d.unit))
+            .chain(applied.remove.iter().copied());
+        for id in touched {
+            self.changed.mark(id, ());
+        }
         applied
     }
 
@@ -165,7 +165,7 @@ impl StageState for RoutedWorkFile {
             let (k, v) = item?;
             let unit = decode(MessageId::from_bytes(*k.value()), v.value())?;
             state.work.open_branches += open_count(&unit);
-            state.in_file.insert(unit.id);
+            state.changed.loaded(unit.id);
             state.work.units.insert(unit.id, unit);
         }
         Ok(state)
@@ -199,12 +199,12 @@ impl StageState for RoutedWorkFile {
                 table.insert(&unit.id.to_bytes(), encode(unit)?.as_slice())?;
             }
         } else {
-            for id in &self.changed {
+            for (id, (), in_file) in self.changed.pending() {
                 match self.work.units.get(id) {
                     Some(unit) => {
                         table.insert(&id.to_bytes(), encode(unit)?.as_slice())?;
                     }
-                    None if self.in_file.contains(id) => {
+                    None if in_file => {
                         table.remove(&id.to_bytes())?;
                     }
                     None => {}
@@ -216,13 +216,8 @@ impl StageState for RoutedWorkFile {
     }
 
     fn saved(&mut self) {
-        for id in std::mem::take(&mut self.changed) {
-            if self.work.units.contains_key(&id) {
-                self.in_file.insert(id);
-            } else {
-                self.in_file.remove(&id);
-            }
-        }
+        let units = &self.work.units;
+        self.changed.saved(|id| units.contains_key(id));
     }
 }
 

@@ -12,7 +12,6 @@
 //! | `staged_ids` | unit id | ready seq |
 //! | `meta` | name | `layout`, `cursor`, `journal_lsn` |
 
-use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -22,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use super::engine::db::{Fail, FileOptions, META, check_layout, get_counter};
 use super::engine::dir::{DataDir, ROUTER_QUEUE_FILE};
 use super::engine::journal::Stage;
-use super::engine::journaled::{JournaledFile, JournaledStore, StageFile, StageState, Wait};
+use super::engine::journaled::{ChangedKeys, JournaledFile, JournaledStore, StageFile, StageState, Wait};
 use super::records::StagedRecord;
 use crate::backend::{Backend, StageCapabilities};
 use crate::envelope::{self, RecordKind};
@@ -146,10 +145,8 @@ fn decode(seq: u64, bytes: &[u8]) -> Result<StagedRecord, Fail> {
 pub(crate) struct RouterQueueFile {
     queue: RouterQueueState,
     /// Units staged or released since the last checkpoint, by seq.
-    changed: BTreeMap<ReadySeq, UnitId>,
+    changed: ChangedKeys<ReadySeq, UnitId>,
     cursor_changed: bool,
-    /// Seqs the file holds.
-    in_file: HashSet<ReadySeq>,
 }
 
 impl RouterQueueFile {
@@ -161,7 +158,7 @@ impl RouterQueueFile {
             return Ok(None);
         }
         for u in applied.stage.iter().chain(&applied.release) {
-            self.changed.insert(u.seq, u.id);
+            self.changed.mark(u.seq, u.id);
         }
         self.cursor_changed |= applied.cursor_moved;
         let cursor = match (&write.cursor, applied.cursor_moved) {
@@ -187,7 +184,7 @@ impl StageState for RouterQueueFile {
             let id = decode(seq.0, v.value())?.id;
             state.queue.by_seq.insert(seq, id);
             state.queue.by_id.insert(id, seq);
-            state.in_file.insert(seq);
+            state.changed.loaded(seq);
         }
         let meta = txn.open_table(META)?;
         for lane in 0..ReadySeq::LANES as u8 {
@@ -238,10 +235,10 @@ impl StageState for RouterQueueFile {
                 put(&mut staged, &mut ids, seq, id)?;
             }
         } else {
-            for (&seq, &id) in &self.changed {
+            for (&seq, &id, in_file) in self.changed.pending() {
                 if self.queue.by_seq.get(&seq) == Some(&id) {
                     put(&mut staged, &mut ids, seq, id)?;
-                } else if self.in_file.contains(&seq) {
+                } else if in_file {
                     staged.remove(seq.0)?;
                     ids.remove(&id.to_bytes())?;
                 }
@@ -257,13 +254,8 @@ impl StageState for RouterQueueFile {
     }
 
     fn saved(&mut self) {
-        for (seq, _) in std::mem::take(&mut self.changed) {
-            if self.queue.by_seq.contains_key(&seq) {
-                self.in_file.insert(seq);
-            } else {
-                self.in_file.remove(&seq);
-            }
-        }
+        let staged = &self.queue.by_seq;
+        self.changed.saved(|seq| staged.contains_key(seq));
         self.cursor_changed = false;
     }
 }

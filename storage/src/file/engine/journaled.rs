@@ -4,15 +4,13 @@
 //!
 //! # Why the state lives in memory
 //!
-//! These stages hold in-flight work only (bounded by `max-in-flight`), and a record
-//! lives from routing to its source's completion: tens of milliseconds, against a
-//! checkpoint every second or so. Applying every change to redb as it happened wrote
-//! each record into a B-tree, rewrote it on completion and deleted it again, all before
-//! the checkpoint that made the file durable; the file held almost none of them then.
-//! So a write changes the in-memory [`StageState`] and appends the frame that records
-//! the change; a checkpoint writes to redb only the records changed since the last one,
-//! as they are at that moment (a record created and removed in between never reaches
-//! the file).
+//! These stages hold in-flight work only (bounded by `max-in-flight`), and while
+//! destinations keep up a record lives from routing to its source's completion, tens of
+//! milliseconds, against a checkpoint every second or so: most records never need to be
+//! in the file at all. So a write changes the in-memory [`StageState`] and appends the
+//! frame that records the change; a checkpoint writes to redb only the records changed
+//! since the last one, as they are at that moment (a record created and removed in
+//! between never reaches the file).
 //!
 //! # Durability
 //!
@@ -35,10 +33,12 @@
 //! A failed checkpoint keeps its changed records for the next one; after the file was
 //! reopened the next checkpoint rewrites the file's tables whole from memory.
 
+use std::collections::{BTreeMap, HashSet};
+use std::hash::Hash;
 use std::path::Path;
 use std::sync::{Arc, Weak};
 
-use parking_lot::{Mutex, MutexGuard, RwLock};
+use parking_lot::Mutex;
 use redb::{Database, Durability, WriteTransaction};
 
 use super::backend::FaultSwitch;
@@ -153,11 +153,10 @@ pub(crate) struct JournaledFile<S: StageState> {
     file: StoreFile,
     journal: Arc<Journal>,
     stage: Stage,
-    /// Held by a write from its change to its frame's sync, and by a checkpoint: the
-    /// stage's frames are in the order of its changes, and a checkpoint sees every
-    /// change whose frame it covers.
-    writer: Mutex<()>,
-    state: RwLock<Current<S>>,
+    /// Held by a write from its change to its frame's sync, by a checkpoint and by a
+    /// read: the stage's frames are in the order of its changes, a checkpoint sees every
+    /// change whose frame it covers, and a read sees only writes that have returned.
+    current: Mutex<Current<S>>,
     /// The state the last (re)open of the file recovered, until taken.
     recovered: Arc<Mutex<Option<S>>>,
 }
@@ -196,8 +195,7 @@ impl<S: StageState> JournaledFile<S> {
             file,
             journal,
             stage,
-            writer: Mutex::new(()),
-            state: RwLock::new(Current {
+            current: Mutex::new(Current {
                 state,
                 stale: false,
                 rewrite: false,
@@ -206,12 +204,11 @@ impl<S: StageState> JournaledFile<S> {
         })
     }
 
-    /// Read the state. A read waits for a write in progress: it sees only changes whose
-    /// writes have returned.
+    /// Read the state.
     pub(crate) fn read<R>(&self, f: impl FnOnce(&S) -> R) -> Result<R, BackendFailure> {
-        let _writer = self.writer.lock();
-        self.refresh()?;
-        Ok(f(&self.state.read().state))
+        let mut current = self.current.lock();
+        self.refresh(&mut current)?;
+        Ok(f(&current.state))
     }
 
     /// One write: `change` applies it to the state and returns the payload of the frame
@@ -222,31 +219,28 @@ impl<S: StageState> JournaledFile<S> {
         wait: Wait,
         change: impl FnOnce(&mut S) -> Result<Option<Vec<u8>>, Fail>,
     ) -> Result<(), BackendFailure> {
-        let writer = self.writer.lock();
-        self.refresh()?;
-        let payload = {
-            let mut current = self.state.write();
-            match change(&mut current.state) {
-                Ok(Some(payload)) => payload,
-                Ok(None) => return Ok(()),
-                Err(e) => {
-                    // A change that failed half way (a record that does not encode)
-                    // left memory ahead of the journal.
-                    current.stale = true;
-                    self.file.invalidate(FailureKind::Unavailable);
-                    return Err(self.file.failure(e));
-                }
+        let mut current = self.current.lock();
+        self.refresh(&mut current)?;
+        let appended = match change(&mut current.state) {
+            Ok(None) => return Ok(()),
+            Ok(Some(payload)) => self.journal.try_append(self.stage, &payload).and_then(|lsn| match lsn {
+                Some(lsn) if wait == Wait::Synced => self.journal.sync_riding(lsn),
+                Some(_) => Ok(()),
+                // The journal cannot take the frame: the change becomes durable by a
+                // checkpoint instead.
+                None => self.save(&mut current),
+            }),
+            Err(e) => {
+                // A change that failed half way (a record that does not encode) left
+                // memory ahead of the journal.
+                current.stale = true;
+                self.file.invalidate(FailureKind::Unavailable);
+                return Err(self.file.failure(e));
             }
         };
-        let appended = self.journal.try_append(self.stage, &payload).and_then(|lsn| match lsn {
-            Some(lsn) if wait == Wait::Synced => self.journal.sync_riding(lsn),
-            Some(_) => Ok(()),
-            // The journal cannot take the frame: the change becomes durable by a
-            // checkpoint instead.
-            None => self.save(&writer),
-        });
         if let Err(e) = appended {
-            self.state.write().stale = true;
+            // Memory may hold a change the journal does not.
+            current.stale = true;
             self.file.invalidate(e.kind);
             return Err(e);
         }
@@ -254,22 +248,21 @@ impl<S: StageState> JournaledFile<S> {
     }
 
     /// Replace a stale state by the one the file's recovery produces (reopening the
-    /// file, which was invalidated when the state went stale). The writer lock is held.
-    fn refresh(&self) -> Result<(), BackendFailure> {
-        if self.state.read().stale {
+    /// file, which was invalidated when the state went stale).
+    fn refresh(&self, current: &mut Current<S>) -> Result<(), BackendFailure> {
+        if current.stale {
             self.file.read(|_| Ok(()))?;
         }
-        self.adopt_recovered();
+        self.adopt_recovered(current);
         Ok(())
     }
 
     /// After a (re)open of the file: a stale state takes the recovered one; a current
     /// one stays the truth, and the next checkpoint rewrites the file whole from it.
-    fn adopt_recovered(&self) {
+    fn adopt_recovered(&self, current: &mut Current<S>) {
         let Some(recovered) = self.recovered.lock().take() else {
             return;
         };
-        let mut current = self.state.write();
         if current.stale {
             *current = Current {
                 state: recovered,
@@ -281,25 +274,31 @@ impl<S: StageState> JournaledFile<S> {
         }
     }
 
-    /// A durable commit of the changed records and the journal's LSN. The writer lock
-    /// is held and the state is not stale.
-    fn save(&self, _writer: &MutexGuard<'_, ()>) -> Result<(), BackendFailure> {
+    /// A durable commit of the changed records and the journal's LSN, if the stage has
+    /// frames its file's durable state does not hold (or the file must be rewritten).
+    fn checkpoint_current(&self, current: &mut Current<S>) -> Result<(), BackendFailure> {
+        if !self.journal.uncovered(self.stage) && !current.rewrite {
+            return Ok(());
+        }
+        self.save(current)
+    }
+
+    /// A durable commit of the changed records and the journal's LSN. The state is not
+    /// stale.
+    fn save(&self, current: &mut Current<S>) -> Result<(), BackendFailure> {
         on_this_thread(&self.file, || {
             let mut lsn = 0;
             self.file.write(Durability::Immediate, |txn| {
                 // The file may have been reopened (and recovered) to begin this
                 // transaction, after an earlier failure latched it.
-                self.adopt_recovered();
-                let current = self.state.read();
+                self.adopt_recovered(current);
                 current.state.save(txn, current.rewrite)?;
                 lsn = self.journal.checkpoint_lsn();
                 txn.open_table(META)?.insert(JOURNAL_LSN, lsn)?;
                 Ok(((), true))
             })?;
-            let mut current = self.state.write();
             current.state.saved();
             current.rewrite = false;
-            drop(current);
             self.journal.checkpointed(self.stage, lsn);
             Ok(())
         })
@@ -307,15 +306,10 @@ impl<S: StageState> JournaledFile<S> {
 }
 
 impl<S: StageState> Checkpoint for JournaledFile<S> {
-    /// A durable commit of the records changed since the last one, if the stage has
-    /// frames its file's durable state does not hold.
     fn checkpoint(&self) -> Result<(), BackendFailure> {
-        let writer = self.writer.lock();
-        self.refresh()?;
-        if !self.journal.uncovered(self.stage) && !self.state.read().rewrite {
-            return Ok(());
-        }
-        self.save(&writer)
+        let mut current = self.current.lock();
+        self.refresh(&mut current)?;
+        self.checkpoint_current(&mut current)
     }
 }
 
@@ -323,12 +317,59 @@ impl<S: StageState> Drop for JournaledFile<S> {
     /// A clean close checkpoints: the file then holds every change, those whose frames
     /// were never flushed (cleanup) too.
     fn drop(&mut self) {
-        if self.state.get_mut().stale {
+        let mut current = self.current.lock();
+        if current.stale {
             return;
         }
-        let writer = self.writer.lock();
-        if let Err(e) = self.save(&writer) {
+        if let Err(e) = self.checkpoint_current(&mut current) {
             tracing::warn!(stage = self.stage.name(), error = %e, "checkpoint at close failed");
+        }
+    }
+}
+
+/// Which keys of a stage's table changed since its last checkpoint (each with what its
+/// removal from the file needs), and which the file holds: what a [`StageState`]
+/// writes back at a checkpoint.
+pub(crate) struct ChangedKeys<K, V> {
+    changed: BTreeMap<K, V>,
+    in_file: HashSet<K>,
+}
+
+impl<K, V> Default for ChangedKeys<K, V> {
+    fn default() -> Self {
+        Self {
+            changed: BTreeMap::new(),
+            in_file: HashSet::new(),
+        }
+    }
+}
+
+impl<K: Ord + Hash + Copy, V> ChangedKeys<K, V> {
+    /// `key` is in the file as loaded.
+    pub(crate) fn loaded(&mut self, key: K) {
+        self.in_file.insert(key);
+    }
+
+    /// `key` was written or removed in memory.
+    pub(crate) fn mark(&mut self, key: K, value: V) {
+        self.changed.insert(key, value);
+    }
+
+    /// The keys changed since the last checkpoint, in key order, each with whether the
+    /// file holds it.
+    pub(crate) fn pending(&self) -> impl Iterator<Item = (&K, &V, bool)> + '_ {
+        self.changed.iter().map(|(k, v)| (k, v, self.in_file.contains(k)))
+    }
+
+    /// The checkpoint committed: the file holds exactly the keys `live` says are in
+    /// memory.
+    pub(crate) fn saved(&mut self, live: impl Fn(&K) -> bool) {
+        for (key, _) in std::mem::take(&mut self.changed) {
+            if live(&key) {
+                self.in_file.insert(key);
+            } else {
+                self.in_file.remove(&key);
+            }
         }
     }
 }
