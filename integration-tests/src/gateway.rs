@@ -98,22 +98,14 @@ pub struct ClosedPort {
 }
 
 impl ClosedPort {
-    pub fn new() -> Self {
-        let socket = tokio::net::TcpSocket::new_v4().expect("TCP socket");
-        socket
-            .bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0).into())
-            .expect("bind 127.0.0.1:0");
-        Self { socket }
+    pub fn new() -> std::io::Result<Self> {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0).into())?;
+        Ok(Self { socket })
     }
 
-    pub fn port(&self) -> u16 {
-        self.socket.local_addr().expect("local address").port()
-    }
-}
-
-impl Default for ClosedPort {
-    fn default() -> Self {
-        Self::new()
+    pub fn port(&self) -> std::io::Result<u16> {
+        Ok(self.socket.local_addr()?.port())
     }
 }
 

@@ -284,7 +284,7 @@ async fn copy_to_delivers_each_branch() {
 #[tokio::test]
 async fn failover_to_the_next_reachable_destination() {
     let backup = smsc().await;
-    let dead = sendium_integration_tests::ClosedPort::new();
+    let dead = sendium_integration_tests::ClosedPort::new().unwrap();
     let config = [
         SMPP,
         HTTP,
@@ -296,7 +296,7 @@ async fn failover_to_the_next_reachable_destination() {
     .concat();
     let gw = sendium_integration_tests::GatewayProcess::builder(&config)
         .smsc_port(backup.port())
-        .var("dead_port", &dead.port().to_string())
+        .var("dead_port", &dead.port().unwrap().to_string())
         .start()
         .await;
     let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)

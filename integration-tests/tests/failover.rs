@@ -360,7 +360,7 @@ async fn stranded_work_fails_over_across_a_sigkill_on_file_file_file() {
 #[tokio::test]
 async fn a_message_nobody_can_take_expires_at_its_validity() {
     let live = smsc().await;
-    let dead = sendium_integration_tests::ClosedPort::new();
+    let dead = sendium_integration_tests::ClosedPort::new().unwrap();
     let config = [
         "[sms]\nmax-age = \"5s\"\n",
         SMPP,
@@ -373,7 +373,7 @@ async fn a_message_nobody_can_take_expires_at_its_validity() {
     ]
     .concat();
     let gw = GatewayProcess::builder(&config)
-        .var("dead_port", &dead.port().to_string())
+        .var("dead_port", &dead.port().unwrap().to_string())
         .var("live_port", &live.port().to_string())
         .start()
         .await;
