@@ -1162,29 +1162,40 @@ impl Inner {
         self.file.read(|txn| {
             let ready = txn.open_table(READY)?;
             let records = txn.open_table(RECORDS)?;
-            let mut out = Vec::with_capacity(limit.min(1024));
+            let mut entries = Vec::with_capacity(limit.min(1024));
             for lane in (0..ReadySeq::LANES as u8).rev() {
-                if out.len() >= limit {
+                if entries.len() >= limit {
                     break;
                 }
                 let from = after.lane(lane).0.max(ReadySeq::in_lane(lane, 0).0).saturating_add(1);
-                let room = limit - out.len();
-                let mut fresh = self.fresh.lock();
+                let room = limit - entries.len();
                 for item in ready.range(from..ReadySeq::lane_end(lane).0)?.take(room) {
                     let (k, v) = item?;
                     let seq = k.value();
-                    let entry = decode_unit(seq, v.value())?;
-                    let kept = fresh
-                        .remove(&seq)
-                        .filter(|u| entry.id == u.id && entry.members.as_slice() == [u.id]);
-                    out.push(match kept {
-                        Some(unit) => ReadyUnit {
-                            seq: ReadySeq(seq),
-                            unit,
-                        },
-                        None => build_unit(&records, seq, entry)?,
-                    });
+                    entries.push((seq, decode_unit(seq, v.value())?));
                 }
+            }
+            // Take the kept units in one short hold of the lock the writer fills it under.
+            let kept: Vec<Option<Unit>> = {
+                let mut fresh = self.fresh.lock();
+                entries
+                    .iter()
+                    .map(|(seq, entry)| {
+                        fresh
+                            .remove(seq)
+                            .filter(|u| entry.id == u.id && entry.members.as_slice() == [u.id])
+                    })
+                    .collect()
+            };
+            let mut out = Vec::with_capacity(entries.len());
+            for ((seq, entry), kept) in entries.into_iter().zip(kept) {
+                out.push(match kept {
+                    Some(unit) => ReadyUnit {
+                        seq: ReadySeq(seq),
+                        unit,
+                    },
+                    None => build_unit(&records, seq, entry)?,
+                });
             }
             Ok(out)
         })
