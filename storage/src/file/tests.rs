@@ -1425,10 +1425,11 @@ fn a_failed_checkpoint_keeps_its_changes_for_the_next_one() {
 }
 
 #[test]
-fn selection_reads_the_same_units_with_or_without_the_fresh_ones_kept() {
+fn held_units_read_as_stored_ones_and_reach_the_file_at_a_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
     runtime().block_on(async {
         let s = open_all(tmp.path());
+        s.pending.journal().pause_ticks();
         let mut idem = record("esme1", "447700900001", "with key");
         idem.idempotency_key = Some("key-1".into());
         let mut rich = record("esme2", "447700900002", "every field");
@@ -1446,17 +1447,113 @@ fn selection_reads_the_same_units_with_or_without_the_fresh_ones_kept() {
             part("esme1", "447700900004", 9, 2, 2, LONG),
         ];
         s.pending.admit(batch).await.unwrap();
-        assert_eq!(s.pending.fresh_units(), 3, "the single-record units");
-        // The first read takes the single-record units from what the commit kept; the
-        // second, of the same units, reads and decodes every record.
-        let kept = s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap();
-        let read = s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap();
-        assert_eq!(kept.len(), 4, "3 singles + 1 complete group");
-        assert_eq!(s.pending.fresh_units(), 0, "taken by the first read");
-        assert_eq!(kept, read);
-        // A completed unit is not selected again, kept or not.
-        s.pending.complete(&[kept[0].unit.id]).await.unwrap();
-        let after = s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap();
-        assert_eq!(after, read[1..].to_vec());
+        assert_eq!(s.pending.held_units(), 3, "the single-record units");
+        assert_eq!(s.pending.records_in_file(), 5, "held records count as stored");
+        let held = s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap();
+        assert_eq!(held.len(), 4, "3 singles + 1 complete group");
+        let ids: Vec<_> = held.iter().map(|u| u.unit.id).collect();
+        assert_eq!(s.pending.units(&ids).await.unwrap(), held);
+
+        s.pending.checkpoint_now().unwrap();
+        assert_eq!(s.pending.held_units(), 0, "written into the tables");
+        assert_eq!(
+            s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap(),
+            held
+        );
+        assert_eq!(s.pending.units(&ids).await.unwrap(), held);
+        assert_eq!(s.pending.stats().await.unwrap().records, 5);
+
+        // Held and stored units interleave by seq, and a completion finds either.
+        let more: Vec<_> = (0..3)
+            .map(|i| record("esme1", "447700900005", &format!("more {i}")))
+            .collect();
+        s.pending.admit(more).await.unwrap();
+        assert_eq!(s.pending.held_units(), 3);
+        s.pending.complete(&[held[0].unit.id, ids[3]]).await.unwrap();
+        let mixed = s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap();
+        assert_eq!(mixed.len(), 5);
+        assert_eq!(mixed[..2].to_vec(), held[1..3].to_vec());
+        assert!(mixed.windows(2).all(|w| w[0].seq < w[1].seq), "in seq order");
+        // A limit cuts the merged order, and a cursor resumes it.
+        let first = s.pending.ready_after(crate::ReadyCursor::START, 3).await.unwrap();
+        assert_eq!(first, mixed[..3].to_vec());
+        let mut cursor = crate::ReadyCursor::START;
+        for u in &first {
+            cursor.advance(u.seq);
+        }
+        let rest = s.pending.ready_after(cursor, 100).await.unwrap();
+        assert_eq!(rest, mixed[3..].to_vec());
+        let held_ids: Vec<_> = mixed[2..].iter().map(|u| u.unit.id).collect();
+        s.pending.complete(&held_ids[..1]).await.unwrap();
+        assert_eq!(s.pending.held_units(), 2, "completed in memory");
+        let stats = s.pending.stats().await.unwrap();
+        assert_eq!((stats.records, stats.ready_units), (4, 4));
+
+        // Not checkpointed: a restart replays them from the journal.
+        drop(s);
+        let s = open_all(tmp.path());
+        assert_eq!(
+            s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap(),
+            mixed[..2].iter().chain(&mixed[3..]).cloned().collect::<Vec<_>>()
+        );
+    });
+}
+
+#[test]
+fn a_failed_checkpoint_loses_no_held_unit() {
+    let tmp = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let s = open_all(tmp.path());
+        s.pending.journal().pause_ticks();
+        let batch: Vec<_> = (0..4)
+            .map(|i| record("esme1", "447700900001", &format!("m{i}")))
+            .collect();
+        s.pending.admit(batch).await.unwrap();
+        assert_eq!(s.pending.held_units(), 4);
+        let before = s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap();
+
+        s.pending.faults().io.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(s.pending.checkpoint_now().is_err());
+        s.pending.faults().io.store(false, std::sync::atomic::Ordering::Relaxed);
+        // The file is reopened and the journal replayed into its tables.
+        assert_eq!(
+            s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap(),
+            before
+        );
+        assert_eq!(s.pending.held_units(), 0);
+        assert_eq!(s.pending.stats().await.unwrap().records, 4);
+        s.pending.complete(&[before[0].unit.id]).await.unwrap();
+        drop(s);
+        let s = open_all(tmp.path());
+        assert_eq!(
+            s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap(),
+            before[1..].to_vec()
+        );
+    });
+}
+
+#[test]
+fn admissions_past_the_held_bound_are_stored() {
+    let tmp = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let s = open_all(tmp.path());
+        s.pending.journal().pause_ticks();
+        let batch: Vec<_> = (0..20)
+            .map(|i| record("esme1", "447700900001", &format!("m{i}")))
+            .collect();
+        s.pending.admit(batch).await.unwrap();
+        assert_eq!(s.pending.held_units(), 8, "the bound in tests");
+        let all = s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap();
+        assert_eq!(all.len(), 20);
+        assert!(all.windows(2).all(|w| w[0].seq < w[1].seq));
+        let ids: Vec<_> = all.iter().map(|u| u.unit.id).collect();
+        s.pending.complete(&ids[..10]).await.unwrap();
+        assert_eq!(s.pending.held_units(), 0, "the first 8 were the held ones");
+        s.pending
+            .admit(vec![record("esme1", "447700900001", "late")])
+            .await
+            .unwrap();
+        assert_eq!(s.pending.held_units(), 1, "room again");
+        assert_eq!(s.pending.stats().await.unwrap().records, 11);
     });
 }

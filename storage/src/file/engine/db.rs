@@ -206,6 +206,11 @@ pub(crate) type InitFn = fn(&WriteTransaction) -> Result<(), Fail>;
 /// the journaled stages apply their journal frames here.
 pub(crate) type RecoverFn = Box<dyn Fn(&Database) -> Result<(), Fail> + Send + Sync>;
 
+/// Runs before a handle is closed (when the store is dropped, or reopened after a
+/// failure): redb makes the handle's non-durable commits durable when it closes, so a
+/// store that keeps part of its committed state in memory writes it here first.
+pub(crate) type CloseFn = Box<dyn Fn(&Database) -> Result<(), Fail> + Send + Sync>;
+
 /// One open redb file.
 pub(crate) struct StoreFile {
     dir: Arc<DataDir>,
@@ -216,6 +221,7 @@ pub(crate) struct StoreFile {
     options: FileOptions,
     init: InitFn,
     recover: Option<RecoverFn>,
+    before_close: Option<CloseFn>,
     pub(crate) faults: Arc<FaultSwitch>,
     /// `None` only between closing a failed handle and reopening it.
     db: RwLock<Option<Arc<Database>>>,
@@ -232,10 +238,11 @@ impl StoreFile {
         options: FileOptions,
         init: InitFn,
     ) -> Result<StoreFile, BackendFailure> {
-        Self::open_with(dir, name, options, init, Arc::new(FaultSwitch::default()), None)
+        Self::open_with(dir, name, options, init, Arc::new(FaultSwitch::default()), None, None)
     }
 
-    /// [`open`](Self::open) with the fault switches to use and a recovery step.
+    /// [`open`](Self::open) with the fault switches to use, a recovery step and a step
+    /// before each close.
     pub(crate) fn open_with(
         dir: &Arc<DataDir>,
         name: &'static str,
@@ -243,6 +250,7 @@ impl StoreFile {
         init: InitFn,
         faults: Arc<FaultSwitch>,
         recover: Option<RecoverFn>,
+        before_close: Option<CloseFn>,
     ) -> Result<StoreFile, BackendFailure> {
         let path = dir.path().join(name);
         let file = StoreFile {
@@ -253,6 +261,7 @@ impl StoreFile {
             options,
             init,
             recover,
+            before_close,
             faults,
             db: RwLock::new(None),
             broken: Mutex::new(None),
@@ -383,7 +392,7 @@ impl StoreFile {
         if let Some(db) = slot.take() {
             match Arc::try_unwrap(db) {
                 // Closing a latched handle writes nothing; the reopen recovers the file.
-                Ok(db) => close(&self.location, db),
+                Ok(db) => self.close(db),
                 Err(db) => {
                     *slot = Some(db);
                     return Err(BackendFailure::new(
@@ -456,6 +465,24 @@ impl StoreFile {
         run().map_err(|e| self.failure(e))
     }
 
+    /// [`read`](Self::read), with the snapshot begun while the guard `lock` returns is
+    /// held; `f` gets the guard. For a store that keeps part of its state in memory under
+    /// that lock: `f` sees both at one point in time. The handle is taken (and reopened if
+    /// need be) before `lock` is called, so a reopen's steps never wait for that lock.
+    pub(crate) fn read_locked<G, R>(
+        &self,
+        lock: impl FnOnce() -> G,
+        f: impl FnOnce(&ReadTransaction, G) -> Result<R, Fail>,
+    ) -> Result<R, BackendFailure> {
+        let db = self.database()?;
+        let guard = lock();
+        let run = || -> Result<R, Fail> {
+            let txn = db.begin_read()?;
+            f(&txn, guard)
+        };
+        run().map_err(|e| self.failure(e))
+    }
+
     /// Have the next call close and reopen the file (and so run its recovery step):
     /// what redb holds in memory is no longer what the store promised.
     pub(crate) fn invalidate(&self, kind: FailureKind) {
@@ -474,10 +501,28 @@ impl StoreFile {
     }
 }
 
+impl StoreFile {
+    /// Close a handle, after the store's step before closing.
+    fn close<D: std::borrow::Borrow<Database>>(&self, db: D) {
+        if let Some(before_close) = &self.before_close {
+            match catch_unwind(AssertUnwindSafe(|| before_close(db.borrow()))) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(file = %self.location, error = %self.failure(e), "store file not brought up to date before closing; its next open replays the journal");
+                }
+                Err(_) => {
+                    tracing::warn!(file = %self.location, "the storage engine panicked before closing a store file")
+                }
+            }
+        }
+        close(&self.location, db);
+    }
+}
+
 impl Drop for StoreFile {
     fn drop(&mut self) {
         if let Some(db) = self.db.get_mut().take() {
-            close(&self.location, db);
+            self.close(db);
         }
     }
 }

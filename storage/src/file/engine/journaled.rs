@@ -189,6 +189,7 @@ impl<S: StageState> JournaledFile<S> {
             of.init,
             Arc::new(FaultSwitch::default()),
             Some(recover),
+            None,
         )?;
         let state = recovered.lock().take().unwrap_or_default();
         Ok(Self {

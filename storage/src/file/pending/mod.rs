@@ -23,22 +23,30 @@
 //! | `idempotency_expiry` | (deadline ms, account, key) | — |
 //! | `meta` | name | `layout`, `next_seq`, `receipt_requests`, `journal_lsn` |
 //!
+//! A single-record unit admitted by a journaled commit is held in memory instead of
+//! `records`, `ready` and `unit_seq` until the next durable commit, which writes it there
+//! if it is still pending (see [`held`]): most units are completed before then and never
+//! reach the file.
+//!
 //! Nothing loads the backlog: selection reads `limit` entries of `ready` with a range,
 //! expiry reads the first entries of `group_deadlines`, idempotency retention pops the
 //! first entries of `idempotency_expiry`. `stats()` is O(log n): table lengths are kept
 //! by redb in each tree's header, the receipt counter lives in `meta` and is updated in
 //! the same transactions, and the oldest record is the first key of `records`.
 
-use std::collections::{BTreeMap, HashMap};
+mod held;
+
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use async_trait::async_trait;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use redb::{Database, Durability, ReadableTable, ReadableTableMetadata, Table, TableDefinition, WriteTransaction};
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
+use self::held::{HELD_UNITS, Held, HeldChanges, HeldUnit, HeldUnits};
 use super::engine::db::{Fail, FileOptions, META, StoreFile, blocking, check_layout, get_counter, on_this_thread};
 use super::engine::dir::{DataDir, PENDING_FILE};
 use super::engine::journal::{Checkpoint, Journal, Stage};
@@ -93,16 +101,9 @@ struct Inner {
     /// every acknowledged admission.
     answered_unapplied: Mutex<bool>,
     applied: Condvar,
-    /// Single-record units recently made ready by a commit, by ready seq, built from the
-    /// records the commit had in hand: selection takes them from here instead of reading
-    /// and decoding their records again. Only a hint — selection uses an entry only for a
-    /// seq the `ready` table holds, with the same unit id — bounded by [`FRESH_UNITS`].
-    fresh: Mutex<BTreeMap<u64, Unit>>,
+    /// Units held in memory instead of the tables (see [`held`]).
+    held: Arc<Held>,
 }
-
-/// How many freshly ready units [`Inner::fresh`] keeps. When it is full, newer units
-/// are not kept: selection reads in seq order, so the kept ones are those it reads next.
-const FRESH_UNITS: usize = 4096;
 
 /// Makes the store's readers wait from [`start`](Self::start) until it is dropped: when
 /// the write has committed, or failed (the file is then invalidated, and the next read
@@ -154,34 +155,14 @@ struct Decided {
 }
 
 impl Decided {
-    /// The single-record units its apply made ready (`made`: seq and id, in admission
-    /// order), built from the records in hand.
-    fn into_fresh(self, made: &[(u64, UnitId)]) -> Vec<(u64, Unit)> {
-        let mut records = self.records.into_iter();
-        let mut out = Vec::with_capacity(made.len());
-        for &(seq, id) in made {
-            if let Some(record) = records.by_ref().find(|r| r.id == id) {
-                out.push((
-                    seq,
-                    Unit {
-                        id,
-                        disposition: Disposition::Deliver,
-                        parts: vec![record],
-                    },
-                ));
-            }
-        }
-        out
-    }
-
-    fn apply(&self, t: &mut Tx<'_>, frame: &JournalFrame) -> Result<(), Fail> {
+    fn apply(self, t: &mut Tx<'_>, frame: JournalFrame) -> Result<(), Fail> {
         if !self.completions_applied {
             complete_in(t, &frame.complete)?;
         }
         t.forget_idempotency(frame.now)?;
         t.forget_completed_groups(frame.now)?;
-        for (record, bytes) in self.records.iter().zip(&frame.admit) {
-            t.admit_one(record, bytes, frame.now, frame.idem_expiry)?;
+        for (record, bytes) in self.records.into_iter().zip(frame.admit) {
+            t.admit_one(record, bytes.into_vec(), frame.now, frame.idem_expiry)?;
         }
         Ok(())
     }
@@ -209,7 +190,8 @@ impl FilePendingStore {
     pub fn open_with(dir: &Arc<DataDir>, limits: PendingLimits, options: FileOptions) -> Result<Self, BackendFailure> {
         let journal = dir.journal()?;
         let replayed = Arc::new(AtomicUsize::new(0));
-        let (replay, count) = (journal.clone(), replayed.clone());
+        let held = Arc::new(Held::default());
+        let (replay, count, recovered, closing) = (journal.clone(), replayed.clone(), held.clone(), held.clone());
         let file = StoreFile::open_with(
             dir,
             PENDING_FILE,
@@ -219,8 +201,10 @@ impl FilePendingStore {
             journal.faults().clone(),
             Some(Box::new(move |db| {
                 count.store(recover(db, &replay, options.quick_repair)?, Ordering::Relaxed);
+                recovered.recovered();
                 Ok(())
             })),
+            Some(Box::new(move |db| store_held_units(db, &closing))),
         )?;
         let inner = Arc::new(Inner {
             file,
@@ -229,7 +213,7 @@ impl FilePendingStore {
             replayed,
             answered_unapplied: Mutex::new(false),
             applied: Condvar::new(),
-            fresh: Mutex::new(BTreeMap::new()),
+            held,
         });
         journal.set_hook(Stage::Pending, Arc::downgrade(&inner) as Weak<dyn Checkpoint>);
         Ok(Self { inner })
@@ -277,10 +261,16 @@ impl FilePendingStore {
         self.inner.journal.uncovered(Stage::Pending)
     }
 
-    /// Units kept for selection (see `Inner::fresh`).
+    /// Units held in memory instead of the tables (see [`held`]).
     #[cfg(test)]
-    pub(crate) fn fresh_units(&self) -> usize {
-        self.inner.fresh.lock().len()
+    pub(crate) fn held_units(&self) -> usize {
+        self.inner.held.lock().len()
+    }
+
+    /// A durable commit now, which writes the held units into the tables.
+    #[cfg(test)]
+    pub(crate) fn checkpoint_now(&self) -> Result<(), BackendFailure> {
+        self.inner.write(|_| Ok(((), Change::Durable)), &mut |_| {})
     }
 
     #[cfg(test)]
@@ -355,7 +345,7 @@ fn recover(db: &Database, journal: &Journal, quick_repair: bool) -> Result<usize
     txn.set_quick_repair(quick_repair);
     let mut replayed = 0usize;
     let lsn = {
-        let mut t = Tx::open(&txn)?;
+        let mut t = Tx::open(&txn, None)?;
         for frame in journal.register(Stage::Pending, t.journal_lsn).map_err(Fail::Located)? {
             let at = || format!("{} frame {}", journal.location(), frame.lsn);
             let decoded: JournalFrame = envelope::decode(RecordKind::PendingJournalFrame, &frame.payload)
@@ -376,6 +366,27 @@ fn recover(db: &Database, journal: &Journal, quick_repair: bool) -> Result<usize
     Ok(replayed)
 }
 
+/// Write the held units into the tables before the file is closed, in one durable
+/// commit: closing makes the handle's non-durable commits durable, and with them the
+/// journal LSN they record, which covers the frames of the held units.
+fn store_held_units(db: &Database, held: &Held) -> Result<(), Fail> {
+    let mut units = held.lock();
+    if units.len() == 0 {
+        return Ok(());
+    }
+    let mut txn = db.begin_write()?;
+    txn.set_durability(Durability::Immediate)?;
+    {
+        let mut t = Tx::open(&txn, None)?;
+        for (seq, unit) in units.iter() {
+            t.store_held(seq, unit)?;
+        }
+    }
+    txn.commit()?;
+    units.clear();
+    Ok(())
+}
+
 /// Redo one journaled commit, in the order the live commit did it.
 fn apply_frame(t: &mut Tx<'_>, frame: JournalFrame, lsn: u64) -> Result<(), Fail> {
     complete_in(t, &frame.complete)?;
@@ -384,7 +395,7 @@ fn apply_frame(t: &mut Tx<'_>, frame: JournalFrame, lsn: u64) -> Result<(), Fail
     for bytes in frame.admit {
         let record: PendingRecord = envelope::decode(RecordKind::PendingRecord, &bytes)
             .map_err(|e| Fail::record("journal", format!("frame {lsn}"), e))?;
-        t.admit_one(&record, &bytes, frame.now, frame.idem_expiry)?;
+        t.admit_one(record, bytes.into_vec(), frame.now, frame.idem_expiry)?;
     }
     Ok(())
 }
@@ -593,15 +604,17 @@ struct Tx<'t> {
     receipts: u64,
     /// The journal LSN this state corresponds to.
     journal_lsn: u64,
-    /// Single-record units made ready, seq and id in admission order (see [`Inner::fresh`]).
-    made_ready: Vec<(u64, UnitId)>,
-    /// A record was stored over one of the same id: units made ready earlier may hold
-    /// another record than the table now does.
-    overwrote: bool,
+    /// The stage's held units (none while recovering: a replay writes the tables).
+    held: Option<&'t Held>,
+    /// What this transaction changes in them.
+    held_changes: HeldChanges,
+    /// Whether admissions may be held: only in a commit made durable by its journal
+    /// frame (a durable commit writes everything into the tables).
+    hold_admissions: bool,
 }
 
 impl<'t> Tx<'t> {
-    fn open(txn: &'t WriteTransaction) -> Result<Self, Fail> {
+    fn open(txn: &'t WriteTransaction, held: Option<&'t Held>) -> Result<Self, Fail> {
         let meta = txn.open_table(META)?;
         let next_seq = get_counter(&meta, NEXT_SEQ)?;
         let receipts = get_counter(&meta, RECEIPTS)?;
@@ -620,9 +633,98 @@ impl<'t> Tx<'t> {
             next_seq,
             receipts,
             journal_lsn,
-            made_ready: Vec::new(),
-            overwrote: false,
+            held,
+            held_changes: HeldChanges::default(),
+            hold_admissions: false,
         })
+    }
+
+    /// Records stored, in the tables and held.
+    fn record_count(&self) -> Result<u64, Fail> {
+        let held = self.held.map_or(0, |h| h.lock().len() as i64) + self.held_changes.growth();
+        Ok(self.records.len()? + held.max(0) as u64)
+    }
+
+    /// The seq of `id`'s unit among the held units as this transaction leaves them.
+    fn held_seq(&self, id: UnitId) -> Option<u64> {
+        let seq = self.held?.lock().seq_of(id)?;
+        (!self.held_changes.removes(seq)).then_some(seq)
+    }
+
+    /// Complete `id`'s unit if it is held. Returns whether it was.
+    fn complete_held(&mut self, id: UnitId) -> bool {
+        let receipts = match self.held_changes.take_added(id) {
+            Some((_, unit)) => unit.receipts,
+            None => {
+                let Some(seq) = self.held_seq(id) else {
+                    return false;
+                };
+                let receipts = self.held.and_then(|h| Some(h.lock().get(seq)?.receipts));
+                self.held_changes.remove(seq);
+                receipts.unwrap_or(0)
+            }
+        };
+        self.receipts = self.receipts.saturating_sub(receipts);
+        true
+    }
+
+    /// Move `id`'s held unit, if any, into the tables: an admission of a record with the
+    /// same id then stores over it exactly as it would over a stored one.
+    fn unhold(&mut self, id: MessageId) -> Result<(), Fail> {
+        let unit = match self.held_changes.take_added(id) {
+            Some(found) => Some(found),
+            None => match (self.held_seq(id), self.held) {
+                (Some(seq), Some(held)) => {
+                    self.held_changes.remove(seq);
+                    held.lock().get(seq).map(|u| {
+                        (
+                            seq,
+                            HeldUnit {
+                                record: u.record.clone(),
+                                bytes: u.bytes.clone(),
+                                receipts: u.receipts,
+                            },
+                        )
+                    })
+                }
+                _ => None,
+            },
+        };
+        if let Some((seq, unit)) = unit {
+            self.store_held(seq, &unit)?;
+        }
+        Ok(())
+    }
+
+    /// Write a held unit into the tables, at its seq.
+    fn store_held(&mut self, seq: u64, unit: &HeldUnit) -> Result<(), Fail> {
+        let id = unit.record.id;
+        let entry = UnitEntry {
+            id,
+            disposition: Disposition::Deliver,
+            members: vec![id],
+            receipts: unit.receipts,
+        };
+        let bytes = encode(RecordKind::PendingUnit, "ready", seq, &entry)?;
+        self.records.insert(&id.to_bytes(), unit.bytes.as_slice())?;
+        self.ready.insert(seq, bytes.as_slice())?;
+        if let Some(old) = self.unit_seq.insert(&id.to_bytes(), seq)?.map(|g| g.value()) {
+            self.ready.remove(old)?;
+        }
+        Ok(())
+    }
+
+    /// For a durable commit: write every unit held when it commits (`units`, as this
+    /// transaction leaves them) into the tables.
+    fn store_all_held(&mut self, units: &HeldUnits) -> Result<(), Fail> {
+        let changes = std::mem::take(&mut self.held_changes);
+        for (seq, unit) in units.iter().filter(|(seq, _)| !changes.removes(*seq)) {
+            self.store_held(seq, unit)?;
+        }
+        for (seq, unit) in changes.added() {
+            self.store_held(*seq, unit)?;
+        }
+        Ok(())
     }
 
     fn save_counters(&mut self) -> Result<(), Fail> {
@@ -794,15 +896,17 @@ impl<'t> Tx<'t> {
     }
 
     /// Store `record` (whose envelope is `bytes`), a part where the rules of
-    /// [`crate::reassembly`] put it at `now`.
+    /// [`crate::reassembly`] put it at `now`; a single-record unit is held instead when
+    /// the transaction may hold it and there is room.
     fn admit_one(
         &mut self,
-        record: &PendingRecord,
-        bytes: &[u8],
+        record: PendingRecord,
+        bytes: Vec<u8>,
         now: Timestamp,
         idem_expiry: Timestamp,
     ) -> Result<(), Fail> {
         let id = record.id;
+        self.unhold(id)?;
         let wants = u64::from(record.wants_receipt());
         self.receipts += wants;
         if let Some(key) = &record.idempotency_key {
@@ -823,7 +927,7 @@ impl<'t> Tx<'t> {
                 let prefix = group_prefix(&gk);
                 let digest = record.submission_digest();
                 let known = self.key_state(&prefix, now)?;
-                let placement = reassembly::place(record, digest, known.as_ref().map(|k| k.state(part.seq)));
+                let placement = reassembly::place(&record, digest, known.as_ref().map(|k| k.state(part.seq)));
                 // A retransmission is never admitted by a live commit; one met here was
                 // acknowledged with an id of its own, so it is kept beside the first
                 // (in an open group), or starts a group (after a completed one).
@@ -853,7 +957,7 @@ impl<'t> Tx<'t> {
                 let complete = group.parts.len() == usize::from(part.total);
                 let old_deadline = group.deadline;
                 group.deadline = group.deadline.min(part.expires_at);
-                self.overwrote |= self.records.insert(&id.to_bytes(), bytes)?.is_some();
+                self.records.insert(&id.to_bytes(), bytes.as_slice())?;
                 self.deadlines.remove((old_deadline.0, gkb.as_slice()))?;
                 let gbytes = encode(
                     RecordKind::PendingGroup,
@@ -877,9 +981,22 @@ impl<'t> Tx<'t> {
                 }
             }
             _ => {
-                self.overwrote |= self.records.insert(&id.to_bytes(), bytes)?.is_some();
-                let seq = self.make_ready(id, Disposition::Deliver, vec![id], wants, lane)?;
-                self.made_ready.push((seq, id));
+                let room = self
+                    .held
+                    .is_some_and(|h| (h.lock().len() as i64 + self.held_changes.growth()) < HELD_UNITS as i64);
+                if self.hold_admissions && room && self.records.get(&id.to_bytes())?.is_none() {
+                    self.next_seq += 1;
+                    let seq = ReadySeq::in_lane(lane, self.next_seq).0;
+                    let unit = HeldUnit {
+                        record,
+                        bytes,
+                        receipts: wants,
+                    };
+                    self.held_changes.add(seq, unit);
+                } else {
+                    self.records.insert(&id.to_bytes(), bytes.as_slice())?;
+                    self.make_ready(id, Disposition::Deliver, vec![id], wants, lane)?;
+                }
             }
         }
         Ok(())
@@ -891,6 +1008,10 @@ impl<'t> Tx<'t> {
 fn complete_in(t: &mut Tx<'_>, ids: &[UnitId]) -> Result<bool, Fail> {
     let mut changed = false;
     for id in ids {
+        if t.complete_held(*id) {
+            changed = true;
+            continue;
+        }
         let Some(seq) = t.unit_seq.remove(&id.to_bytes())?.map(|g| g.value()) else {
             continue;
         };
@@ -927,11 +1048,14 @@ impl Inner {
         // the truth, and this is the answer whatever redb's commit does.
         let mut journaled = None;
         let mut checkpoint = None;
-        let mut fresh = Vec::new();
-        let mut overwrote = false;
+        // The held units, locked from before this transaction commits until its changes
+        // to them are applied (see `held`: readers see both at one point in time), and
+        // those changes (`None`: a durable commit, which stores every held unit).
+        let mut held: Option<MutexGuard<'_, HeldUnits>> = None;
+        let mut held_changes: Option<HeldChanges> = None;
         let readers_wait = ReadersWait(self);
         let result = self.file.write_txn(|txn| {
-            let mut t = Tx::open(txn)?;
+            let mut t = Tx::open(txn, Some(&self.held))?;
             self.journal
                 .check_applied(Stage::Pending, t.journal_lsn)
                 .map_err(Fail::Located)?;
@@ -963,24 +1087,29 @@ impl Inner {
                         // Answered, not applied: a panic here (`pending-apply=panic`) is
                         // a storage engine failing after the acknowledgement.
                         failpoint::hit("pending-apply");
-                        decided.apply(&mut t, &frame)?;
-                        fresh = decided.into_fresh(&t.made_ready);
+                        t.hold_admissions = true;
+                        decided.apply(&mut t, frame)?;
                     }
                     lsn
                 }
                 (_, frame) => {
                     if let (Some(frame), Some(decided)) = (frame, decided) {
-                        decided.apply(&mut t, &frame)?;
-                        fresh = decided.into_fresh(&t.made_ready);
+                        decided.apply(&mut t, frame)?;
                     }
                     let lsn = self.journal.checkpoint_lsn();
                     checkpoint = Some(lsn);
                     lsn
                 }
             };
+            if checkpoint.is_some() {
+                let units = held.insert(self.held.lock());
+                t.store_all_held(units)?;
+            } else if !t.held_changes.is_empty() {
+                held = Some(self.held.lock());
+                held_changes = Some(std::mem::take(&mut t.held_changes));
+            }
             t.meta.insert(JOURNAL_LSN, lsn)?;
             t.save_counters()?;
-            overwrote = t.overwrote;
             drop(t);
             txn.set_durability(if checkpoint.is_some() {
                 Durability::Immediate
@@ -989,12 +1118,18 @@ impl Inner {
             })?;
             Ok((out, true))
         });
+        if let (Ok(_), Some(units)) = (&result, held.as_mut()) {
+            match held_changes {
+                Some(changes) => changes.apply(units),
+                None => units.clear(),
+            }
+        }
+        drop(held);
         let outcome = match (result, journaled) {
             (Ok(out), _) => {
                 if let Some(lsn) = checkpoint {
                     self.journal.checkpointed(Stage::Pending, lsn);
                 }
-                self.keep_fresh(fresh, overwrote);
                 Ok(out)
             }
             (Err(e), Some(out)) => {
@@ -1005,11 +1140,7 @@ impl Inner {
                 self.file.invalidate(e.kind);
                 Ok(out)
             }
-            (Err(e), None) => {
-                // Its seqs will be given to other units.
-                self.fresh.lock().clear();
-                Err(e)
-            }
+            (Err(e), None) => Err(e),
         };
         // Only now, with the file invalidated if the apply failed: a waiting reader
         // must reopen it (and so replay the frame), not read what redb holds.
@@ -1039,13 +1170,13 @@ impl Inner {
             |t| {
                 // Completions only lower the record count: if the batch fits without
                 // them, no outcome depends on them and they wait until after the answer.
-                let stored = t.records.len()?;
+                let stored = t.record_count()?;
                 let completions_applied = stored.saturating_add(batch.len() as u64) > max;
                 let mut changed = false;
                 let mut count = stored;
                 if completions_applied {
                     changed = complete_in(t, complete)?;
-                    count = t.records.len()?;
+                    count = t.record_count()?;
                 }
                 let mut outcomes = Vec::with_capacity(batch.len());
                 let mut admitted = Vec::with_capacity(batch.len());
@@ -1145,93 +1276,108 @@ impl Inner {
         }
     }
 
-    /// Keep the units a committed write made ready for selection (see [`Inner::fresh`]).
-    fn keep_fresh(&self, units: Vec<(u64, Unit)>, overwrote: bool) {
-        let mut fresh = self.fresh.lock();
-        if overwrote {
-            fresh.clear();
-        }
-        let room = FRESH_UNITS.saturating_sub(fresh.len());
-        fresh.extend(units.into_iter().take(room));
-    }
-
     /// Does not wait for an answered commit: its units are picked up by the Selector's
     /// next read, which the commit's end wakes it for (the Selector reads this on every
     /// wake, and waiting here would stall it behind the writer's commits).
     fn ready_after(&self, after: ReadyCursor, limit: usize) -> Result<Vec<ReadyUnit>, BackendFailure> {
-        self.file.read(|txn| {
-            let ready = txn.open_table(READY)?;
-            let records = txn.open_table(RECORDS)?;
-            let mut entries = Vec::with_capacity(limit.min(1024));
-            for lane in (0..ReadySeq::LANES as u8).rev() {
-                if entries.len() >= limit {
-                    break;
+        self.file.read_locked(
+            || self.held.lock(),
+            |txn, held| {
+                let ready = txn.open_table(READY)?;
+                let records = txn.open_table(RECORDS)?;
+                let mut chosen: Vec<(u64, Option<UnitEntry>)> = Vec::with_capacity(limit.min(1024));
+                for lane in (0..ReadySeq::LANES as u8).rev() {
+                    if chosen.len() >= limit {
+                        break;
+                    }
+                    let from = after.lane(lane).0.max(ReadySeq::in_lane(lane, 0).0).saturating_add(1);
+                    let range = from..ReadySeq::lane_end(lane).0;
+                    let room = limit - chosen.len();
+                    // The lane's first `room` units, from the table and the held ones by seq.
+                    let mut stored = ready.range(range.clone())?.take(room).peekable();
+                    let mut kept = held.seqs(range).peekable();
+                    while chosen.len() < limit {
+                        let from_table = match (stored.peek(), kept.peek()) {
+                            (None, None) => break,
+                            (Some(Err(_)) | Some(Ok(_)), None) => true,
+                            (None, Some(_)) => false,
+                            (Some(Err(_)), Some(_)) => true,
+                            (Some(Ok((k, _))), Some(held_seq)) => k.value() < *held_seq,
+                        };
+                        if from_table {
+                            if let Some(item) = stored.next() {
+                                let (k, v) = item?;
+                                let seq = k.value();
+                                chosen.push((seq, Some(decode_unit(seq, v.value())?)));
+                            }
+                        } else if let Some(seq) = kept.next() {
+                            chosen.push((seq, None));
+                        }
+                    }
                 }
-                let from = after.lane(lane).0.max(ReadySeq::in_lane(lane, 0).0).saturating_add(1);
-                let room = limit - entries.len();
-                for item in ready.range(from..ReadySeq::lane_end(lane).0)?.take(room) {
-                    let (k, v) = item?;
-                    let seq = k.value();
-                    entries.push((seq, decode_unit(seq, v.value())?));
-                }
-            }
-            // Take the kept units in one short hold of the lock the writer fills it under.
-            let kept: Vec<Option<Unit>> = {
-                let mut fresh = self.fresh.lock();
-                entries
+                // The held units are copied under the lock; stored ones are read after it.
+                let mut out: Vec<Option<ReadyUnit>> = chosen
                     .iter()
-                    .map(|(seq, entry)| {
-                        fresh
-                            .remove(seq)
-                            .filter(|u| entry.id == u.id && entry.members.as_slice() == [u.id])
+                    .map(|(seq, entry)| match entry {
+                        Some(_) => None,
+                        None => held.get(*seq).map(|u| ReadyUnit {
+                            seq: ReadySeq(*seq),
+                            unit: u.unit(),
+                        }),
                     })
-                    .collect()
-            };
-            let mut out = Vec::with_capacity(entries.len());
-            for ((seq, entry), kept) in entries.into_iter().zip(kept) {
-                out.push(match kept {
-                    Some(unit) => ReadyUnit {
-                        seq: ReadySeq(seq),
-                        unit,
-                    },
-                    None => build_unit(&records, seq, entry)?,
-                });
-            }
-            Ok(out)
-        })
+                    .collect();
+                drop(held);
+                for ((seq, entry), slot) in chosen.into_iter().zip(out.iter_mut()) {
+                    if let Some(entry) = entry {
+                        *slot = Some(build_unit(&records, seq, entry)?);
+                    }
+                }
+                Ok(out.into_iter().flatten().collect())
+            },
+        )
     }
 
     fn units(&self, ids: &[UnitId]) -> Result<Vec<ReadyUnit>, BackendFailure> {
         self.wait_for_answered();
-        self.file.read(|txn| {
-            let ready = txn.open_table(READY)?;
-            let unit_seq = txn.open_table(UNIT_SEQ)?;
-            let records = txn.open_table(RECORDS)?;
-            let mut out = Vec::with_capacity(ids.len());
-            // A unit without its index entries is completed — unless its records are
-            // still here: then the index was damaged, and restoring routed work must
-            // fail closed rather than take the unit for completed.
-            let still_pending = |id: &UnitId| -> Result<bool, Fail> { Ok(records.get(&id.to_bytes())?.is_some()) };
-            for id in ids {
-                let seq = unit_seq.get(&id.to_bytes())?.map(|g| g.value());
-                let found = match seq {
-                    Some(seq) => ready.get(seq)?.map(|v| (seq, v)),
-                    None => None,
-                };
-                let Some((seq, v)) = found else {
-                    if still_pending(id)? {
-                        return Err(Fail::Invalid {
-                            table: "unit_seq",
-                            detail: "a pending unit is missing from the unit index".into(),
+        self.file.read_locked(
+            || self.held.lock(),
+            |txn, held| {
+                let ready = txn.open_table(READY)?;
+                let unit_seq = txn.open_table(UNIT_SEQ)?;
+                let records = txn.open_table(RECORDS)?;
+                let mut out = Vec::with_capacity(ids.len());
+                // A unit without its index entries is completed — unless its records are
+                // still here: then the index was damaged, and restoring routed work must
+                // fail closed rather than take the unit for completed.
+                let still_pending = |id: &UnitId| -> Result<bool, Fail> { Ok(records.get(&id.to_bytes())?.is_some()) };
+                for id in ids {
+                    if let Some(unit) = held.seq_of(*id).and_then(|seq| held.get(seq).map(|u| (seq, u))) {
+                        out.push(ReadyUnit {
+                            seq: ReadySeq(unit.0),
+                            unit: unit.1.unit(),
                         });
+                        continue;
                     }
-                    continue;
-                };
-                let entry = decode_unit(seq, v.value())?;
-                out.push(build_unit(&records, seq, entry)?);
-            }
-            Ok(out)
-        })
+                    let seq = unit_seq.get(&id.to_bytes())?.map(|g| g.value());
+                    let found = match seq {
+                        Some(seq) => ready.get(seq)?.map(|v| (seq, v)),
+                        None => None,
+                    };
+                    let Some((seq, v)) = found else {
+                        if still_pending(id)? {
+                            return Err(Fail::Invalid {
+                                table: "unit_seq",
+                                detail: "a pending unit is missing from the unit index".into(),
+                            });
+                        }
+                        continue;
+                    };
+                    let entry = decode_unit(seq, v.value())?;
+                    out.push(build_unit(&records, seq, entry)?);
+                }
+                Ok(out)
+            },
+        )
     }
 
     fn expire_groups(&self, now: Timestamp, limit: usize) -> Result<usize, BackendFailure> {
@@ -1282,21 +1428,28 @@ impl Inner {
     }
 
     fn read_stats(&self) -> Result<PendingStats, BackendFailure> {
-        self.file.read(|txn| {
-            let records = txn.open_table(RECORDS)?;
-            let meta = txn.open_table(META)?;
-            let oldest = match records.first()? {
-                Some((k, v)) => Some(decode_record(MessageId::from_bytes(*k.value()), v.value())?.accepted_at),
-                None => None,
-            };
-            Ok(PendingStats {
-                records: records.len()?,
-                ready_units: txn.open_table(UNIT_SEQ)?.len()?,
-                incomplete_groups: txn.open_table(GROUPS)?.len()?,
-                receipt_requests: get_counter(&meta, RECEIPTS)?,
-                oldest_accepted_at: oldest,
-            })
-        })
+        self.file.read_locked(
+            || self.held.lock(),
+            |txn, held| {
+                let records = txn.open_table(RECORDS)?;
+                let meta = txn.open_table(META)?;
+                // Ids are UUIDv7: the first key is the record accepted first.
+                let stored = records.first()?.map(|(k, v)| (*k.value(), v));
+                let oldest = match (stored, held.oldest()) {
+                    (Some((k, _)), Some(r)) if r.id.to_bytes() < k => Some(r.accepted_at),
+                    (Some((k, v)), _) => Some(decode_record(MessageId::from_bytes(k), v.value())?.accepted_at),
+                    (None, r) => r.map(|r| r.accepted_at),
+                };
+                let held_units = held.len() as u64;
+                Ok(PendingStats {
+                    records: records.len()? + held_units,
+                    ready_units: txn.open_table(UNIT_SEQ)?.len()? + held_units,
+                    incomplete_groups: txn.open_table(GROUPS)?.len()?,
+                    receipt_requests: get_counter(&meta, RECEIPTS)?,
+                    oldest_accepted_at: oldest,
+                })
+            },
+        )
     }
 }
 

@@ -1,0 +1,200 @@
+//! Units the pending stage holds in memory instead of its tables.
+//!
+//! Most messages are admitted, selected and completed within a second, between two
+//! checkpoints of the stage's file. Their admission frame in the journal is what makes
+//! them durable; writing their record, ready entry and unit index to redb as well, only
+//! to remove all three a few milliseconds later, was most of the stage's cost. So a
+//! single-record unit admitted by a journaled commit is *held*: its record stays in
+//! memory, and every read of the stage (selection, restore, stats, admission's capacity)
+//! merges the held units with the tables. A unit completed while held never reaches the
+//! file.
+//!
+//! The rule that keeps this exactly as durable as before: **every durable commit of the
+//! file writes the held units into its tables first.** A durable commit records the
+//! journal LSN the file covers, and a restart replays only the frames after it; so a held
+//! unit is either in the file's durable state or in a frame the restart replays. A
+//! reopen of the file (after an I/O failure) replays the same frames into the tables, so
+//! it drops what is held ([`Held::recovered`]).
+//!
+//! Held units are bounded by [`HELD_UNITS`]: past it, admissions are written to the
+//! tables as before, so a backlog costs memory only up to the bound.
+//!
+//! Readers see the held units and the tables at one point in time: a commit applies its
+//! changes to the held units and commits redb under the lock, and a reader opens its redb
+//! snapshot under the same lock. Selection's cursor relies on that: it never sees a unit
+//! without every unit made ready before it.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::ids::{MessageId, UnitId};
+use crate::pending::{Disposition, Unit};
+use crate::record::PendingRecord;
+
+/// How many units the stage holds at most (see the module docs).
+#[cfg(not(test))]
+pub(super) const HELD_UNITS: usize = 8192;
+/// Small in tests, so they mix held and stored units.
+#[cfg(test)]
+pub(super) const HELD_UNITS: usize = 8;
+
+/// One held single-record unit.
+pub(super) struct HeldUnit {
+    pub(super) record: PendingRecord,
+    /// The record's envelope, as its journal frame holds it (and `records` will).
+    pub(super) bytes: Vec<u8>,
+    /// Receipts its record asked for (0 or 1).
+    pub(super) receipts: u64,
+}
+
+impl HeldUnit {
+    /// The unit as selection hands it out.
+    pub(super) fn unit(&self) -> Unit {
+        Unit {
+            id: self.record.id,
+            disposition: Disposition::Deliver,
+            parts: vec![self.record.clone()],
+        }
+    }
+}
+
+/// The held units, by ready seq and by unit id.
+#[derive(Default)]
+pub(super) struct HeldUnits {
+    by_seq: BTreeMap<u64, HeldUnit>,
+    /// Unit id (its record's id, UUIDv7: key order is acceptance order) → ready seq.
+    by_id: BTreeMap<[u8; 16], u64>,
+}
+
+impl HeldUnits {
+    pub(super) fn len(&self) -> usize {
+        self.by_seq.len()
+    }
+
+    pub(super) fn seq_of(&self, id: UnitId) -> Option<u64> {
+        self.by_id.get(&id.to_bytes()).copied()
+    }
+
+    pub(super) fn get(&self, seq: u64) -> Option<&HeldUnit> {
+        self.by_seq.get(&seq)
+    }
+
+    /// Held seqs in `range`, in order.
+    pub(super) fn seqs(&self, range: std::ops::Range<u64>) -> impl Iterator<Item = u64> + '_ {
+        self.by_seq.range(range).map(|(seq, _)| *seq)
+    }
+
+    /// The held record accepted first.
+    pub(super) fn oldest(&self) -> Option<&PendingRecord> {
+        let (_, seq) = self.by_id.first_key_value()?;
+        self.by_seq.get(seq).map(|u| &u.record)
+    }
+
+    fn insert(&mut self, seq: u64, unit: HeldUnit) {
+        self.by_id.insert(unit.record.id.to_bytes(), seq);
+        self.by_seq.insert(seq, unit);
+    }
+
+    fn remove(&mut self, seq: u64) -> Option<HeldUnit> {
+        let unit = self.by_seq.remove(&seq)?;
+        self.by_id.remove(&unit.record.id.to_bytes());
+        Some(unit)
+    }
+
+    /// Every held unit, by seq.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (u64, &HeldUnit)> + '_ {
+        self.by_seq.iter().map(|(seq, unit)| (*seq, unit))
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.by_id.clear();
+        self.by_seq.clear();
+    }
+}
+
+/// The stage's held units, shared by its writer and readers.
+#[derive(Default)]
+pub(super) struct Held {
+    units: Mutex<HeldUnits>,
+    /// Set by a (re)open of the file: its recovery replayed every held unit into the
+    /// tables, so what is held is dropped by the next [`Held::settle`].
+    stale: AtomicBool,
+}
+
+impl Held {
+    /// The held units, settled (see [`Held::settle`]).
+    pub(super) fn lock(&self) -> MutexGuard<'_, HeldUnits> {
+        let mut units = self.units.lock();
+        self.settle(&mut units);
+        units
+    }
+
+    /// Drop what is held if the file was recovered since the last look.
+    fn settle(&self, units: &mut HeldUnits) {
+        if self.stale.swap(false, Ordering::AcqRel) {
+            units.clear();
+        }
+    }
+
+    /// The file was (re)opened and its journal frames replayed into the tables.
+    pub(super) fn recovered(&self) {
+        self.stale.store(true, Ordering::Release);
+    }
+}
+
+/// What one write transaction changes in the held units: applied to them when it
+/// commits, dropped when it fails.
+#[derive(Default)]
+pub(super) struct HeldChanges {
+    added: BTreeMap<u64, HeldUnit>,
+    added_ids: HashMap<MessageId, u64>,
+    removed: HashSet<u64>,
+}
+
+impl HeldChanges {
+    pub(super) fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty()
+    }
+
+    /// Units this transaction holds more (or fewer) than before it.
+    pub(super) fn growth(&self) -> i64 {
+        self.added.len() as i64 - self.removed.len() as i64
+    }
+
+    /// The units this transaction adds, by seq.
+    pub(super) fn added(&self) -> impl Iterator<Item = (&u64, &HeldUnit)> + '_ {
+        self.added.iter()
+    }
+
+    pub(super) fn add(&mut self, seq: u64, unit: HeldUnit) {
+        self.added_ids.insert(unit.record.id, seq);
+        self.added.insert(seq, unit);
+    }
+
+    /// Remove `id`'s unit if this transaction added it.
+    pub(super) fn take_added(&mut self, id: MessageId) -> Option<(u64, HeldUnit)> {
+        let seq = self.added_ids.remove(&id)?;
+        self.added.remove(&seq).map(|u| (seq, u))
+    }
+
+    /// Whether this transaction removed the held unit of `seq`.
+    pub(super) fn removes(&self, seq: u64) -> bool {
+        self.removed.contains(&seq)
+    }
+
+    pub(super) fn remove(&mut self, seq: u64) {
+        self.removed.insert(seq);
+    }
+
+    /// Apply the changes to the held units.
+    pub(super) fn apply(self, units: &mut HeldUnits) {
+        for seq in self.removed {
+            units.remove(seq);
+        }
+        for (seq, unit) in self.added {
+            units.insert(seq, unit);
+        }
+    }
+}
