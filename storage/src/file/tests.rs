@@ -1557,3 +1557,40 @@ fn admissions_past_the_held_bound_are_stored() {
         assert_eq!(s.pending.stats().await.unwrap().records, 11);
     });
 }
+
+#[test]
+fn a_commit_racing_a_checkpoint_keeps_its_held_units() {
+    use crate::pending::BlockingPendingWriter;
+    let tmp = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let s = open_all(tmp.path());
+        s.pending.journal().pause_ticks();
+        let first = record("esme1", "447700900001", "stored by the checkpoint");
+        let late = record("esme1", "447700900001", "admitted meanwhile");
+        let ids = vec![first.id, late.id];
+        s.pending.admit(vec![first]).await.unwrap();
+        assert_eq!(s.pending.held_units(), 1);
+        // Once the checkpoint has committed, and before it drops what it stored from
+        // memory, another thread commits an admission (the committer beside the
+        // journal's checkpointer) and gets time to finish.
+        let racer = Arc::new(std::sync::Mutex::new(None));
+        let (pending, slot) = (s.pending.clone(), racer.clone());
+        s.pending.after_storing_held(move || {
+            let handle = std::thread::spawn(move || {
+                BlockingPendingWriter::commit(&pending, vec![late], &[], &mut |_| {}).unwrap();
+            });
+            std::thread::sleep(Duration::from_millis(200));
+            *slot.lock().unwrap() = Some(handle);
+        });
+        s.pending.checkpoint_now().unwrap();
+        let handle = racer.lock().unwrap().take().unwrap();
+        handle.join().unwrap();
+        let ready = s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap();
+        assert_eq!(ready.iter().map(|u| u.unit.id).collect::<Vec<_>>(), ids);
+        assert_eq!(s.pending.held_units(), 1, "the later admission is still held");
+        drop(s);
+        let s = open_all(tmp.path());
+        let ready = s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap();
+        assert_eq!(ready.iter().map(|u| u.unit.id).collect::<Vec<_>>(), ids);
+    });
+}

@@ -19,12 +19,16 @@
 //! Held units are bounded by [`HELD_UNITS`]: past it, admissions are written to the
 //! tables as before, so a backlog costs memory only up to the bound.
 //!
-//! Readers see the held units and the tables at one point in time: a commit applies its
-//! changes to the held units and commits redb under the lock, and a reader opens its redb
-//! snapshot under the same lock. Selection's cursor relies on that: it never sees a unit
-//! without every unit made ready before it.
+//! Readers see the held units and the tables at one point in time: a commit that changes
+//! the held units commits redb and applies its changes to them under their lock, and a
+//! reader opens its redb snapshot under the same lock. Selection's cursor relies on that:
+//! it never sees a unit without every unit made ready before it. A durable commit copies
+//! the held units (shared pointers) under the lock, writes them and commits without it,
+//! and only then drops them from memory: until then a reader finds them held, after
+//! that in the tables.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
@@ -35,7 +39,7 @@ use crate::record::PendingRecord;
 
 /// How many units the stage holds at most (see the module docs).
 #[cfg(not(test))]
-pub(super) const HELD_UNITS: usize = 8192;
+pub(super) const HELD_UNITS: usize = 2048;
 /// Small in tests, so they mix held and stored units.
 #[cfg(test)]
 pub(super) const HELD_UNITS: usize = 8;
@@ -63,7 +67,8 @@ impl HeldUnit {
 /// The held units, by ready seq and by unit id.
 #[derive(Default)]
 pub(super) struct HeldUnits {
-    by_seq: BTreeMap<u64, HeldUnit>,
+    /// Shared, so a reader or a checkpoint copies them out of the lock.
+    by_seq: BTreeMap<u64, Arc<HeldUnit>>,
     /// Unit id (its record's id, UUIDv7: key order is acceptance order) → ready seq.
     by_id: BTreeMap<[u8; 16], u64>,
 }
@@ -77,7 +82,7 @@ impl HeldUnits {
         self.by_id.get(&id.to_bytes()).copied()
     }
 
-    pub(super) fn get(&self, seq: u64) -> Option<&HeldUnit> {
+    pub(super) fn get(&self, seq: u64) -> Option<&Arc<HeldUnit>> {
         self.by_seq.get(&seq)
     }
 
@@ -94,17 +99,17 @@ impl HeldUnits {
 
     fn insert(&mut self, seq: u64, unit: HeldUnit) {
         self.by_id.insert(unit.record.id.to_bytes(), seq);
-        self.by_seq.insert(seq, unit);
+        self.by_seq.insert(seq, Arc::new(unit));
     }
 
-    fn remove(&mut self, seq: u64) -> Option<HeldUnit> {
+    fn remove(&mut self, seq: u64) -> Option<Arc<HeldUnit>> {
         let unit = self.by_seq.remove(&seq)?;
         self.by_id.remove(&unit.record.id.to_bytes());
         Some(unit)
     }
 
     /// Every held unit, by seq.
-    pub(super) fn iter(&self) -> impl Iterator<Item = (u64, &HeldUnit)> + '_ {
+    pub(super) fn iter(&self) -> impl Iterator<Item = (u64, &Arc<HeldUnit>)> + '_ {
         self.by_seq.iter().map(|(seq, unit)| (*seq, unit))
     }
 

@@ -103,6 +103,14 @@ struct Inner {
     applied: Condvar,
     /// Units held in memory instead of the tables (see [`held`]).
     held: Arc<Held>,
+    /// Taken for a whole [`Inner::write`], past its redb commit: the committer and the
+    /// journal's checkpointer both write, and a commit's changes to the held units are
+    /// applied after redb has let the next writer in.
+    writer: Mutex<()>,
+    /// Runs once, after the next durable commit that stores the held units and before
+    /// they are dropped from memory.
+    #[cfg(test)]
+    after_storing_held: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 /// Makes the store's readers wait from [`start`](Self::start) until it is dropped: when
@@ -214,6 +222,9 @@ impl FilePendingStore {
             answered_unapplied: Mutex::new(false),
             applied: Condvar::new(),
             held,
+            writer: Mutex::new(()),
+            #[cfg(test)]
+            after_storing_held: Mutex::new(None),
         });
         journal.set_hook(Stage::Pending, Arc::downgrade(&inner) as Weak<dyn Checkpoint>);
         Ok(Self { inner })
@@ -265,6 +276,13 @@ impl FilePendingStore {
     #[cfg(test)]
     pub(crate) fn held_units(&self) -> usize {
         self.inner.held.lock().len()
+    }
+
+    /// Run `f` after the next durable commit that stores the held units, before they are
+    /// dropped from memory.
+    #[cfg(test)]
+    pub(crate) fn after_storing_held(&self, f: impl FnOnce() + Send + 'static) {
+        *self.inner.after_storing_held.lock() = Some(Box::new(f));
     }
 
     /// A durable commit now, which writes the held units into the tables.
@@ -671,27 +689,15 @@ impl<'t> Tx<'t> {
     /// Move `id`'s held unit, if any, into the tables: an admission of a record with the
     /// same id then stores over it exactly as it would over a stored one.
     fn unhold(&mut self, id: MessageId) -> Result<(), Fail> {
-        let unit = match self.held_changes.take_added(id) {
-            Some(found) => Some(found),
-            None => match (self.held_seq(id), self.held) {
-                (Some(seq), Some(held)) => {
-                    self.held_changes.remove(seq);
-                    held.lock().get(seq).map(|u| {
-                        (
-                            seq,
-                            HeldUnit {
-                                record: u.record.clone(),
-                                bytes: u.bytes.clone(),
-                                receipts: u.receipts,
-                            },
-                        )
-                    })
-                }
-                _ => None,
-            },
-        };
-        if let Some((seq, unit)) = unit {
-            self.store_held(seq, &unit)?;
+        if let Some((seq, unit)) = self.held_changes.take_added(id) {
+            return self.store_held(seq, &unit);
+        }
+        if let (Some(seq), Some(held)) = (self.held_seq(id), self.held) {
+            self.held_changes.remove(seq);
+            let unit = held.lock().get(seq).cloned();
+            if let Some(unit) = unit {
+                self.store_held(seq, &unit)?;
+            }
         }
         Ok(())
     }
@@ -714,12 +720,12 @@ impl<'t> Tx<'t> {
         Ok(())
     }
 
-    /// For a durable commit: write every unit held when it commits (`units`, as this
-    /// transaction leaves them) into the tables.
-    fn store_all_held(&mut self, units: &HeldUnits) -> Result<(), Fail> {
+    /// For a durable commit: write every unit held when it commits (`units`, held before
+    /// it, with this transaction's changes) into the tables.
+    fn store_all_held(&mut self, units: &[(u64, Arc<HeldUnit>)]) -> Result<(), Fail> {
         let changes = std::mem::take(&mut self.held_changes);
         for (seq, unit) in units.iter().filter(|(seq, _)| !changes.removes(*seq)) {
-            self.store_held(seq, unit)?;
+            self.store_held(*seq, unit)?;
         }
         for (seq, unit) in changes.added() {
             self.store_held(*seq, unit)?;
@@ -1050,9 +1056,11 @@ impl Inner {
         let mut checkpoint = None;
         // The held units, locked from before this transaction commits until its changes
         // to them are applied (see `held`: readers see both at one point in time), and
-        // those changes (`None`: a durable commit, which stores every held unit).
+        // those changes; or, for a durable commit, whether it stores the held units.
         let mut held: Option<MutexGuard<'_, HeldUnits>> = None;
         let mut held_changes: Option<HeldChanges> = None;
+        let mut stores_held = false;
+        let _writer = self.writer.lock();
         let readers_wait = ReadersWait(self);
         let result = self.file.write_txn(|txn| {
             let mut t = Tx::open(txn, Some(&self.held))?;
@@ -1102,8 +1110,9 @@ impl Inner {
                 }
             };
             if checkpoint.is_some() {
-                let units = held.insert(self.held.lock());
-                t.store_all_held(units)?;
+                let units: Vec<_> = self.held.lock().iter().map(|(seq, u)| (seq, u.clone())).collect();
+                t.store_all_held(&units)?;
+                stores_held = true;
             } else if !t.held_changes.is_empty() {
                 held = Some(self.held.lock());
                 held_changes = Some(std::mem::take(&mut t.held_changes));
@@ -1118,13 +1127,18 @@ impl Inner {
             })?;
             Ok((out, true))
         });
-        if let (Ok(_), Some(units)) = (&result, held.as_mut()) {
-            match held_changes {
-                Some(changes) => changes.apply(units),
-                None => units.clear(),
-            }
+        if let (Ok(_), Some(units), Some(changes)) = (&result, held.as_mut(), held_changes) {
+            changes.apply(units);
         }
         drop(held);
+        if result.is_ok() && stores_held {
+            #[cfg(test)]
+            if let Some(f) = self.after_storing_held.lock().take() {
+                f();
+            }
+            // In the tables now; no other commit ran meanwhile (`writer`).
+            self.held.lock().clear();
+        }
         let outcome = match (result, journaled) {
             (Ok(out), _) => {
                 if let Some(lsn) = checkpoint {
@@ -1297,12 +1311,20 @@ impl Inner {
                     let mut stored = ready.range(range.clone())?.take(room).peekable();
                     let mut kept = held.seqs(range).peekable();
                     while chosen.len() < limit {
-                        let from_table = match (stored.peek(), kept.peek()) {
+                        let from_table = match (stored.peek(), kept.peek().copied()) {
                             (None, None) => break,
                             (Some(Err(_)) | Some(Ok(_)), None) => true,
                             (None, Some(_)) => false,
                             (Some(Err(_)), Some(_)) => true,
-                            (Some(Ok((k, _))), Some(held_seq)) => k.value() < *held_seq,
+                            (Some(Ok((k, _))), Some(held_seq)) => {
+                                let seq = k.value();
+                                if seq == held_seq {
+                                    // Stored by a checkpoint that has not dropped it from
+                                    // memory yet: the same unit.
+                                    kept.next();
+                                }
+                                seq <= held_seq
+                            }
                         };
                         if from_table {
                             if let Some(item) = stored.next() {
@@ -1315,24 +1337,27 @@ impl Inner {
                         }
                     }
                 }
-                // The held units are copied under the lock; stored ones are read after it.
-                let mut out: Vec<Option<ReadyUnit>> = chosen
+                // Held units are taken (shared) under the lock, copied and read after it.
+                let kept: Vec<Option<Arc<HeldUnit>>> = chosen
                     .iter()
                     .map(|(seq, entry)| match entry {
                         Some(_) => None,
-                        None => held.get(*seq).map(|u| ReadyUnit {
-                            seq: ReadySeq(*seq),
-                            unit: u.unit(),
-                        }),
+                        None => held.get(*seq).cloned(),
                     })
                     .collect();
                 drop(held);
-                for ((seq, entry), slot) in chosen.into_iter().zip(out.iter_mut()) {
-                    if let Some(entry) = entry {
-                        *slot = Some(build_unit(&records, seq, entry)?);
+                let mut out = Vec::with_capacity(chosen.len());
+                for ((seq, entry), kept) in chosen.into_iter().zip(kept) {
+                    match (entry, kept) {
+                        (Some(entry), _) => out.push(build_unit(&records, seq, entry)?),
+                        (None, Some(unit)) => out.push(ReadyUnit {
+                            seq: ReadySeq(seq),
+                            unit: unit.unit(),
+                        }),
+                        (None, None) => {}
                     }
                 }
-                Ok(out.into_iter().flatten().collect())
+                Ok(out)
             },
         )
     }
