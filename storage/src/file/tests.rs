@@ -1489,13 +1489,56 @@ fn held_units_read_as_stored_ones_and_reach_the_file_at_a_checkpoint() {
         let stats = s.pending.stats().await.unwrap();
         assert_eq!((stats.records, stats.ready_units), (4, 4));
 
-        // Not checkpointed: a restart replays them from the journal.
+        // The last two commits changed only held units: no redb commit, the counters in
+        // memory. A clean close writes both, so the reopen has nothing to replay.
+        let receipts = stats.receipt_requests;
         drop(s);
         let s = open_all(tmp.path());
+        assert_eq!(s.pending.replayed_frames(), 0);
+        let survivors: Vec<_> = mixed[..2].iter().chain(&mixed[3..]).cloned().collect();
         assert_eq!(
             s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap(),
-            mixed[..2].iter().chain(&mixed[3..]).cloned().collect::<Vec<_>>()
+            survivors
         );
+        assert_eq!(s.pending.stats().await.unwrap().receipt_requests, receipts);
+        s.pending
+            .admit(vec![record("esme1", "447700900006", "next")])
+            .await
+            .unwrap();
+        let all = s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap();
+        assert!(all.last().unwrap().seq > survivors.last().unwrap().seq, "seqs go on");
+    });
+}
+
+#[test]
+fn commits_that_change_only_held_units_are_replayed_after_a_crash() {
+    let tmp = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let s = open_all(tmp.path());
+        s.pending.journal().pause_ticks();
+        let batch: Vec<_> = (0..4)
+            .map(|i| record("esme1", "447700900001", &format!("m{i}")))
+            .collect();
+        s.pending.admit(batch).await.unwrap();
+        let units = s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap();
+        s.pending.complete(&[units[0].unit.id]).await.unwrap();
+        let receipts = s.pending.stats().await.unwrap().receipt_requests;
+        // What a SIGKILL leaves: the file as of its last durable commit, and the journal.
+        std::mem::forget(s);
+        let copy = tempfile::tempdir().unwrap();
+        for entry in std::fs::read_dir(tmp.path()).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_type().unwrap().is_file() {
+                std::fs::copy(entry.path(), copy.path().join(entry.file_name())).unwrap();
+            }
+        }
+        let s = open_all(copy.path());
+        assert!(s.pending.replayed_frames() >= 2, "the admission and the completion");
+        assert_eq!(
+            s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap(),
+            units[1..].to_vec()
+        );
+        assert_eq!(s.pending.stats().await.unwrap().receipt_requests, receipts);
     });
 }
 

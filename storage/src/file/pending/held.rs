@@ -71,6 +71,8 @@ pub(super) struct HeldUnits {
     by_seq: BTreeMap<u64, Arc<HeldUnit>>,
     /// Unit id (its record's id, UUIDv7: key order is acceptance order) → ready seq.
     by_id: BTreeMap<[u8; 16], u64>,
+    /// Set while commits that changed only held units have left `meta` behind.
+    counters: Option<Counters>,
 }
 
 impl HeldUnits {
@@ -116,6 +118,17 @@ impl HeldUnits {
     pub(super) fn clear(&mut self) {
         self.by_id.clear();
         self.by_seq.clear();
+        self.counters = None;
+    }
+
+    /// The counters newer than `meta`, if any.
+    pub(super) fn counters(&self) -> Option<Counters> {
+        self.counters
+    }
+
+    /// After a commit: `Some` when it left `meta` behind, `None` when it wrote them.
+    pub(super) fn set_counters(&mut self, counters: Option<Counters>) {
+        self.counters = counters;
     }
 }
 
@@ -201,5 +214,60 @@ impl HeldChanges {
         for (seq, unit) in self.added {
             units.insert(seq, unit);
         }
+    }
+}
+
+/// The stage's counters, as the last commit left them when it changed only held units
+/// (and so did not commit redb): newer than the `meta` table until the next commit that
+/// does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Counters {
+    pub(super) next_seq: u64,
+    pub(super) receipts: u64,
+    pub(super) journal_lsn: u64,
+}
+
+/// A table of a pending write transaction that records whether it was changed: a commit
+/// that changed no table but held units need not commit redb. Reads go through `Deref`;
+/// the only writes are these, so none can change the table unseen.
+pub(super) struct Tracked<'t, K: redb::Key + 'static, V: redb::Value + 'static> {
+    table: redb::Table<'t, K, V>,
+    changed: std::rc::Rc<std::cell::Cell<bool>>,
+}
+
+impl<'t, K: redb::Key + 'static, V: redb::Value + 'static> Tracked<'t, K, V> {
+    pub(super) fn new(table: redb::Table<'t, K, V>, changed: &std::rc::Rc<std::cell::Cell<bool>>) -> Self {
+        Self {
+            table,
+            changed: changed.clone(),
+        }
+    }
+
+    pub(super) fn insert<'k, 'v>(
+        &mut self,
+        key: impl std::borrow::Borrow<K::SelfType<'k>>,
+        value: impl std::borrow::Borrow<V::SelfType<'v>>,
+    ) -> Result<Option<redb::AccessGuard<'_, V>>, redb::StorageError> {
+        self.changed.set(true);
+        self.table.insert(key, value)
+    }
+
+    pub(super) fn remove<'a>(
+        &mut self,
+        key: impl std::borrow::Borrow<K::SelfType<'a>>,
+    ) -> Result<Option<redb::AccessGuard<'_, V>>, redb::StorageError> {
+        let removed = self.table.remove(key)?;
+        if removed.is_some() {
+            self.changed.set(true);
+        }
+        Ok(removed)
+    }
+}
+
+impl<'t, K: redb::Key + 'static, V: redb::Value + 'static> std::ops::Deref for Tracked<'t, K, V> {
+    type Target = redb::Table<'t, K, V>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.table
     }
 }

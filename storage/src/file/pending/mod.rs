@@ -46,7 +46,7 @@ use redb::{Database, Durability, ReadableTable, ReadableTableMetadata, Table, Ta
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
-use self::held::{HELD_UNITS, Held, HeldChanges, HeldUnit, HeldUnits};
+use self::held::{Counters, HELD_UNITS, Held, HeldChanges, HeldUnit, HeldUnits, Tracked};
 use super::engine::db::{Fail, FileOptions, META, StoreFile, blocking, check_layout, get_counter, on_this_thread};
 use super::engine::dir::{DataDir, PENDING_FILE};
 use super::engine::journal::{Checkpoint, Journal, Stage};
@@ -384,12 +384,14 @@ fn recover(db: &Database, journal: &Journal, quick_repair: bool) -> Result<usize
     Ok(replayed)
 }
 
-/// Write the held units into the tables before the file is closed, in one durable
-/// commit: closing makes the handle's non-durable commits durable, and with them the
-/// journal LSN they record, which covers the frames of the held units.
+/// Write the held units, and the counters commits that changed only held units kept in
+/// memory, into the file before it is closed, in one durable commit: closing makes the
+/// handle's non-durable commits durable, and with them the journal LSN they record, which
+/// covers the frames of the held units; the file must hold what that LSN claims.
 fn store_held_units(db: &Database, held: &Held) -> Result<(), Fail> {
     let mut units = held.lock();
-    if units.len() == 0 {
+    let counters = units.counters();
+    if units.len() == 0 && counters.is_none() {
         return Ok(());
     }
     let mut txn = db.begin_write()?;
@@ -398,6 +400,12 @@ fn store_held_units(db: &Database, held: &Held) -> Result<(), Fail> {
         let mut t = Tx::open(&txn, None)?;
         for (seq, unit) in units.iter() {
             t.store_held(seq, unit)?;
+        }
+        if let Some(c) = counters {
+            t.next_seq = c.next_seq;
+            t.receipts = c.receipts;
+            t.save_counters()?;
+            t.meta.insert(JOURNAL_LSN, c.journal_lsn)?;
         }
     }
     txn.commit()?;
@@ -608,15 +616,17 @@ impl BatchGroups {
 
 /// The tables of one write transaction and the counters it updates.
 struct Tx<'t> {
-    records: Table<'t, &'static [u8; 16], &'static [u8]>,
-    ready: Table<'t, u64, &'static [u8]>,
-    unit_seq: Table<'t, &'static [u8; 16], u64>,
-    groups: Table<'t, &'static [u8], &'static [u8]>,
-    deadlines: Table<'t, (u64, &'static [u8]), ()>,
-    completed: Table<'t, &'static [u8], &'static [u8]>,
-    completed_deadlines: Table<'t, (u64, &'static [u8]), ()>,
-    idem: Table<'t, (&'static str, &'static str), &'static [u8]>,
-    idem_expiry: Table<'t, (u64, &'static str, &'static str), ()>,
+    records: Tracked<'t, &'static [u8; 16], &'static [u8]>,
+    ready: Tracked<'t, u64, &'static [u8]>,
+    unit_seq: Tracked<'t, &'static [u8; 16], u64>,
+    groups: Tracked<'t, &'static [u8], &'static [u8]>,
+    deadlines: Tracked<'t, (u64, &'static [u8]), ()>,
+    completed: Tracked<'t, &'static [u8], &'static [u8]>,
+    completed_deadlines: Tracked<'t, (u64, &'static [u8]), ()>,
+    idem: Tracked<'t, (&'static str, &'static str), &'static [u8]>,
+    idem_expiry: Tracked<'t, (u64, &'static str, &'static str), ()>,
+    /// Whether any of the tables above was changed.
+    changed: std::rc::Rc<std::cell::Cell<bool>>,
     meta: Table<'t, &'static str, u64>,
     next_seq: u64,
     receipts: u64,
@@ -634,19 +644,31 @@ struct Tx<'t> {
 impl<'t> Tx<'t> {
     fn open(txn: &'t WriteTransaction, held: Option<&'t Held>) -> Result<Self, Fail> {
         let meta = txn.open_table(META)?;
-        let next_seq = get_counter(&meta, NEXT_SEQ)?;
-        let receipts = get_counter(&meta, RECEIPTS)?;
-        let journal_lsn = get_counter(&meta, JOURNAL_LSN)?;
+        let counters = match held.and_then(|h| h.lock().counters()) {
+            Some(newer) => newer,
+            None => Counters {
+                next_seq: get_counter(&meta, NEXT_SEQ)?,
+                receipts: get_counter(&meta, RECEIPTS)?,
+                journal_lsn: get_counter(&meta, JOURNAL_LSN)?,
+            },
+        };
+        let Counters {
+            next_seq,
+            receipts,
+            journal_lsn,
+        } = counters;
+        let changed = std::rc::Rc::new(std::cell::Cell::new(false));
         Ok(Self {
-            records: txn.open_table(RECORDS)?,
-            ready: txn.open_table(READY)?,
-            unit_seq: txn.open_table(UNIT_SEQ)?,
-            groups: txn.open_table(GROUPS)?,
-            deadlines: txn.open_table(DEADLINES)?,
-            completed: txn.open_table(COMPLETED)?,
-            completed_deadlines: txn.open_table(COMPLETED_DEADLINES)?,
-            idem: txn.open_table(IDEM)?,
-            idem_expiry: txn.open_table(IDEM_EXPIRY)?,
+            records: Tracked::new(txn.open_table(RECORDS)?, &changed),
+            ready: Tracked::new(txn.open_table(READY)?, &changed),
+            unit_seq: Tracked::new(txn.open_table(UNIT_SEQ)?, &changed),
+            groups: Tracked::new(txn.open_table(GROUPS)?, &changed),
+            deadlines: Tracked::new(txn.open_table(DEADLINES)?, &changed),
+            completed: Tracked::new(txn.open_table(COMPLETED)?, &changed),
+            completed_deadlines: Tracked::new(txn.open_table(COMPLETED_DEADLINES)?, &changed),
+            idem: Tracked::new(txn.open_table(IDEM)?, &changed),
+            idem_expiry: Tracked::new(txn.open_table(IDEM_EXPIRY)?, &changed),
+            changed,
             meta,
             next_seq,
             receipts,
@@ -733,6 +755,14 @@ impl<'t> Tx<'t> {
         Ok(())
     }
 
+    fn counters(&self, journal_lsn: u64) -> Counters {
+        Counters {
+            next_seq: self.next_seq,
+            receipts: self.receipts,
+            journal_lsn,
+        }
+    }
+
     fn save_counters(&mut self) -> Result<(), Fail> {
         self.meta.insert(NEXT_SEQ, self.next_seq)?;
         self.meta.insert(RECEIPTS, self.receipts)?;
@@ -769,7 +799,7 @@ impl<'t> Tx<'t> {
     /// open; should the table hold several (groups of one reference with different
     /// totals), the first in key order is the open one, and superseding it closes all.
     fn open_group(&self, prefix: &[u8]) -> Result<Option<StoredGroup>, Fail> {
-        first_group("groups", &self.groups, prefix)
+        first_group("groups", &*self.groups, prefix)
     }
 
     /// What the store knows of a group key at `now`: its open group, else its completed
@@ -778,7 +808,7 @@ impl<'t> Tx<'t> {
     fn key_state(&self, prefix: &[u8], now: Timestamp) -> Result<Option<KnownGroup>, Fail> {
         let (open, mut group) = match self.open_group(prefix)? {
             Some(g) => (true, g),
-            None => match first_group("completed_groups", &self.completed, prefix)? {
+            None => match first_group("completed_groups", &*self.completed, prefix)? {
                 Some(g) if g.state.deadline > now => (false, g),
                 _ => return Ok(None),
             },
@@ -815,7 +845,7 @@ impl<'t> Tx<'t> {
 
     /// Forget the completed groups of a group key.
     fn forget_completed(&mut self, prefix: &[u8]) -> Result<(), Fail> {
-        while let Some(g) = first_group("completed_groups", &self.completed, prefix)? {
+        while let Some(g) = first_group("completed_groups", &*self.completed, prefix)? {
             self.completed.remove(g.key.as_slice())?;
             self.completed_deadlines
                 .remove((g.state.deadline.0, g.key.as_slice()))?;
@@ -1060,6 +1090,9 @@ impl Inner {
         let mut held: Option<MutexGuard<'_, HeldUnits>> = None;
         let mut held_changes: Option<HeldChanges> = None;
         let mut stores_held = false;
+        // The counters to keep in memory once this write is done: `Some(None)` when it
+        // wrote them to `meta`, `Some(Some(_))` when it left `meta` behind.
+        let mut counters_after: Option<Option<Counters>> = None;
         let _writer = self.writer.lock();
         let readers_wait = ReadersWait(self);
         let result = self.file.write_txn(|txn| {
@@ -1113,9 +1146,19 @@ impl Inner {
                 let units: Vec<_> = self.held.lock().iter().map(|(seq, u)| (seq, u.clone())).collect();
                 t.store_all_held(&units)?;
                 stores_held = true;
-            } else if !t.held_changes.is_empty() {
-                held = Some(self.held.lock());
-                held_changes = Some(std::mem::take(&mut t.held_changes));
+            } else {
+                if !t.held_changes.is_empty() {
+                    held = Some(self.held.lock());
+                    held_changes = Some(std::mem::take(&mut t.held_changes));
+                }
+                if !t.changed.get() {
+                    // Only held units changed, and the frame made that durable: redb has
+                    // nothing to commit but counters, which stay in memory until the next
+                    // commit that writes (every durable one does, and a close).
+                    counters_after = Some(Some(t.counters(lsn)));
+                    return Ok((out, false));
+                }
+                counters_after = Some(None);
             }
             t.meta.insert(JOURNAL_LSN, lsn)?;
             t.save_counters()?;
@@ -1127,8 +1170,16 @@ impl Inner {
             })?;
             Ok((out, true))
         });
-        if let (Ok(_), Some(units), Some(changes)) = (&result, held.as_mut(), held_changes) {
-            changes.apply(units);
+        if result.is_ok() {
+            if let (Some(units), Some(changes)) = (held.as_mut(), held_changes) {
+                changes.apply(units);
+            }
+            if let Some(counters) = counters_after {
+                match held.as_mut() {
+                    Some(units) => units.set_counters(counters),
+                    None => self.held.lock().set_counters(counters),
+                }
+            }
         }
         drop(held);
         if result.is_ok() && stores_held {
@@ -1470,7 +1521,10 @@ impl Inner {
                     records: records.len()? + held_units,
                     ready_units: txn.open_table(UNIT_SEQ)?.len()? + held_units,
                     incomplete_groups: txn.open_table(GROUPS)?.len()?,
-                    receipt_requests: get_counter(&meta, RECEIPTS)?,
+                    receipt_requests: match held.counters() {
+                        Some(c) => c.receipts,
+                        None => get_counter(&meta, RECEIPTS)?,
+                    },
                     oldest_accepted_at: oldest,
                 })
             },
