@@ -16,6 +16,11 @@
 //! reopen of the file (after an I/O failure) replays the same frames into the tables, so
 //! it drops what is held ([`Held::recovered`]).
 //!
+//! A commit that changed only held units (its tables are [`Tracked`]) makes no redb
+//! commit at all: its frame made it durable, and its counters — next seq, receipts
+//! asked for, the journal LSN — stay here ([`Counters`]) until a commit that writes, or
+//! the close, puts them in `meta` with the held units.
+//!
 //! Held units are bounded by [`HELD_UNITS`]: past it, admissions are written to the
 //! tables as before, so a backlog costs memory only up to the bound.
 //!
