@@ -202,6 +202,9 @@ fn latches(err: &redb::Error) -> bool {
 /// Creates the file's tables, checks its layout, spot-checks its records.
 pub(crate) type InitFn = fn(&WriteTransaction) -> Result<(), Fail>;
 
+/// How long a reopen waits for calls still using the failed handle.
+const REOPEN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Runs after `init` on every (re)open, before the database is handed to any caller:
 /// the journaled stages apply their journal frames here.
 pub(crate) type RecoverFn = Box<dyn Fn(&Database) -> Result<(), Fail> + Send + Sync>;
@@ -384,25 +387,36 @@ impl StoreFile {
     }
 
     fn reopen(&self, kind: FailureKind) -> Result<(), BackendFailure> {
-        let mut slot = self.db.write();
-        if self.broken.lock().is_none() && slot.is_some() {
-            // Another call reopened it while this one waited for the lock.
-            return Ok(());
-        }
-        if let Some(db) = slot.take() {
+        // Calls still using the failed handle (a read, the other writer) end within
+        // milliseconds: wait for them rather than fail this caller.
+        let deadline = std::time::Instant::now() + REOPEN_WAIT;
+        let mut slot = loop {
+            let mut slot = self.db.write();
+            if self.broken.lock().is_none() && slot.is_some() {
+                // Another call reopened it while this one waited for the lock.
+                return Ok(());
+            }
+            let Some(db) = slot.take() else { break slot };
             match Arc::try_unwrap(db) {
                 // Closing a latched handle writes nothing; the reopen recovers the file.
-                Ok(db) => self.close(db),
+                Ok(db) => {
+                    self.close(db);
+                    break slot;
+                }
                 Err(db) => {
                     *slot = Some(db);
-                    return Err(BackendFailure::new(
-                        kind,
-                        self.location.clone(),
-                        "the store failed an I/O operation and is waiting for in-flight calls to end before reopening",
-                    ));
+                    if std::time::Instant::now() >= deadline {
+                        return Err(BackendFailure::new(
+                            kind,
+                            self.location.clone(),
+                            "the store failed an I/O operation and is waiting for in-flight calls to end before reopening",
+                        ));
+                    }
                 }
             }
-        }
+            drop(slot);
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
         match self.open_database() {
             Ok(db) => {
                 *slot = Some(Arc::new(db));

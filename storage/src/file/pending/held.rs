@@ -3,13 +3,13 @@
 //! Most messages are admitted, selected and completed within a second, between two
 //! checkpoints of the stage's file. Their admission frame in the journal is what makes
 //! them durable; writing their record, ready entry and unit index to redb as well, only
-//! to remove all three a few milliseconds later, was most of the stage's cost. So a
+//! to remove all three a few milliseconds later, would be most of the stage's work. So a
 //! single-record unit admitted by a journaled commit is *held*: its record stays in
 //! memory, and every read of the stage (selection, restore, stats, admission's capacity)
 //! merges the held units with the tables. A unit completed while held never reaches the
 //! file.
 //!
-//! The rule that keeps this exactly as durable as before: **every durable commit of the
+//! The rule that keeps this exactly as durable as storing them: **every durable commit of the
 //! file writes the held units into its tables first.** A durable commit records the
 //! journal LSN the file covers, and a restart replays only the frames after it; so a held
 //! unit is either in the file's durable state or in a frame the restart replays. A
