@@ -21,7 +21,7 @@ use crate::dlr::{
     accepted_reports, buffered_report,
 };
 use crate::envelope::{self, RecordKind};
-use crate::file::engine::db::{Fail, META, check_layout, get_counter};
+use crate::file::engine::db::{Fail, META, check_layout, encode, get_counter};
 use crate::ids::Timestamp;
 
 pub(crate) const TRACKS: TableDefinition<&[u8; 18], &[u8]> = TableDefinition::new("tracks");
@@ -149,15 +149,6 @@ fn delivery_parts(id: u64, value: &[u8]) -> Result<super::records::DeliveryValue
         table: "deliveries",
         detail: format!("key {id}: malformed delivery header"),
     })
-}
-
-fn encode<T: serde::Serialize>(
-    kind: RecordKind,
-    table: &'static str,
-    key: impl std::fmt::Display,
-    v: &T,
-) -> Result<Vec<u8>, Fail> {
-    envelope::encode(kind, v).map_err(|e| Fail::record(table, key, e))
 }
 
 /// A track as loaded into one transaction: decoded once, however many handoffs and

@@ -160,6 +160,16 @@ impl Fail {
     }
 }
 
+/// Encode a record of `table` (its key named in an error) as an envelope of `kind`.
+pub(crate) fn encode<T: serde::Serialize>(
+    kind: crate::envelope::RecordKind,
+    table: &'static str,
+    key: impl std::fmt::Display,
+    v: &T,
+) -> Result<Vec<u8>, Fail> {
+    crate::envelope::encode(kind, v).map_err(|e| Fail::record(table, key, e))
+}
+
 /// What kind of failure a redb error is.
 fn classify(err: &redb::Error) -> FailureKind {
     use redb::Error as E;

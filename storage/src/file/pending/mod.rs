@@ -47,7 +47,9 @@ use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
 use self::held::{Counters, HELD_UNITS, Held, HeldChanges, HeldUnit, HeldUnits, Tracked};
-use super::engine::db::{Fail, FileOptions, META, StoreFile, blocking, check_layout, get_counter, on_this_thread};
+use super::engine::db::{
+    Fail, FileOptions, META, StoreFile, blocking, check_layout, encode, get_counter, on_this_thread,
+};
 use super::engine::dir::{DataDir, PENDING_FILE};
 use super::engine::journal::{Checkpoint, Journal, Stage};
 use super::engine::journaled::JOURNAL_LSN;
@@ -444,15 +446,6 @@ fn decode_group(table: &'static str, key: &[u8], bytes: &[u8]) -> Result<GroupSt
         };
         Fail::record(table, format!("reference {reference}"), e)
     })
-}
-
-fn encode<T: serde::Serialize>(
-    kind: RecordKind,
-    table: &'static str,
-    key: impl std::fmt::Display,
-    v: &T,
-) -> Result<Vec<u8>, Fail> {
-    envelope::encode(kind, v).map_err(|e| Fail::record(table, key, e))
 }
 
 /// A group as the `groups` or `completed_groups` table holds it.
