@@ -56,6 +56,21 @@ fn open_all(path: &Path) -> Stores {
     }
 }
 
+/// [`open_all`] with the journal's checkpointer paused: checkpoints happen when a test
+/// makes them.
+fn open_paused(path: &Path) -> Stores {
+    let s = open_all(path);
+    s.pending.journal().pause_ticks();
+    s
+}
+
+/// `n` plain single-part records of one account.
+fn plain(n: usize) -> Vec<crate::PendingRecord> {
+    (0..n)
+        .map(|i| record("esme1", "447700900001", &format!("m{i}")))
+        .collect()
+}
+
 fn routed(id: MessageId, branches: u16) -> RoutedUnit {
     RoutedUnit {
         id,
@@ -1428,8 +1443,7 @@ fn a_failed_checkpoint_keeps_its_changes_for_the_next_one() {
 fn held_units_read_as_stored_ones_and_reach_the_file_at_a_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
     runtime().block_on(async {
-        let s = open_all(tmp.path());
-        s.pending.journal().pause_ticks();
+        let s = open_paused(tmp.path());
         let mut idem = record("esme1", "447700900001", "with key");
         idem.idempotency_key = Some("key-1".into());
         let mut rich = record("esme2", "447700900002", "every field");
@@ -1514,11 +1528,8 @@ fn held_units_read_as_stored_ones_and_reach_the_file_at_a_checkpoint() {
 fn commits_that_change_only_held_units_are_replayed_after_a_crash() {
     let tmp = tempfile::tempdir().unwrap();
     runtime().block_on(async {
-        let s = open_all(tmp.path());
-        s.pending.journal().pause_ticks();
-        let batch: Vec<_> = (0..4)
-            .map(|i| record("esme1", "447700900001", &format!("m{i}")))
-            .collect();
+        let s = open_paused(tmp.path());
+        let batch = plain(4);
         s.pending.admit(batch).await.unwrap();
         let units = s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap();
         s.pending.complete(&[units[0].unit.id]).await.unwrap();
@@ -1546,11 +1557,8 @@ fn commits_that_change_only_held_units_are_replayed_after_a_crash() {
 fn a_failed_checkpoint_loses_no_held_unit() {
     let tmp = tempfile::tempdir().unwrap();
     runtime().block_on(async {
-        let s = open_all(tmp.path());
-        s.pending.journal().pause_ticks();
-        let batch: Vec<_> = (0..4)
-            .map(|i| record("esme1", "447700900001", &format!("m{i}")))
-            .collect();
+        let s = open_paused(tmp.path());
+        let batch = plain(4);
         s.pending.admit(batch).await.unwrap();
         assert_eq!(s.pending.held_units(), 4);
         let before = s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap();
@@ -1579,11 +1587,8 @@ fn a_failed_checkpoint_loses_no_held_unit() {
 fn admissions_past_the_held_bound_are_stored() {
     let tmp = tempfile::tempdir().unwrap();
     runtime().block_on(async {
-        let s = open_all(tmp.path());
-        s.pending.journal().pause_ticks();
-        let batch: Vec<_> = (0..20)
-            .map(|i| record("esme1", "447700900001", &format!("m{i}")))
-            .collect();
+        let s = open_paused(tmp.path());
+        let batch = plain(20);
         s.pending.admit(batch).await.unwrap();
         assert_eq!(s.pending.held_units(), 8, "the bound in tests");
         let all = s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap();
@@ -1606,8 +1611,7 @@ fn a_commit_racing_a_checkpoint_keeps_its_held_units() {
     use crate::pending::BlockingPendingWriter;
     let tmp = tempfile::tempdir().unwrap();
     runtime().block_on(async {
-        let s = open_all(tmp.path());
-        s.pending.journal().pause_ticks();
+        let s = open_paused(tmp.path());
         let first = record("esme1", "447700900001", "stored by the checkpoint");
         let late = record("esme1", "447700900001", "admitted meanwhile");
         let ids = vec![first.id, late.id];
