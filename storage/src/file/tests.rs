@@ -1553,6 +1553,77 @@ fn commits_that_change_only_held_units_are_replayed_after_a_crash() {
     });
 }
 
+/// Stores opened paused holding `n` plain units, then a multipart part: a part is stored,
+/// so its commit writes redb with a journal LSN past the held units' frames.
+async fn held_then_a_stored_part(path: &Path, n: usize) -> Stores {
+    let s = open_paused(path);
+    s.pending.admit(plain(n)).await.unwrap();
+    assert_eq!(s.pending.held_units(), n);
+    s.pending
+        .admit(vec![part("esme1", "447700900005", 7, 2, 1, LONG)])
+        .await
+        .unwrap();
+    assert_eq!(s.pending.held_units(), n, "the part is stored");
+    s
+}
+
+/// A panic inside a pending write leaves the handle untrusted; its reopen closes it
+/// first. Held units whose frames a non-durable commit's journal LSN already covers must
+/// still be in the file that reopen (and a later restart) reads — whether the step before
+/// that close stores them, or fails and the handle closes without writing.
+#[test]
+fn a_panic_after_the_answer_loses_no_held_unit() {
+    for close_fails in [false, true] {
+        let tmp = tempfile::tempdir().unwrap();
+        runtime().block_on(async {
+            let s = held_then_a_stored_part(tmp.path(), 4).await;
+            s.pending.fail_close(close_fails);
+            s.pending
+                .before_apply(|| panic!("injected: the storage engine fails after the answer"));
+            let last = record("esme1", "447700900001", "answered");
+            let last_id = last.id;
+            let _ = s.pending.admit(vec![last]).await;
+            let ready = s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap();
+            assert_eq!(ready.len(), 5, "the four held units and the last admission: {ready:?}");
+            assert!(ready.iter().any(|u| u.unit.id == last_id));
+            assert_eq!(s.pending.stats().await.unwrap().records, 6, "and the part");
+            // The reopened handle writes.
+            s.pending.fail_close(false);
+            s.pending.complete(&[ready[0].unit.id]).await.unwrap();
+            drop(s);
+            let s = open_all(tmp.path());
+            assert_eq!(
+                s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap(),
+                ready[1..].to_vec(),
+                "after a restart (the close step failed: {close_fails})"
+            );
+            assert_eq!(s.pending.stats().await.unwrap().records, 5);
+        });
+    }
+}
+
+/// The step before closing cannot store the held units (an error that is not the disk's):
+/// the handle must then close without making its non-durable commits durable, whose
+/// journal LSN covers the held units' frames, so the restart replays them.
+#[test]
+fn a_close_that_cannot_store_the_held_units_loses_none() {
+    let tmp = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let s = held_then_a_stored_part(tmp.path(), 4).await;
+        let ready = s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap();
+        assert_eq!(ready.len(), 4);
+        s.pending.fail_close(true);
+        drop(s);
+        let s = open_all(tmp.path());
+        assert_eq!(
+            s.pending.ready_after(crate::ReadyCursor::START, 100).await.unwrap(),
+            ready,
+            "after a restart"
+        );
+        assert_eq!(s.pending.stats().await.unwrap().records, 5, "and the part");
+    });
+}
+
 #[test]
 fn a_failed_checkpoint_loses_no_held_unit() {
     let tmp = tempfile::tempdir().unwrap();
@@ -1603,6 +1674,30 @@ fn admissions_past_the_held_bound_are_stored() {
             .unwrap();
         assert_eq!(s.pending.held_units(), 1, "room again");
         assert_eq!(s.pending.stats().await.unwrap().records, 11);
+    });
+}
+
+/// Between a checkpoint's commit and its dropping the units it stored, they are both in
+/// the tables and held: stats count each once.
+#[test]
+fn stats_during_a_checkpoint_count_each_unit_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let s = held_then_a_stored_part(tmp.path(), 3).await;
+        let before = s.pending.stats().await.unwrap();
+        assert_eq!((before.records, before.ready_units), (4, 3));
+        let seen = Arc::new(std::sync::Mutex::new(None));
+        let (pending, slot) = (s.pending.clone(), seen.clone());
+        s.pending.after_storing_held(move || {
+            let stats = std::thread::spawn(move || runtime().block_on(pending.stats()).unwrap())
+                .join()
+                .unwrap();
+            *slot.lock().unwrap() = Some(stats);
+        });
+        s.pending.checkpoint_now().unwrap();
+        assert_eq!(seen.lock().unwrap().take(), Some(before.clone()), "in the window");
+        assert_eq!(s.pending.held_units(), 0);
+        assert_eq!(s.pending.stats().await.unwrap(), before, "after it");
     });
 }
 

@@ -37,6 +37,13 @@ pub(crate) struct FaultBackend {
     name: &'static str,
     /// Under a crash-image test: where its writes and syncs are reported.
     watched: Option<Watched>,
+    /// Set when the handle must close without writing (see [`StoreFile`]'s close):
+    /// every write and sync then fails, so redb's close cannot make the handle's
+    /// non-durable commits durable, and the file stays as of its last durable commit for
+    /// the next open to recover.
+    ///
+    /// [`StoreFile`]: super::db::StoreFile
+    discard: Arc<AtomicBool>,
 }
 
 impl fmt::Debug for FaultBackend {
@@ -51,13 +58,22 @@ impl FaultBackend {
         name: &'static str,
         faults: Arc<FaultSwitch>,
         watched: Option<Watched>,
+        discard: Arc<AtomicBool>,
     ) -> Result<Self, DatabaseError> {
         Ok(Self {
             inner: FileBackend::new(file)?,
             faults,
             name,
             watched,
+            discard,
         })
+    }
+
+    fn check_discard(&self) -> io::Result<()> {
+        if self.discard.load(Ordering::Acquire) {
+            return Err(io::Error::other("the handle is closing without writing"));
+        }
+        Ok(())
     }
 }
 
@@ -89,6 +105,7 @@ impl StorageBackend for FaultBackend {
     }
 
     fn set_len(&self, len: u64) -> Result<(), io::Error> {
+        self.check_discard()?;
         check_space(&self.faults)?;
         self.inner.set_len(len)?;
         if let Some(w) = &self.watched {
@@ -98,6 +115,7 @@ impl StorageBackend for FaultBackend {
     }
 
     fn sync_data(&self) -> Result<(), io::Error> {
+        self.check_discard()?;
         check_io(&self.faults)?;
         timed_sync(self.name, || self.inner.sync_data())?;
         if let Some(w) = &self.watched {
@@ -107,6 +125,7 @@ impl StorageBackend for FaultBackend {
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
+        self.check_discard()?;
         check_space(&self.faults)?;
         self.inner.write(offset, data)?;
         if let Some(w) = &self.watched {

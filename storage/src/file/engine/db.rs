@@ -241,6 +241,9 @@ pub(crate) struct StoreFile {
     /// Set after an error that latched redb's handle: the kind to report until a reopen
     /// succeeds (a full disk stays "full", not a generic `PreviousIo`).
     broken: Mutex<Option<FailureKind>>,
+    /// The open handle's backend refuses every write while this is set (see
+    /// [`StoreFile::close`]); each open gets a new one.
+    discard: Mutex<Arc<AtomicBool>>,
 }
 
 impl StoreFile {
@@ -278,6 +281,7 @@ impl StoreFile {
             faults,
             db: RwLock::new(None),
             broken: Mutex::new(None),
+            discard: Mutex::new(Arc::new(AtomicBool::new(false))),
         };
         let db = file.open_database()?;
         *file.db.write() = Some(Arc::new(db));
@@ -306,7 +310,9 @@ impl StoreFile {
         if let Some(w) = watched.as_ref().filter(|_| !existed) {
             w.created(false);
         }
-        let backend = FaultBackend::new(file, self.name, self.faults.clone(), watched)
+        let discard = Arc::new(AtomicBool::new(false));
+        *self.discard.lock() = discard.clone();
+        let backend = FaultBackend::new(file, self.name, self.faults.clone(), watched, discard)
             .map_err(|e| self.failure(Fail::from(e)))?;
         let mut builder = Builder::new();
         builder.set_cache_size(self.options.cache_size);
@@ -527,16 +533,27 @@ impl StoreFile {
 
 impl StoreFile {
     /// Close a handle, after the store's step before closing.
+    ///
+    /// redb's close makes the handle's non-durable commits durable. When the step before
+    /// it failed, those commits may claim more than the file holds (a journal LSN whose
+    /// held units were not written), so the handle closes without writing anything: its
+    /// backend refuses every write, redb leaves the file as of its last durable commit,
+    /// and the next open recovers it and replays the journal from there.
     fn close<D: std::borrow::Borrow<Database>>(&self, db: D) {
         if let Some(before_close) = &self.before_close {
-            match catch_unwind(AssertUnwindSafe(|| before_close(db.borrow()))) {
-                Ok(Ok(())) => {}
+            let failed = match catch_unwind(AssertUnwindSafe(|| before_close(db.borrow()))) {
+                Ok(Ok(())) => false,
                 Ok(Err(e)) => {
-                    tracing::warn!(file = %self.location, error = %self.failure(e), "store file not brought up to date before closing; its next open replays the journal");
+                    tracing::warn!(file = %self.location, error = %self.failure(e), "store file not brought up to date before closing; closing it without writing, its next open replays the journal");
+                    true
                 }
                 Err(_) => {
-                    tracing::warn!(file = %self.location, "the storage engine panicked before closing a store file")
+                    tracing::warn!(file = %self.location, "the storage engine panicked before closing a store file; closing it without writing, its next open replays the journal");
+                    true
                 }
+            };
+            if failed {
+                self.discard.lock().store(true, Ordering::Release);
             }
         }
         close(&self.location, db);

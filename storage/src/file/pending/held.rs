@@ -14,7 +14,9 @@
 //! journal LSN the file covers, and a restart replays only the frames after it; so a held
 //! unit is either in the file's durable state or in a frame the restart replays. A
 //! reopen of the file (after an I/O failure) replays the same frames into the tables, so
-//! it drops what is held ([`Held::recovered`]).
+//! it drops what is held ([`Held::recovered`]). redb makes a handle's non-durable commits
+//! durable when it closes, so a close first stores the held units too; when that step
+//! fails, the handle closes without writing at all (the store file's close).
 //!
 //! A commit that changed only held units (its tables are [`Tracked`]) makes no redb
 //! commit at all: its frame made it durable, and its counters — next seq, receipts
@@ -78,6 +80,9 @@ pub(super) struct HeldUnits {
     by_id: BTreeMap<[u8; 16], u64>,
     /// Set while commits that changed only held units have left `meta` behind.
     counters: Option<Counters>,
+    /// Set while a durable commit stores the held units: from its commit until they are
+    /// dropped from memory, a reader's snapshot may hold them in the tables too.
+    storing: bool,
 }
 
 impl HeldUnits {
@@ -124,6 +129,17 @@ impl HeldUnits {
         self.by_id.clear();
         self.by_seq.clear();
         self.counters = None;
+        self.storing = false;
+    }
+
+    /// Whether a durable commit is storing the held units (see the field).
+    pub(super) fn storing(&self) -> bool {
+        self.storing
+    }
+
+    /// A durable commit starts (`true`) or failed to store the held units (`false`).
+    pub(super) fn set_storing(&mut self, storing: bool) {
+        self.storing = storing;
     }
 
     /// The counters newer than `meta`, if any.
@@ -144,6 +160,9 @@ pub(super) struct Held {
     /// Set by a (re)open of the file: its recovery replayed every held unit into the
     /// tables, so what is held is dropped by the next [`Held::settle`].
     stale: AtomicBool,
+    /// Makes the step before a close fail (without an I/O error).
+    #[cfg(test)]
+    pub(super) fail_close: AtomicBool,
 }
 
 impl Held {

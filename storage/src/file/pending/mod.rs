@@ -113,6 +113,9 @@ struct Inner {
     /// they are dropped from memory.
     #[cfg(test)]
     after_storing_held: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// Runs once, where the `pending-apply` failpoint is: answered, not yet applied.
+    #[cfg(test)]
+    before_apply: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 /// Makes the store's readers wait from [`start`](Self::start) until it is dropped: when
@@ -227,6 +230,8 @@ impl FilePendingStore {
             writer: Mutex::new(()),
             #[cfg(test)]
             after_storing_held: Mutex::new(None),
+            #[cfg(test)]
+            before_apply: Mutex::new(None),
         });
         journal.set_hook(Stage::Pending, Arc::downgrade(&inner) as Weak<dyn Checkpoint>);
         Ok(Self { inner })
@@ -285,6 +290,22 @@ impl FilePendingStore {
     #[cfg(test)]
     pub(crate) fn after_storing_held(&self, f: impl FnOnce() + Send + 'static) {
         *self.inner.after_storing_held.lock() = Some(Box::new(f));
+    }
+
+    /// Run `f` in the next journaled admission, after its answer and before its apply
+    /// (where the `pending-apply` failpoint is).
+    #[cfg(test)]
+    pub(crate) fn before_apply(&self, f: impl FnOnce() + Send + 'static) {
+        *self.inner.before_apply.lock() = Some(Box::new(f));
+    }
+
+    /// Make the step that stores the held units before a close fail.
+    #[cfg(test)]
+    pub(crate) fn fail_close(&self, fail: bool) {
+        self.inner
+            .held
+            .fail_close
+            .store(fail, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// A durable commit now, which writes the held units into the tables.
@@ -391,6 +412,13 @@ fn recover(db: &Database, journal: &Journal, quick_repair: bool) -> Result<usize
 /// handle's non-durable commits durable, and with them the journal LSN they record, which
 /// covers the frames of the held units; the file must hold what that LSN claims.
 fn store_held_units(db: &Database, held: &Held) -> Result<(), Fail> {
+    #[cfg(test)]
+    if held.fail_close.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(Fail::Invalid {
+            table: "meta",
+            detail: "injected: the step before closing fails".into(),
+        });
+    }
     let mut units = held.lock();
     let counters = units.counters();
     if units.len() == 0 && counters.is_none() {
@@ -1121,6 +1149,10 @@ impl Inner {
                         // Answered, not applied: a panic here (`pending-apply=panic`) is
                         // a storage engine failing after the acknowledgement.
                         failpoint::hit("pending-apply");
+                        #[cfg(test)]
+                        if let Some(f) = self.before_apply.lock().take() {
+                            f();
+                        }
                         t.hold_admissions = true;
                         decided.apply(&mut t, frame)?;
                     }
@@ -1136,9 +1168,13 @@ impl Inner {
                 }
             };
             if checkpoint.is_some() {
-                let units: Vec<_> = self.held.lock().iter().map(|(seq, u)| (seq, u.clone())).collect();
-                t.store_all_held(&units)?;
+                let units: Vec<_> = {
+                    let mut held = self.held.lock();
+                    held.set_storing(true);
+                    held.iter().map(|(seq, u)| (seq, u.clone())).collect()
+                };
                 stores_held = true;
+                t.store_all_held(&units)?;
             } else {
                 if !t.held_changes.is_empty() {
                     held = Some(self.held.lock());
@@ -1182,6 +1218,8 @@ impl Inner {
             }
             // In the tables now; no other commit ran meanwhile (`writer`).
             self.held.lock().clear();
+        } else if stores_held {
+            self.held.lock().set_storing(false);
         }
         let outcome = match (result, journaled) {
             (Ok(out), _) => {
@@ -1509,10 +1547,23 @@ impl Inner {
                     (Some((k, v)), _) => Some(decode_record(MessageId::from_bytes(k), v.value())?.accepted_at),
                     (None, r) => r.map(|r| r.accepted_at),
                 };
-                let held_units = held.len() as u64;
+                let unit_seq = txn.open_table(UNIT_SEQ)?;
+                // A checkpoint between its commit and dropping the units it stored: those
+                // this snapshot has in the tables are counted there.
+                let held_units = if held.storing() {
+                    let mut n = 0;
+                    for (_, unit) in held.iter() {
+                        if unit_seq.get(&unit.record.id.to_bytes())?.is_none() {
+                            n += 1;
+                        }
+                    }
+                    n
+                } else {
+                    held.len() as u64
+                };
                 Ok(PendingStats {
                     records: records.len()? + held_units,
-                    ready_units: txn.open_table(UNIT_SEQ)?.len()? + held_units,
+                    ready_units: unit_seq.len()? + held_units,
                     incomplete_groups: txn.open_table(GROUPS)?.len()?,
                     receipt_requests: match held.counters() {
                         Some(c) => c.receipts,
