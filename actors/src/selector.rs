@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use sendium_storage::failpoint;
+use sendium_storage::ids::IdSet;
 use sendium_storage::{
     PendingError, ReadyCursor, ReadySeq, ReadyUnit, RouterQueueStore, RouterQueueWrite, StagedUnit, UnitId,
 };
@@ -85,7 +86,7 @@ pub struct SelectorState {
     /// paid back from the next credit, so every unit holds one slot.
     debt: usize,
     /// Units a durable routed-work stage already holds at startup: not selected again.
-    exclude: HashSet<UnitId>,
+    exclude: IdSet<UnitId>,
     selected_total: u64,
     restored_total: u64,
     /// Set when the Router has not told us its capacity yet: no selection until it does.
@@ -259,7 +260,7 @@ impl Actor for Selector {
             cursor,
             credit: 0,
             debt: 0,
-            exclude: HashSet::new(),
+            exclude: IdSet::default(),
             selected_total: 0,
             restored_total: 0,
             waiting_for_router: true,

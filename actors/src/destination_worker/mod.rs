@@ -33,7 +33,7 @@ pub mod outbound;
 pub mod receipts;
 mod simulator;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -43,6 +43,7 @@ use sendium_protocols::http_provider::{HttpProvider, HttpProviderConfig, HttpSub
 use sendium_protocols::receipt::{IdFormat, resp_key};
 use sendium_protocols::smpp::client::{ClientEvent, ClientEvents, OutboundSubmit, SmppClient, SubmitFailure};
 use sendium_storage::failpoint;
+use sendium_storage::ids::IdMap;
 use sendium_storage::{BranchFailure, Unit};
 
 use crate::context::Shared;
@@ -164,8 +165,8 @@ pub struct WorkerState {
     /// When `up` last changed (or the worker started).
     since: Instant,
     failover_after: Duration,
-    jobs: HashMap<BranchKey, Job>,
-    tokens: HashMap<u64, (BranchKey, usize)>,
+    jobs: IdMap<BranchKey, Job>,
+    tokens: IdMap<u64, (BranchKey, usize)>,
     next_reference: u8,
     /// Parts waiting for their retry time (or for the session to come up).
     retry: BTreeMap<(Instant, u64), (BranchKey, usize)>,
@@ -671,8 +672,8 @@ impl Actor for DestinationWorker {
             up,
             since: Instant::now(),
             failover_after: args.failover_after,
-            jobs: HashMap::new(),
-            tokens: HashMap::new(),
+            jobs: IdMap::default(),
+            tokens: IdMap::default(),
             next_reference: 0,
             retry: BTreeMap::new(),
             retry_seq: 0,

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use sendium_profiles::RouteTable;
 use sendium_storage::failpoint;
+use sendium_storage::ids::{IdMap, IdSet};
 use sendium_storage::{
     Branch, BranchDone, BranchFailure, BranchMove, BranchOutcome, Handoff, ReadyUnit, ReceiptTarget, RoutedUnit,
     RoutedWorkStore, Timestamp, Unit, UnitId,
@@ -243,10 +244,10 @@ pub struct RouterState {
     max_in_flight: usize,
     max_age: Duration,
     dlr_enabled: bool,
-    units: HashMap<UnitId, Tracked>,
+    units: IdMap<UnitId, Tracked>,
     dests: HashMap<String, Destination>,
     /// Open branches no destination can take now (see [`placement`]).
-    waiting: HashMap<BranchKey, Waiting>,
+    waiting: IdMap<BranchKey, Waiting>,
     /// Branches handed back, whose failover is to be recorded before they are placed
     /// again (so a restart does not send them back); retried on the tick if the write
     /// failed.
@@ -258,7 +259,7 @@ pub struct RouterState {
     // Durable writes run in their own tasks so the Router keeps handling messages
     // during an fsync; what arrives meanwhile goes into the next write (group commit).
     to_record: Vec<(Arc<Unit>, RoutedUnit)>,
-    recording: Option<std::collections::HashSet<UnitId>>,
+    recording: Option<IdSet<UnitId>>,
     /// The partitions of the units being recorded (shared database only).
     recording_partitions: Vec<u16>,
     /// The partitions this Router works on, when several processes share the database.
@@ -330,9 +331,9 @@ impl Actor for Router {
             max_in_flight: args.max_in_flight.max(1),
             max_age: args.max_age,
             dlr_enabled: args.dlr_enabled,
-            units: HashMap::new(),
+            units: IdMap::default(),
             dests,
-            waiting: HashMap::new(),
+            waiting: IdMap::default(),
             to_move: Vec::new(),
             retry_move: Vec::new(),
             retry_record: Vec::new(),

@@ -31,7 +31,7 @@ use crate::dlr::{
     accepted_reports, buffered_report,
 };
 use crate::error::{BackendFailure, DlrError, FailureKind};
-use crate::ids::{Timestamp, UnitId};
+use crate::ids::{IdMap, IdSet, Timestamp, UnitId};
 use crate::inbound::{InboundGroup, InboundGroupKey, InboundPart, RoutedInbound, StepGroups};
 
 type TrackKey = (UnitId, u16);
@@ -80,10 +80,10 @@ struct DeliveryRec {
 
 #[derive(Debug, Default)]
 struct Inner {
-    tracks: HashMap<TrackKey, Track>,
+    tracks: IdMap<TrackKey, Track>,
     track_expiry: BTreeSet<(Timestamp, TrackKey)>,
     /// Recently resolved branches, so a repeated handoff does not start over.
-    resolved: HashSet<TrackKey>,
+    resolved: IdSet<TrackKey>,
     resolved_order: VecDeque<TrackKey>,
     corr: HashMap<CorrKey, TrackKey>,
     orphans: HashMap<CorrKey, (ReceiptOutcome, Timestamp)>,

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 
 use crate::backend::StageCapabilities;
 use crate::error::PendingError;
-use crate::ids::{MessageId, ReadyCursor, ReadySeq, Timestamp, UnitId};
+use crate::ids::{IdMap, MessageId, ReadyCursor, ReadySeq, Timestamp, UnitId};
 use crate::pending::{AdmitOutcome, Disposition, PendingCapabilities, PendingStats, PendingStore, ReadyUnit, Unit};
 use crate::reassembly::{self, GroupView, KeyState, Placement};
 use crate::record::{GroupKey, PendingRecord};
@@ -76,7 +76,7 @@ impl Group {
 #[derive(Debug, Default)]
 struct Inner {
     records: BTreeMap<MessageId, PendingRecord>,
-    units: HashMap<UnitId, UnitEntry>,
+    units: IdMap<UnitId, UnitEntry>,
     ready: BTreeMap<ReadySeq, UnitId>,
     groups: HashMap<GroupKey, Group>,
     deadlines: BTreeMap<(Timestamp, GroupKey), ()>,

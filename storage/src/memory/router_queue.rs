@@ -1,13 +1,13 @@
 //! In-memory router-queue stage. Outlives the Selector actor, not the process.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
 
 use crate::backend::StageCapabilities;
 use crate::error::RouterQueueError;
-use crate::ids::{ReadyCursor, ReadySeq, UnitId};
+use crate::ids::{IdMap, ReadyCursor, ReadySeq, UnitId};
 use crate::router_queue::{RouterQueueStats, RouterQueueStore, RouterQueueWrite, StagedUnit};
 
 /// The router-queue stage's state and its rules, in memory: the memory backend is this
@@ -16,7 +16,7 @@ use crate::router_queue::{RouterQueueStats, RouterQueueStore, RouterQueueWrite, 
 #[derive(Debug, Default)]
 pub(crate) struct RouterQueueState {
     pub(crate) by_seq: BTreeMap<ReadySeq, UnitId>,
-    pub(crate) by_id: HashMap<UnitId, ReadySeq>,
+    pub(crate) by_id: IdMap<UnitId, ReadySeq>,
     pub(crate) cursor: ReadyCursor,
 }
 

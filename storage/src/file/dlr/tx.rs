@@ -5,7 +5,6 @@
 
 mod inbound;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use redb::{ReadableTable, ReadableTableMetadata, Table, TableDefinition, WriteTransaction};
@@ -22,7 +21,7 @@ use crate::dlr::{
 };
 use crate::envelope::{self, RecordKind};
 use crate::file::engine::db::{Fail, META, check_layout, encode, get_counter};
-use crate::ids::Timestamp;
+use crate::ids::{IdMap, Timestamp};
 
 pub(crate) const TRACKS: TableDefinition<&[u8; 18], &[u8]> = TableDefinition::new("tracks");
 pub(crate) const TRACK_EXPIRY: TableDefinition<&[u8; 26], ()> = TableDefinition::new("track_expiry");
@@ -176,7 +175,7 @@ pub(crate) struct Tx<'t> {
     awaiting: u64,
     next_delivery: u64,
     counters_dirty: bool,
-    cache: HashMap<TrackKey, Cached>,
+    cache: IdMap<TrackKey, Cached>,
     retention: DlrRetention,
     /// Deliveries this transaction creates already claimed for the caller (see
     /// [`DlrWrite::claim_created`](crate::DlrWrite::claim_created)).
@@ -213,7 +212,7 @@ impl<'t> Tx<'t> {
             awaiting,
             next_delivery,
             counters_dirty: false,
-            cache: HashMap::new(),
+            cache: IdMap::default(),
             retention,
             claim: None,
             changed: false,

@@ -33,7 +33,7 @@
 //! A failed checkpoint keeps its changed records for the next one; after the file was
 //! reopened the next checkpoint rewrites the file's tables whole from memory.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::hash::Hash;
 use std::path::Path;
 use std::sync::{Arc, Weak};
@@ -46,6 +46,7 @@ use super::db::{Fail, FileOptions, InitFn, META, RecoverFn, StoreFile, blocking,
 use super::dir::DataDir;
 use super::journal::{Checkpoint, Journal, Stage};
 use crate::error::{BackendFailure, FailureKind};
+use crate::ids::IdSet;
 
 /// Meta key of the journal LSN a stage file's state corresponds to.
 pub(crate) const JOURNAL_LSN: &str = "journal_lsn";
@@ -333,14 +334,14 @@ impl<S: StageState> Drop for JournaledFile<S> {
 /// writes back at a checkpoint.
 pub(crate) struct ChangedKeys<K, V> {
     changed: BTreeMap<K, V>,
-    in_file: HashSet<K>,
+    in_file: IdSet<K>,
 }
 
 impl<K, V> Default for ChangedKeys<K, V> {
     fn default() -> Self {
         Self {
             changed: BTreeMap::new(),
-            in_file: HashSet::new(),
+            in_file: IdSet::default(),
         }
     }
 }

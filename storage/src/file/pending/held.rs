@@ -34,13 +34,13 @@
 //! and only then drops them from memory: until then a reader finds them held, after
 //! that in the tables.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::ids::{MessageId, UnitId};
+use crate::ids::{IdMap, IdSet, MessageId, UnitId};
 use crate::pending::{Disposition, Unit};
 use crate::record::PendingRecord;
 
@@ -191,8 +191,8 @@ impl Held {
 #[derive(Default)]
 pub(super) struct HeldChanges {
     added: BTreeMap<u64, HeldUnit>,
-    added_ids: HashMap<MessageId, u64>,
-    removed: HashSet<u64>,
+    added_ids: IdMap<MessageId, u64>,
+    removed: IdSet<u64>,
 }
 
 impl HeldChanges {
