@@ -14,15 +14,36 @@
 //! to a forbidden address is caught too (the delivery's resolver drops those addresses).
 //! Redirects are not followed.
 
+use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 use ipnet::IpNet;
+use parking_lot::Mutex;
 
 /// The networks callbacks may reach beyond the public internet.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct CallbackTargets {
     allow: Vec<IpNet>,
+    /// URLs [`CallbackTargets::check`] permitted lately. An API client sends the same
+    /// few callback URLs with every message, and parsing one by the URL standard (its
+    /// host's IDNA mapping included) costs more than the rest of reading the request's
+    /// fields. The verdict depends only on the URL and `allow`, which never changes, so
+    /// a remembered one stays right; a clone shares them. At most [`PERMITTED_URLS`],
+    /// forgotten together when full.
+    permitted: Arc<Mutex<HashSet<Box<str>>>>,
 }
+
+/// Callback URLs [`CallbackTargets`] remembers as permitted.
+const PERMITTED_URLS: usize = 1024;
+
+impl PartialEq for CallbackTargets {
+    fn eq(&self, other: &Self) -> bool {
+        self.allow == other.allow
+    }
+}
+
+impl Eq for CallbackTargets {}
 
 /// Why a callback URL is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -35,20 +56,38 @@ pub enum CallbackUrlError {
 
 impl CallbackTargets {
     pub fn new(allow: Vec<IpNet>) -> Self {
-        CallbackTargets { allow }
+        CallbackTargets {
+            allow,
+            permitted: Arc::default(),
+        }
     }
 
     /// Every address permitted: for URLs the operator configured (inbound message
     /// targets), which are trusted as the configuration is.
     pub fn anywhere() -> Self {
         let all = ["0.0.0.0/0", "::/0"].iter().filter_map(|n| n.parse().ok()).collect();
-        CallbackTargets { allow: all }
+        CallbackTargets::new(all)
     }
 
     /// Whether a callback may connect to `ip`.
     pub fn permits(&self, ip: IpAddr) -> bool {
         let ip = canonical(ip);
         self.allow.iter().any(|net| net.contains(&ip)) || !internal(ip)
+    }
+
+    /// [`CallbackTargets::check_url`] without the parsed URL, answered from the URLs
+    /// permitted lately when it is one of them.
+    pub fn check(&self, raw: &str) -> Result<(), CallbackUrlError> {
+        if self.permitted.lock().contains(raw) {
+            return Ok(());
+        }
+        self.check_url(raw)?;
+        let mut permitted = self.permitted.lock();
+        if permitted.len() >= PERMITTED_URLS {
+            permitted.clear();
+        }
+        permitted.insert(raw.into());
+        Ok(())
     }
 
     /// Check a callback URL as submitted (see the module docs).
@@ -175,5 +214,32 @@ mod tests {
         assert_eq!(t.check_url("http://127.0.0.1/cb"), Err(CallbackUrlError::Forbidden));
         assert!(t.permits("10.1.255.255".parse().unwrap()));
         assert!(!t.permits("::ffff:10.2.0.1".parse().unwrap()));
+    }
+
+    #[test]
+    fn remembered_verdicts_are_those_of_a_fresh_check() {
+        let t = CallbackTargets::new(vec!["10.1.0.0/16".parse().unwrap()]);
+        let urls = [
+            "https://example.com/receipts",
+            "http://10.1.2.3/cb",
+            "http://10.2.0.1/cb",
+            "http://localhost:8080/",
+            "ftp://example.com/",
+        ];
+        // Twice: the second round answers the permitted ones from memory, and a refused
+        // URL is refused again rather than remembered.
+        for _ in 0..2 {
+            for url in urls {
+                assert_eq!(t.check(url), t.check_url(url).map(drop), "{url}");
+            }
+        }
+        // More URLs than are remembered: the memory starts over, verdicts stay right.
+        for n in 0..(PERMITTED_URLS + 10) {
+            assert_eq!(t.check(&format!("https://example.com/{n}")), Ok(()));
+        }
+        assert!(t.permitted.lock().len() <= PERMITTED_URLS);
+        assert_eq!(t.check("http://127.0.0.1/cb"), Err(CallbackUrlError::Forbidden));
+        // A clone with the same networks shares the memory; equality ignores it.
+        assert_eq!(t.clone(), CallbackTargets::new(vec!["10.1.0.0/16".parse().unwrap()]));
     }
 }

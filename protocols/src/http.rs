@@ -497,9 +497,7 @@ pub fn validate_submission(
             {
                 return Err(field_err("callback_url", "must be an http:// or https:// URL"));
             }
-            targets
-                .check_url(u)
-                .map_err(|e| field_err("callback_url", e.to_string()))?;
+            targets.check(u).map_err(|e| field_err("callback_url", e.to_string()))?;
             Some(u.to_string())
         }
         None => None,
