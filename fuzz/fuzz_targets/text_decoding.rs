@@ -31,7 +31,7 @@ use sendium_protocols::multipart::{self, MultipartError};
 use sendium_protocols::text::{self, Alphabet, gsm7};
 use sendium_storage::memory::{MemoryPendingStore, PendingLimits};
 use sendium_storage::{
-    Address, AdmitOutcome, Channel, Disposition, MessageId, PartInfo, PendingRecord, PendingStore, ReadySeq, Timestamp,
+    Address, AdmitOutcome, Channel, Disposition, MessageId, PartInfo, PendingRecord, PendingStore, Timestamp,
 };
 
 const ALPHABETS: [Alphabet; 5] = [

@@ -35,14 +35,22 @@ pub fn format_date(unix_seconds: i64) -> String {
     let days = unix_seconds.div_euclid(86_400);
     let secs = unix_seconds.rem_euclid(86_400);
     let (year, month, day) = civil_from_days(days);
-    format!(
-        "{:02}{:02}{:02}{:02}{:02}",
+    let fields = [
         year.rem_euclid(100),
-        month,
-        day,
+        i64::from(month),
+        i64::from(day),
         secs / 3_600,
-        secs % 3_600 / 60
-    )
+        secs % 3_600 / 60,
+    ];
+    // Each field is below 100: two digits each, written without the formatting machinery
+    // (two dates per receipt).
+    let mut out = String::with_capacity(10);
+    for field in fields {
+        let field = u8::try_from(field).unwrap_or(0);
+        out.push(char::from(b'0' + field / 10));
+        out.push(char::from(b'0' + field % 10));
+    }
+    out
 }
 
 /// Parses a receipt date — `YYMMDDhhmm`, or `YYMMDDhhmmss` as many SMSCs send — as UTC

@@ -147,41 +147,122 @@ pub enum ReceiptError {
     UnknownStat,
 }
 
-/// Normalised key names: lower case without spaces/underscores/dashes.
-const KEY_ID: &str = "id";
-const KEY_SUB: &str = "sub";
-const KEY_DLVRD: &str = "dlvrd";
-const KEY_SUBMIT_DATE: &str = "submitdate";
-const KEY_DONE_DATE: &str = "donedate";
-const KEY_STAT: &str = "stat";
-const KEY_ERR: &str = "err";
-const KEY_TEXT: &str = "text";
-
-fn normalise_key(key: &str) -> String {
-    key.chars()
-        .filter(|c| !matches!(c, '_' | '-' | ' '))
-        .map(|c| c.to_ascii_lowercase())
-        .collect()
+/// The keys receipt text is read by. `Submit`, `Done` and `Date` are only the words of
+/// the two-word spellings (`submit date:`), never keys on their own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Key {
+    Id,
+    Sub,
+    Dlvrd,
+    SubmitDate,
+    DoneDate,
+    Stat,
+    Err,
+    Text,
+    Submit,
+    Done,
+    Date,
 }
 
-/// Whitespace-separated tokens with their byte offsets.
-fn tokens(s: &str) -> Vec<(usize, &str)> {
-    let mut out = Vec::new();
-    let mut start = None;
-    for (i, c) in s.char_indices() {
-        match (c.is_whitespace(), start) {
-            (true, Some(st)) => {
-                out.push((st, &s[st..i]));
-                start = None;
-            }
-            (false, None) => start = Some(i),
-            _ => {}
+/// The key `raw` names, compared as SMSCs vary it: ASCII letters in any case, `_`, `-`
+/// and spaces ignored (`Submit_Date`, `DONE-DATE`). `None` for any other word.
+///
+/// Read from a buffer on the stack, the length of the longest key: every receipt goes
+/// through here, word by word.
+fn key(raw: &str) -> Option<Key> {
+    let mut buf = [0u8; 10];
+    let mut len = 0;
+    for b in raw.bytes() {
+        if matches!(b, b'_' | b'-' | b' ') {
+            continue;
+        }
+        // A non-ASCII character or a longer word matches no key.
+        if !b.is_ascii() || len == buf.len() {
+            return None;
+        }
+        buf[len] = b.to_ascii_lowercase();
+        len += 1;
+    }
+    Some(match buf.get(..len)? {
+        b"id" => Key::Id,
+        b"sub" => Key::Sub,
+        b"dlvrd" => Key::Dlvrd,
+        b"submitdate" => Key::SubmitDate,
+        b"donedate" => Key::DoneDate,
+        b"stat" => Key::Stat,
+        b"err" => Key::Err,
+        b"text" => Key::Text,
+        b"submit" => Key::Submit,
+        b"done" => Key::Done,
+        b"date" => Key::Date,
+        _ => return None,
+    })
+}
+
+/// The whitespace-separated tokens of a text, each with its byte offset. Whitespace is
+/// Unicode's (`char::is_whitespace`); ASCII, which receipts are, is told apart bytewise.
+struct Tokens<'a> {
+    text: &'a str,
+    at: usize,
+}
+
+impl Tokens<'_> {
+    /// Whether the character at byte `at` is whitespace, and its length in bytes.
+    fn space_at(&self, at: usize) -> (bool, usize) {
+        match self.text.as_bytes().get(at) {
+            Some(&b) if b.is_ascii() => (matches!(b, b' ' | b'\t'..=b'\r'), 1),
+            _ => self
+                .text
+                .get(at..)
+                .and_then(|rest| rest.chars().next())
+                .map_or((false, 1), |c| (c.is_whitespace(), c.len_utf8())),
         }
     }
-    if let Some(st) = start {
-        out.push((st, &s[st..]));
+}
+
+impl<'a> Iterator for Tokens<'a> {
+    type Item = (usize, &'a str);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let end = self.text.len();
+        while self.at < end {
+            let (space, len) = self.space_at(self.at);
+            if !space {
+                break;
+            }
+            self.at += len;
+        }
+        let start = self.at;
+        while self.at < end {
+            let (space, len) = self.space_at(self.at);
+            if space {
+                break;
+            }
+            self.at += len;
+        }
+        if start == self.at {
+            return None;
+        }
+        Some((start, self.text.get(start..self.at)?))
     }
-    out
+}
+
+/// `n` in decimal, zero-padded to at least `width` digits (what `{:03}` writes).
+fn push_decimal(out: &mut String, n: u32, width: usize) {
+    let mut digits = [b'0'; 10];
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[at.min(digits.len().saturating_sub(width))..] {
+        out.push(char::from(d));
+    }
 }
 
 impl ReceiptText {
@@ -190,17 +271,30 @@ impl ReceiptText {
     /// stat:{STAT} err:{err} text:{text}` (one line). A missing date is written empty.
     /// `text` is written as given; shorten it with [`text_excerpt`] first.
     pub fn format(&self) -> String {
-        format!(
-            "id:{} sub:{:03} dlvrd:{:03} submit date:{} done date:{} stat:{} err:{} text:{}",
-            self.id,
-            self.sub,
-            self.dlvrd,
-            self.submit_date.as_deref().unwrap_or(""),
-            self.done_date.as_deref().unwrap_or(""),
-            self.stat.stat_text(),
-            self.err,
-            self.text
-        )
+        let submit_date = self.submit_date.as_deref().unwrap_or("");
+        let done_date = self.done_date.as_deref().unwrap_or("");
+        let stat = self.stat.stat_text();
+        // Written piece by piece: the formatting machinery costs more than the text.
+        let mut out = String::with_capacity(
+            80 + self.id.len() + submit_date.len() + done_date.len() + self.err.len() + self.text.len(),
+        );
+        out.push_str("id:");
+        out.push_str(&self.id);
+        out.push_str(" sub:");
+        push_decimal(&mut out, self.sub, 3);
+        out.push_str(" dlvrd:");
+        push_decimal(&mut out, self.dlvrd, 3);
+        out.push_str(" submit date:");
+        out.push_str(submit_date);
+        out.push_str(" done date:");
+        out.push_str(done_date);
+        out.push_str(" stat:");
+        out.push_str(stat);
+        out.push_str(" err:");
+        out.push_str(&self.err);
+        out.push_str(" text:");
+        out.push_str(&self.text);
+        out
     }
 
     /// Parses a receipt text as SMSCs actually write them.
@@ -224,56 +318,58 @@ impl ReceiptText {
         let mut err = None;
         let mut text = None;
 
-        let toks = tokens(s);
-        let mut i = 0;
-        while let Some(&(offset, token)) = toks.get(i) {
-            i += 1;
-            // "submit date:…" / "done date:…": the key spans two tokens.
+        let mut tokens = Tokens { text: s, at: 0 }.peekable();
+        while let Some((offset, token)) = tokens.next() {
             let (key, value, value_offset) = match token.split_once(':') {
-                Some((key, value)) => (normalise_key(key), value, offset + key.len() + 1),
+                Some((raw, value)) => (key(raw), value, offset + raw.len() + 1),
+                // "submit date:…" / "done date:…": the key spans two tokens.
                 None => {
-                    let word = normalise_key(token);
-                    let Some(&(next_offset, next)) = toks.get(i) else {
+                    let first = match key(token) {
+                        Some(Key::Submit) => Key::SubmitDate,
+                        Some(Key::Done) => Key::DoneDate,
+                        _ => continue,
+                    };
+                    let Some(&(next_offset, next)) = tokens.peek() else {
                         continue;
                     };
                     let Some((second, value)) = next.split_once(':') else {
                         continue;
                     };
-                    if !(matches!(word.as_str(), "submit" | "done") && normalise_key(second) == "date") {
+                    if key(second) != Some(Key::Date) {
                         continue;
                     }
-                    i += 1;
-                    (format!("{word}date"), value, next_offset + second.len() + 1)
+                    tokens.next();
+                    (Some(first), value, next_offset + second.len() + 1)
                 }
             };
-            match key.as_str() {
-                KEY_ID => id = Some(value.to_owned()),
-                KEY_SUB => sub = value.parse().unwrap_or(0),
-                KEY_DLVRD => dlvrd = value.parse().unwrap_or(0),
-                KEY_SUBMIT_DATE => submit_date = Some(value.to_owned()),
-                KEY_DONE_DATE => done_date = Some(value.to_owned()),
-                KEY_STAT => stat = Some(value.to_owned()),
-                KEY_ERR => err = Some(value.to_owned()),
-                KEY_TEXT => {
-                    text = Some(s.get(value_offset..).unwrap_or("").to_owned());
+            match key {
+                Some(Key::Id) => id = Some(value),
+                Some(Key::Sub) => sub = value.parse().unwrap_or(0),
+                Some(Key::Dlvrd) => dlvrd = value.parse().unwrap_or(0),
+                Some(Key::SubmitDate) => submit_date = Some(value),
+                Some(Key::DoneDate) => done_date = Some(value),
+                Some(Key::Stat) => stat = Some(value),
+                Some(Key::Err) => err = Some(value),
+                Some(Key::Text) => {
+                    text = Some(s.get(value_offset..).unwrap_or(""));
                     break;
                 }
-                _ => {}
+                Some(Key::Submit | Key::Done | Key::Date) | None => {}
             }
         }
 
         let id = id.filter(|id| !id.is_empty()).ok_or(ReceiptError::MissingId)?;
         let stat = stat.ok_or(ReceiptError::MissingStat)?;
-        let stat = ReceiptState::from_stat_text(&stat).ok_or(ReceiptError::UnknownStat)?;
+        let stat = ReceiptState::from_stat_text(stat).ok_or(ReceiptError::UnknownStat)?;
         Ok(ReceiptText {
-            id,
+            id: id.to_owned(),
             sub,
             dlvrd,
-            submit_date: submit_date.filter(|d| !d.is_empty()),
-            done_date: done_date.filter(|d| !d.is_empty()),
+            submit_date: submit_date.filter(|d| !d.is_empty()).map(str::to_owned),
+            done_date: done_date.filter(|d| !d.is_empty()).map(str::to_owned),
             stat,
-            err: err.unwrap_or_default(),
-            text: text.unwrap_or_default(),
+            err: err.unwrap_or_default().to_owned(),
+            text: text.unwrap_or_default().to_owned(),
         })
     }
 }
@@ -476,6 +572,207 @@ mod tests {
         }
         let r = ReceiptText::parse("id:😀 stat:delivrd text:😀:😀").unwrap();
         assert_eq!(r.text, "😀:😀");
+    }
+
+    /// The parser and formatter as first written, word by word with the standard
+    /// library: the reference the faster ones must agree with on any input.
+    mod reference {
+        use super::super::{ReceiptError, ReceiptState, ReceiptText};
+
+        fn normalise_key(key: &str) -> String {
+            key.chars()
+                .filter(|c| !matches!(c, '_' | '-' | ' '))
+                .map(|c| c.to_ascii_lowercase())
+                .collect()
+        }
+
+        fn tokens(s: &str) -> Vec<(usize, &str)> {
+            let mut out = Vec::new();
+            let mut start = None;
+            for (i, c) in s.char_indices() {
+                match (c.is_whitespace(), start) {
+                    (true, Some(st)) => {
+                        out.push((st, &s[st..i]));
+                        start = None;
+                    }
+                    (false, None) => start = Some(i),
+                    _ => {}
+                }
+            }
+            if let Some(st) = start {
+                out.push((st, &s[st..]));
+            }
+            out
+        }
+
+        pub fn format(r: &ReceiptText) -> String {
+            format!(
+                "id:{} sub:{:03} dlvrd:{:03} submit date:{} done date:{} stat:{} err:{} text:{}",
+                r.id,
+                r.sub,
+                r.dlvrd,
+                r.submit_date.as_deref().unwrap_or(""),
+                r.done_date.as_deref().unwrap_or(""),
+                r.stat.stat_text(),
+                r.err,
+                r.text
+            )
+        }
+
+        pub fn parse(s: &str) -> Result<ReceiptText, ReceiptError> {
+            let (mut id, mut sub, mut dlvrd) = (None, 0, 0);
+            let (mut submit_date, mut done_date, mut stat, mut err, mut text) = (None, None, None, None, None);
+            let toks = tokens(s);
+            let mut i = 0;
+            while let Some(&(offset, token)) = toks.get(i) {
+                i += 1;
+                let (key, value, value_offset) = match token.split_once(':') {
+                    Some((key, value)) => (normalise_key(key), value, offset + key.len() + 1),
+                    None => {
+                        let word = normalise_key(token);
+                        let Some(&(next_offset, next)) = toks.get(i) else {
+                            continue;
+                        };
+                        let Some((second, value)) = next.split_once(':') else {
+                            continue;
+                        };
+                        if !(matches!(word.as_str(), "submit" | "done") && normalise_key(second) == "date") {
+                            continue;
+                        }
+                        i += 1;
+                        (format!("{word}date"), value, next_offset + second.len() + 1)
+                    }
+                };
+                match key.as_str() {
+                    "id" => id = Some(value.to_owned()),
+                    "sub" => sub = value.parse().unwrap_or(0),
+                    "dlvrd" => dlvrd = value.parse().unwrap_or(0),
+                    "submitdate" => submit_date = Some(value.to_owned()),
+                    "donedate" => done_date = Some(value.to_owned()),
+                    "stat" => stat = Some(value.to_owned()),
+                    "err" => err = Some(value.to_owned()),
+                    "text" => {
+                        text = Some(s.get(value_offset..).unwrap_or("").to_owned());
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            let id = id.filter(|id| !id.is_empty()).ok_or(ReceiptError::MissingId)?;
+            let stat = stat.ok_or(ReceiptError::MissingStat)?;
+            let stat = ReceiptState::from_stat_text(&stat).ok_or(ReceiptError::UnknownStat)?;
+            Ok(ReceiptText {
+                id,
+                sub,
+                dlvrd,
+                submit_date: submit_date.filter(|d| !d.is_empty()),
+                done_date: done_date.filter(|d| !d.is_empty()),
+                stat,
+                err: err.unwrap_or_default(),
+                text: text.unwrap_or_default(),
+            })
+        }
+    }
+
+    #[test]
+    fn parse_and_format_agree_with_the_reference_on_generated_receipts() {
+        // Fields as SMSCs spell them, odd spellings and junk among them.
+        const KEYS: [&[&str]; 9] = [
+            &["id", "ID", "Id", "i_d"],
+            &["sub", "SUB", "s_u_b"],
+            &["dlvrd", "DLVRD", "Dlvrd"],
+            &[
+                "submit date",
+                "SUBMIT DATE",
+                "submit_date",
+                "Submit-Date",
+                "submitdate",
+                "submit  date",
+                "submit\tdate",
+            ],
+            &[
+                "done date",
+                "Done Date",
+                "done_date",
+                "DONE-DATE",
+                "donedate",
+                "done x date",
+            ],
+            &["stat", "STAT", "Stat", "st_at"],
+            &["err", "ERR", "Err"],
+            &["text", "TEXT", "Text"],
+            &[
+                "mcc",
+                "é",
+                "😀",
+                "x",
+                "submit",
+                "done",
+                "date",
+                "submitdatex",
+                "stat:",
+                "",
+            ],
+        ];
+        const VALUES: [&str; 16] = [
+            "",
+            "001",
+            "1",
+            "1234",
+            "abc",
+            "1A2B",
+            "DELIVRD",
+            "undeliv",
+            "ACCEPTD",
+            "EXPIRED",
+            "2401011200",
+            "240101120030",
+            "10:30",
+            "😀",
+            "stat:DELIVRD id:2",
+            "-1",
+        ];
+        const SEPARATORS: [&str; 6] = [":", ":", ":", ":", "", "::"];
+        const SPACES: [&str; 12] = [
+            " ", " ", " ", "  ", "\t", "\u{3000}", "\n", "\u{a0}", "\r", "\u{b}", "\u{85}", "\u{1c}",
+        ];
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        let mut parsed_ok = 0;
+        for _ in 0..100_000 {
+            let mut text = String::new();
+            if next(4) == 0 {
+                text.push_str(SPACES[next(SPACES.len())]);
+            }
+            for _ in 0..next(10) {
+                let spellings = KEYS[next(KEYS.len())];
+                text.push_str(spellings[next(spellings.len())]);
+                text.push_str(SEPARATORS[next(SEPARATORS.len())]);
+                text.push_str(VALUES[next(VALUES.len())]);
+                text.push_str(SPACES[next(SPACES.len())]);
+            }
+            let parsed = ReceiptText::parse(&text);
+            assert_eq!(parsed, reference::parse(&text), "{text:?}");
+            if let Ok(r) = parsed {
+                parsed_ok += 1;
+                assert_eq!(r.format(), reference::format(&r), "{text:?}");
+            }
+        }
+        // The generator reaches the paths that read every field, not only the refusals.
+        assert!(parsed_ok > 2_000, "{parsed_ok} receipts parsed");
+        for n in [0, 7, 99, 999, 1_000, 123_456, u32::MAX] {
+            let r = ReceiptText {
+                sub: n,
+                dlvrd: n,
+                ..sample()
+            };
+            assert_eq!(r.format(), reference::format(&r));
+        }
     }
 
     #[test]
