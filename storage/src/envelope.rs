@@ -239,11 +239,31 @@ pub fn decode<T: DeserializeOwned>(kind: RecordKind, bytes: &[u8]) -> Result<T, 
         )));
     }
     let mut rest = bytes;
-    let value: T = ciborium::from_reader(&mut rest).map_err(|e| corrupt(e.to_string()))?;
+    let value: T = with_scratch(|scratch| ciborium::de::from_reader_with_buffer(&mut rest, scratch))
+        .map_err(|e| corrupt(e.to_string()))?;
     if !rest.is_empty() {
         return Err(corrupt(format!("{} trailing bytes after the record", rest.len())));
     }
     Ok(value)
+}
+
+/// The bytes ciborium decodes strings into: what `ciborium::from_reader` gives it, 4 KiB.
+const SCRATCH: usize = 4096;
+
+thread_local! {
+    /// This thread's decoding scratch space. `ciborium::from_reader` zeroes a fresh 4 KiB
+    /// on the stack for every call, which costs more than decoding a small record; the
+    /// contents between calls do not matter (every string is read into it before use).
+    static DECODE_SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; SCRATCH]);
+}
+
+/// Run `decode` with this thread's scratch space (a fresh one if a decode on this thread
+/// is already using it).
+fn with_scratch<R>(decode: impl FnOnce(&mut [u8]) -> R) -> R {
+    DECODE_SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut scratch) => decode(&mut scratch),
+        Err(_) => decode(&mut vec![0; SCRATCH]),
+    })
 }
 
 /// The versions of an envelope written by [`encode`]: a map whose first two entries are
