@@ -27,6 +27,12 @@ bench *args:
     cargo build --release -p sendium-ops -p sendium-integration-tests
     ./target/release/sendium-bench {{args}}
 
+# User-space instructions per message under callgrind (`smpp` or `http`), to compare two
+# builds where CPU time is too noisy: `just bench-instructions smpp /path/to/other/sendium`.
+bench-instructions path="smpp" *binary:
+    cargo build --release -p sendium-ops -p sendium-integration-tests
+    ./scripts/bench-instructions.sh {{path}} {{binary}}
+
 # The container image (needs a container engine: docker or podman).
 image:
     docker build --build-arg SENDIUM_GIT_COMMIT=$(git rev-parse --short=12 HEAD) -t sendium .
