@@ -12,11 +12,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-/// A hash map keyed by ids this process makes: message and unit ids, delivery ids,
-/// sequence numbers. The per-message paths look such keys up several times per message;
-/// foldhash hashes a 16-byte id in a fraction of SipHash's time (the standard library's
-/// default, whose protection against keys chosen to collide these keys do not need: no
-/// outside party chooses them), and is still seeded per process.
+/// A hash map keyed by ids this process makes or its configuration names: message and
+/// unit ids, delivery ids, sequence numbers, destination names. The per-message paths look
+/// such keys up several times per message; foldhash hashes a 16-byte id in a fraction of
+/// SipHash's time (the standard library's default, whose protection against keys chosen to
+/// collide these keys do not need: no outside party chooses them), and is still seeded
+/// per process.
 pub type IdMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// A hash set of ids this process makes (see [`IdMap`]).

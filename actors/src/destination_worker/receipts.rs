@@ -6,7 +6,7 @@
 //! id normalised per the destination's `id-format`. The state comes from the text's
 //! `stat:` or, failing that, from message_state.
 
-use sendium_protocols::receipt::{IdFormat, ReceiptState, ReceiptText, parse_date, receipt_keys};
+use sendium_protocols::receipt::{IdFormat, ReceiptState, ReceiptText, parse_date, receipt_keys, receipt_octets};
 use sendium_protocols::smpp::client::InboundDeliver;
 use sendium_storage::{DlrState, IntermediateReceipt, ProviderReceipt, ReceiptOutcome, Timestamp};
 
@@ -54,7 +54,7 @@ pub fn classify(destination: &str, fmt: IdFormat, d: &InboundDeliver) -> Inbound
         return Inbound::MobileOriginated;
     }
     let body = d.message_payload.as_deref().unwrap_or(&d.short_message);
-    let text = ReceiptText::parse(&String::from_utf8_lossy(body)).ok();
+    let text = ReceiptText::parse(&receipt_octets(body)).ok();
     let mut keys = Vec::new();
     if let Some(tlv) = d.receipted_message_id.as_deref().filter(|s| !s.is_empty()) {
         keys.extend(receipt_keys(fmt, tlv, true));
@@ -74,7 +74,7 @@ pub fn classify(destination: &str, fmt: IdFormat, d: &InboundDeliver) -> Inbound
         return Inbound::Unreadable;
     };
     let Some(final_state) = dlr_state(state) else {
-        let text = String::from_utf8_lossy(body).trim().to_string();
+        let text = receipt_octets(body).trim().to_string();
         return Inbound::Intermediate(IntermediateReceipt {
             destination: destination.to_string(),
             keys,

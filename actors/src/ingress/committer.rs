@@ -156,6 +156,9 @@ struct Batch {
 /// the share keeps up. A commit with no client waiting takes every completion.
 const COMPLETIONS_BESIDE_ADMISSIONS: usize = 64;
 const COMPLETIONS_PER_ADMISSION: usize = 2;
+/// The most requests a batch is sized for before it is gathered (it grows beyond if more
+/// come).
+const MAX_PRESIZE: usize = 4096;
 
 /// Split off the completions beyond a commit's share (none when no client waits).
 fn beyond_share(completed: &mut Vec<UnitId>, clients_wait: bool, records: usize) -> Vec<UnitId> {
@@ -188,9 +191,14 @@ impl Batch {
         backlog: &mut Backlog,
         gauges: &Gauges,
     ) -> Option<Batch> {
+        // Sized for the requests waiting now (the records of a request are usually one), so
+        // the batch's records are not copied again at every doubling while it is gathered.
+        let waiting_now = usize::try_from(gauges.waiting.load(Ordering::Relaxed))
+            .unwrap_or(MAX_PRESIZE)
+            .clamp(1, MAX_PRESIZE);
         let mut batch = Batch {
-            requests: Vec::new(),
-            records: Vec::new(),
+            requests: Vec::with_capacity(waiting_now),
+            records: Vec::with_capacity(waiting_now),
             completed: std::mem::take(&mut backlog.carried),
             answered: false,
             admitted: 0,

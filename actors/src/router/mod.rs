@@ -245,7 +245,7 @@ pub struct RouterState {
     max_age: Duration,
     dlr_enabled: bool,
     units: IdMap<UnitId, Tracked>,
-    dests: HashMap<String, Destination>,
+    dests: IdMap<String, Destination>,
     /// Open branches no destination can take now (see [`placement`]).
     waiting: IdMap<BranchKey, Waiting>,
     /// Branches handed back, whose failover is to be recorded before they are placed
@@ -272,7 +272,7 @@ pub struct RouterState {
     // Per-turn outputs, flushed at the end of every handled message.
     done: Vec<BranchDone>,
     handoffs: Vec<Handoff>,
-    jobs: HashMap<String, Vec<BranchJob>>,
+    jobs: IdMap<String, Vec<BranchJob>>,
 }
 
 pub struct Router;
@@ -349,7 +349,7 @@ impl Actor for Router {
             retry_handoff: Vec::new(),
             done: Vec::new(),
             handoffs: Vec::new(),
-            jobs: HashMap::new(),
+            jobs: IdMap::default(),
         };
         state.restore().await?;
         Ok(state)

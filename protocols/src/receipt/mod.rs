@@ -374,6 +374,16 @@ impl ReceiptText {
     }
 }
 
+/// A receipt's octets as text: UTF-8, anything invalid replaced (as
+/// `String::from_utf8_lossy` reads them), checked with the standard library's fast
+/// validation first, since receipts are almost always plain ASCII.
+pub fn receipt_octets(body: &[u8]) -> std::borrow::Cow<'_, str> {
+    match std::str::from_utf8(body) {
+        Ok(text) => std::borrow::Cow::Borrowed(text),
+        Err(_) => String::from_utf8_lossy(body),
+    }
+}
+
 /// The first [`TEXT_EXCERPT_CHARS`] characters of `message`, for `text:`.
 pub fn text_excerpt(message: &str) -> String {
     message.chars().take(TEXT_EXCERPT_CHARS).collect()
@@ -772,6 +782,18 @@ mod tests {
                 ..sample()
             };
             assert_eq!(r.format(), reference::format(&r));
+        }
+    }
+
+    #[test]
+    fn receipt_octets_read_as_from_utf8_lossy_does() {
+        for body in [
+            &b"id:1 stat:DELIVRD"[..],
+            b"",
+            "id:\u{e9} text:\u{1f600}".as_bytes(),
+            b"id:\xff\xfe stat:\xc3",
+        ] {
+            assert_eq!(receipt_octets(body), String::from_utf8_lossy(body));
         }
     }
 

@@ -85,7 +85,11 @@ struct Inner {
     /// Recently resolved branches, so a repeated handoff does not start over.
     resolved: IdSet<TrackKey>,
     resolved_order: VecDeque<TrackKey>,
-    corr: HashMap<CorrKey, TrackKey>,
+    /// Correlations by destination, then canonical provider key: looked up by `&str`s
+    /// without building an owned key per candidate.
+    corr: HashMap<String, HashMap<String, TrackKey>>,
+    /// Correlations in `corr` (its inner maps' sizes together).
+    correlations: usize,
     orphans: HashMap<CorrKey, (ReceiptOutcome, Timestamp)>,
     orphan_order: BTreeSet<(Timestamp, CorrKey)>,
     deliveries: BTreeMap<DeliveryId, DeliveryRec>,
@@ -174,13 +178,30 @@ impl Inner {
     fn remove_track(&mut self, key: TrackKey) -> Option<Track> {
         let track = self.tracks.remove(&key)?;
         self.track_expiry.remove(&(track.expires_at, key));
-        for (k, _) in &track.parts {
-            let ck = (track.destination.clone(), k.clone());
-            if self.corr.get(&ck) == Some(&key) {
-                self.corr.remove(&ck);
+        if let Some(by_key) = self.corr.get_mut(&track.destination) {
+            for (k, _) in &track.parts {
+                if by_key.get(k) == Some(&key) {
+                    by_key.remove(k);
+                    self.correlations -= 1;
+                }
             }
         }
         Some(track)
+    }
+
+    /// The branch `destination` correlated with provider key `key`.
+    fn correlated(&self, destination: &str, key: &str) -> Option<TrackKey> {
+        self.corr.get(destination)?.get(key).copied()
+    }
+
+    fn correlate(&mut self, destination: &str, key: &str, track: TrackKey) {
+        let by_key = match self.corr.get_mut(destination) {
+            Some(by_key) => by_key,
+            None => self.corr.entry(destination.to_owned()).or_default(),
+        };
+        if by_key.insert(key.to_owned(), track).is_none() {
+            self.correlations += 1;
+        }
     }
 
     fn remember_resolved(&mut self, key: TrackKey, cap: usize) {
@@ -386,9 +407,11 @@ impl MemoryDlrStore {
                     }
                     let mut resolved = false;
                     for k in &provider_keys {
-                        let ck = (h.destination.clone(), k.clone());
-                        inner.corr.insert(ck.clone(), key);
-                        if let Some(outcome) = inner.take_orphan(&ck) {
+                        inner.correlate(&h.destination, k, key);
+                        if inner.orphans.is_empty() {
+                            continue;
+                        }
+                        if let Some(outcome) = inner.take_orphan(&(h.destination.clone(), k.clone())) {
                             let (_, r) = Self::apply(&mut inner, key, k, outcome);
                             resolved |= r;
                         }
@@ -412,10 +435,10 @@ impl MemoryDlrStore {
         let now = Timestamp::now();
         let mut inner = self.inner.lock();
         for (i, r) in batch.into_iter().enumerate() {
-            let found = r.keys.iter().find_map(|k| {
-                let ck = (r.destination.clone(), k.clone());
-                inner.corr.get(&ck).map(|t| (*t, k.clone()))
-            });
+            let found = r
+                .keys
+                .iter()
+                .find_map(|k| inner.correlated(&r.destination, k).map(|t| (t, k.clone())));
             let Some((key, part_key)) = found else {
                 unmatched.push(i);
                 continue;
@@ -443,13 +466,13 @@ impl MemoryDlrStore {
         let mut inner = self.inner.lock();
         let mut out = Vec::with_capacity(batch.len());
         for r in batch {
-            let found = r.keys.iter().find_map(|k| {
-                let ck = (r.destination.clone(), k.clone());
-                inner.corr.get(&ck).map(|t| (*t, k.clone()))
-            });
+            let found = r
+                .keys
+                .iter()
+                .find_map(|k| inner.correlated(&r.destination, k).map(|t| (t, k)));
             match found {
                 Some((track, part_key)) => {
-                    let (accepted, resolved) = Self::apply(&mut inner, track, &part_key, r.outcome);
+                    let (accepted, resolved) = Self::apply(&mut inner, track, part_key, r.outcome);
                     if !accepted {
                         out.push(ReceiptMatch::Duplicate { unit: track.0 });
                         continue;
@@ -766,7 +789,7 @@ impl DlrStore for MemoryDlrStore {
         let inner = self.inner.lock();
         Ok(DlrStats {
             awaiting_receipts: inner.tracks.len() as u64,
-            correlations: inner.corr.len() as u64,
+            correlations: inner.correlations as u64,
             pending_deliveries: inner.deliveries.len() as u64,
             oldest_pending_delivery: inner.deliveries.first_key_value().map(|(_, r)| r.created_at),
             orphans: inner.orphans.len() as u64,

@@ -1,7 +1,7 @@
 //! The session tasks: one per TCP session ("slot"), reconnecting forever until the client
 //! ends.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
@@ -21,6 +21,7 @@ use tokio_util::codec::{Decoder, LengthDelimitedCodec};
 use super::pace::{Backoff, SeqGen, TokenBucket};
 use super::transport::{self, Transport};
 use super::{ClientConfig, ClientEvent, Cmd, DeliverAck, OutboundSubmit, Shared, SubmitFailure, pdu};
+use crate::smpp::IdMap;
 use crate::smpp::build::{self, BindCredentials, BindKind, BuildError};
 use crate::smpp::frame::{self, FrameError, decode_frame, encode, is_frame_too_long, peek_header};
 
@@ -449,7 +450,7 @@ struct Session {
     seq: SeqGen,
     window: usize,
     /// Outstanding submit_sm: sequence number → token.
-    pending: HashMap<u32, u64>,
+    pending: IdMap<u32, u64>,
     /// Response deadlines in send order (so in deadline order); entries already answered
     /// are skipped when they reach the front.
     deadlines: VecDeque<(Instant, u32)>,
@@ -482,7 +483,7 @@ impl Session {
             rbuf: bound.rbuf,
             wbuf: BytesMut::with_capacity(READ_RESERVE),
             seq: bound.seq,
-            pending: HashMap::new(),
+            pending: IdMap::default(),
             deadlines: VecDeque::new(),
             queue: VecDeque::new(),
             enquire: None,
@@ -821,7 +822,10 @@ impl Session {
     fn report(&mut self) {
         self.counts.flush(&self.metrics);
         if !self.events.is_empty() {
-            emit(&self.shared, std::mem::take(&mut self.events));
+            // The next wake-up's batch is likely about as large: sized for it, its events
+            // are not copied again at every doubling.
+            let next = Vec::with_capacity(self.events.len());
+            emit(&self.shared, std::mem::replace(&mut self.events, next));
         }
     }
 

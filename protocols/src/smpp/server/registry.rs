@@ -1,6 +1,5 @@
 //! The bound sessions, by account, and the deliver_sm path from the pipeline to them.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::metrics::DELIVERS;
 use super::{DeliverOutcome, OutboundDeliver, SessionInfo};
+use crate::smpp::IdMap;
 use crate::smpp::build::BindKind;
 
 /// Deliver requests a session's channel holds before [`SessionRegistry::deliver`] waits.
@@ -96,7 +96,7 @@ struct AccountSessions {
 
 #[derive(Default)]
 struct Inner {
-    accounts: RwLock<HashMap<Arc<str>, AccountSessions>>,
+    accounts: RwLock<IdMap<Arc<str>, AccountSessions>>,
 }
 
 /// The bound sessions, by account: how receipts reach ESMEs.

@@ -5,7 +5,7 @@
 //! handler batch that completed, queues every deliver request that arrived, and then writes
 //! everything produced with one `write_all` at the top of the next iteration.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::mem;
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
@@ -35,6 +35,7 @@ use super::convert;
 use super::metrics::{self, PduTally};
 use super::registry::{self, ChunkReply, DELIVER_QUEUE, DeliverChunk, Registration};
 use super::{CLOSE_GRACE, DeliverOutcome, InboundSubmit, OutboundDeliver, ServerConfig, SubmitHandler, SubmitReply};
+use crate::smpp::IdMap;
 use crate::smpp::build::{self, BindKind};
 use crate::smpp::frame::{self, FrameError};
 use crate::tls;
@@ -263,10 +264,10 @@ impl ErrorTally {
 struct Delivers {
     window: usize,
     timeout: Duration,
-    chunks: HashMap<u64, ChunkReply>,
+    chunks: IdMap<u64, ChunkReply>,
     next_chunk: u64,
     /// Written, waiting for deliver_sm_resp: sequence number → (chunk, item index).
-    pending: HashMap<u32, (u64, usize)>,
+    pending: IdMap<u32, (u64, usize)>,
     /// Write order of `pending` (deadlines are increasing); entries already answered are
     /// skipped when they reach the front.
     deadlines: VecDeque<(Instant, u32)>,
@@ -279,9 +280,9 @@ impl Delivers {
         Delivers {
             window,
             timeout,
-            chunks: HashMap::new(),
+            chunks: IdMap::default(),
             next_chunk: 0,
-            pending: HashMap::new(),
+            pending: IdMap::default(),
             deadlines: VecDeque::new(),
             queued: VecDeque::new(),
         }
