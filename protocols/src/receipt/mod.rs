@@ -55,22 +55,18 @@ impl ReceiptState {
     /// `ACCEPTED`, `REJECTED`, `EN_ROUTE`, `BUFFRED` …). `None` for anything else: an unrecognised
     /// state is not guessed at (the caller can fall back to the message_state TLV).
     pub fn from_stat_text(s: &str) -> Option<ReceiptState> {
-        let word: String = s
-            .trim()
-            .chars()
-            .filter(|c| !matches!(c, '_' | '-' | ' '))
-            .map(|c| c.to_ascii_uppercase())
-            .collect();
-        Some(match word.as_str() {
+        // Folded into a buffer the length of the longest word, `UNDELIVERABLE`.
+        let folded = Folded::<13>::new(s.trim(), u8::to_ascii_uppercase)?;
+        Some(match folded.as_bytes() {
             // Kannel's and some SMSCs' word for a message held for a later attempt.
-            "ENROUTE" | "BUFFRED" | "BUFFERED" => ReceiptState::Enroute,
-            "DELIVRD" | "DELIVERED" | "DELIVRED" => ReceiptState::Delivered,
-            "EXPIRED" => ReceiptState::Expired,
-            "DELETED" => ReceiptState::Deleted,
-            "UNDELIV" | "UNDELIVERABLE" | "UNDELIVERED" | "FAILED" => ReceiptState::Undeliverable,
-            "ACCEPTD" | "ACCEPTED" => ReceiptState::Accepted,
-            "UNKNOWN" => ReceiptState::Unknown,
-            "REJECTD" | "REJECTED" => ReceiptState::Rejected,
+            b"ENROUTE" | b"BUFFRED" | b"BUFFERED" => ReceiptState::Enroute,
+            b"DELIVRD" | b"DELIVERED" | b"DELIVRED" => ReceiptState::Delivered,
+            b"EXPIRED" => ReceiptState::Expired,
+            b"DELETED" => ReceiptState::Deleted,
+            b"UNDELIV" | b"UNDELIVERABLE" | b"UNDELIVERED" | b"FAILED" => ReceiptState::Undeliverable,
+            b"ACCEPTD" | b"ACCEPTED" => ReceiptState::Accepted,
+            b"UNKNOWN" => ReceiptState::Unknown,
+            b"REJECTD" | b"REJECTED" => ReceiptState::Rejected,
             _ => return None,
         })
     }
@@ -164,26 +160,43 @@ enum Key {
     Date,
 }
 
+/// A word as SMSCs vary it, folded on the stack: `_`, `-` and spaces dropped, ASCII
+/// letters mapped by `case`. `None` for a word with a non-ASCII character or longer than
+/// `N` bytes: it matches none of the (ASCII, at most `N`-byte) words it is compared with.
+struct Folded<const N: usize> {
+    bytes: [u8; N],
+    len: usize,
+}
+
+impl<const N: usize> Folded<N> {
+    fn new(word: &str, case: impl Fn(&u8) -> u8) -> Option<Self> {
+        let mut folded = Folded { bytes: [0; N], len: 0 };
+        for b in word.bytes() {
+            if matches!(b, b'_' | b'-' | b' ') {
+                continue;
+            }
+            if !b.is_ascii() || folded.len == N {
+                return None;
+            }
+            folded.bytes[folded.len] = case(&b);
+            folded.len += 1;
+        }
+        Some(folded)
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        self.bytes.get(..self.len).unwrap_or_default()
+    }
+}
+
 /// The key `raw` names, compared as SMSCs vary it: ASCII letters in any case, `_`, `-`
 /// and spaces ignored (`Submit_Date`, `DONE-DATE`). `None` for any other word.
 ///
 /// Read from a buffer on the stack, the length of the longest key: every receipt goes
 /// through here, word by word.
 fn key(raw: &str) -> Option<Key> {
-    let mut buf = [0u8; 10];
-    let mut len = 0;
-    for b in raw.bytes() {
-        if matches!(b, b'_' | b'-' | b' ') {
-            continue;
-        }
-        // A non-ASCII character or a longer word matches no key.
-        if !b.is_ascii() || len == buf.len() {
-            return None;
-        }
-        buf[len] = b.to_ascii_lowercase();
-        len += 1;
-    }
-    Some(match buf.get(..len)? {
+    let folded = Folded::<10>::new(raw, u8::to_ascii_lowercase)?;
+    Some(match folded.as_bytes() {
         b"id" => Key::Id,
         b"sub" => Key::Sub,
         b"dlvrd" => Key::Dlvrd,
@@ -200,13 +213,22 @@ fn key(raw: &str) -> Option<Key> {
 }
 
 /// The whitespace-separated tokens of a text, each with its byte offset. Whitespace is
-/// Unicode's (`char::is_whitespace`); ASCII, which receipts are, is told apart bytewise.
+/// Unicode's (`char::is_whitespace`); an ASCII text, which receipts are, is read bytewise.
 struct Tokens<'a> {
     text: &'a str,
     at: usize,
+    ascii: bool,
 }
 
-impl Tokens<'_> {
+impl<'a> Tokens<'a> {
+    fn new(text: &'a str) -> Self {
+        Tokens {
+            text,
+            at: 0,
+            ascii: text.is_ascii(),
+        }
+    }
+
     /// Whether the character at byte `at` is whitespace, and its length in bytes.
     fn space_at(&self, at: usize) -> (bool, usize) {
         match self.text.as_bytes().get(at) {
@@ -225,6 +247,21 @@ impl<'a> Iterator for Tokens<'a> {
 
     fn next(&mut self) -> Option<Self::Item> {
         let end = self.text.len();
+        if self.ascii {
+            let bytes = self.text.as_bytes();
+            let space = |b: u8| matches!(b, b' ' | b'\t'..=b'\r');
+            while self.at < end && space(bytes[self.at]) {
+                self.at += 1;
+            }
+            let start = self.at;
+            while self.at < end && !space(bytes[self.at]) {
+                self.at += 1;
+            }
+            return (start < self.at)
+                .then(|| self.text.get(start..self.at))
+                .flatten()
+                .map(|t| (start, t));
+        }
         while self.at < end {
             let (space, len) = self.space_at(self.at);
             if !space {
@@ -245,6 +282,13 @@ impl<'a> Iterator for Tokens<'a> {
         }
         Some((start, self.text.get(start..self.at)?))
     }
+}
+
+/// `token` split at its first `:`, found bytewise (`:` is ASCII, so it is never a byte
+/// of a longer character).
+fn split_colon(token: &str) -> Option<(&str, &str)> {
+    let at = token.bytes().position(|b| b == b':')?;
+    Some((token.get(..at)?, token.get(at + 1..)?))
 }
 
 /// `n` in decimal, zero-padded to at least `width` digits (what `{:03}` writes).
@@ -318,9 +362,9 @@ impl ReceiptText {
         let mut err = None;
         let mut text = None;
 
-        let mut tokens = Tokens { text: s, at: 0 }.peekable();
+        let mut tokens = Tokens::new(s).peekable();
         while let Some((offset, token)) = tokens.next() {
-            let (key, value, value_offset) = match token.split_once(':') {
+            let (key, value, value_offset) = match split_colon(token) {
                 Some((raw, value)) => (key(raw), value, offset + raw.len() + 1),
                 // "submit date:…" / "done date:…": the key spans two tokens.
                 None => {
@@ -332,7 +376,7 @@ impl ReceiptText {
                     let Some(&(next_offset, next)) = tokens.peek() else {
                         continue;
                     };
-                    let Some((second, value)) = next.split_once(':') else {
+                    let Some((second, value)) = split_colon(next) else {
                         continue;
                     };
                     if key(second) != Some(Key::Date) {
@@ -615,6 +659,26 @@ mod tests {
             out
         }
 
+        pub fn from_stat_text(s: &str) -> Option<ReceiptState> {
+            let word: String = s
+                .trim()
+                .chars()
+                .filter(|c| !matches!(c, '_' | '-' | ' '))
+                .map(|c| c.to_ascii_uppercase())
+                .collect();
+            Some(match word.as_str() {
+                "ENROUTE" | "BUFFRED" | "BUFFERED" => ReceiptState::Enroute,
+                "DELIVRD" | "DELIVERED" | "DELIVRED" => ReceiptState::Delivered,
+                "EXPIRED" => ReceiptState::Expired,
+                "DELETED" => ReceiptState::Deleted,
+                "UNDELIV" | "UNDELIVERABLE" | "UNDELIVERED" | "FAILED" => ReceiptState::Undeliverable,
+                "ACCEPTD" | "ACCEPTED" => ReceiptState::Accepted,
+                "UNKNOWN" => ReceiptState::Unknown,
+                "REJECTD" | "REJECTED" => ReceiptState::Rejected,
+                _ => return None,
+            })
+        }
+
         pub fn format(r: &ReceiptText) -> String {
             format!(
                 "id:{} sub:{:03} dlvrd:{:03} submit date:{} done date:{} stat:{} err:{} text:{}",
@@ -670,7 +734,7 @@ mod tests {
             }
             let id = id.filter(|id| !id.is_empty()).ok_or(ReceiptError::MissingId)?;
             let stat = stat.ok_or(ReceiptError::MissingStat)?;
-            let stat = ReceiptState::from_stat_text(&stat).ok_or(ReceiptError::UnknownStat)?;
+            let stat = from_stat_text(&stat).ok_or(ReceiptError::UnknownStat)?;
             Ok(ReceiptText {
                 id,
                 sub,
@@ -768,6 +832,11 @@ mod tests {
             }
             let parsed = ReceiptText::parse(&text);
             assert_eq!(parsed, reference::parse(&text), "{text:?}");
+            assert_eq!(
+                ReceiptState::from_stat_text(&text),
+                reference::from_stat_text(&text),
+                "{text:?}"
+            );
             if let Ok(r) = parsed {
                 parsed_ok += 1;
                 assert_eq!(r.format(), reference::format(&r), "{text:?}");
@@ -775,6 +844,29 @@ mod tests {
         }
         // The generator reaches the paths that read every field, not only the refusals.
         assert!(parsed_ok > 2_000, "{parsed_ok} receipts parsed");
+        for word in [
+            "DELIVRD",
+            " delivered ",
+            "Un_Deliv-erable",
+            "UNDELIVERABLE",
+            "UNDELIVERABLES",
+            "en route",
+            "EN\tROUTE",
+            "buffred",
+            "accepté",
+            "REJECTD\u{a0}",
+            "",
+            "_-",
+            "failed",
+            "unknown!",
+            "DELIVRD\u{0}",
+        ] {
+            assert_eq!(
+                ReceiptState::from_stat_text(word),
+                reference::from_stat_text(word),
+                "{word:?}"
+            );
+        }
         for n in [0, 7, 99, 999, 1_000, 123_456, u32::MAX] {
             let r = ReceiptText {
                 sub: n,
