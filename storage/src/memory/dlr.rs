@@ -88,8 +88,6 @@ struct Inner {
     /// Correlations by destination, then canonical provider key: looked up by `&str`s
     /// without building an owned key per candidate.
     corr: HashMap<String, HashMap<String, TrackKey>>,
-    /// Correlations in `corr` (its inner maps' sizes together).
-    correlations: usize,
     orphans: HashMap<CorrKey, (ReceiptOutcome, Timestamp)>,
     orphan_order: BTreeSet<(Timestamp, CorrKey)>,
     deliveries: BTreeMap<DeliveryId, DeliveryRec>,
@@ -182,7 +180,6 @@ impl Inner {
             for (k, _) in &track.parts {
                 if by_key.get(k) == Some(&key) {
                     by_key.remove(k);
-                    self.correlations -= 1;
                 }
             }
         }
@@ -199,9 +196,7 @@ impl Inner {
             Some(by_key) => by_key,
             None => self.corr.entry(destination.to_owned()).or_default(),
         };
-        if by_key.insert(key.to_owned(), track).is_none() {
-            self.correlations += 1;
-        }
+        by_key.insert(key.to_owned(), track);
     }
 
     fn remember_resolved(&mut self, key: TrackKey, cap: usize) {
@@ -789,7 +784,7 @@ impl DlrStore for MemoryDlrStore {
         let inner = self.inner.lock();
         Ok(DlrStats {
             awaiting_receipts: inner.tracks.len() as u64,
-            correlations: inner.correlations as u64,
+            correlations: inner.corr.values().map(HashMap::len).sum::<usize>() as u64,
             pending_deliveries: inner.deliveries.len() as u64,
             oldest_pending_delivery: inner.deliveries.first_key_value().map(|(_, r)| r.created_at),
             orphans: inner.orphans.len() as u64,
