@@ -18,12 +18,14 @@
 //!   than misreads accepted work.
 //! * No record type has fields called `v` or `vm`.
 //!
-//! Encoding is [ciborium] (serde_cbor is unmaintained, RUSTSEC-2021-0127). Payloads use
-//! `serde_bytes` so a 300-byte payload is one 300-byte CBOR byte string, not an array of
-//! 300 integers.
+//! Encoding is [cbor4ii]'s serde support (serde_cbor is unmaintained, RUSTSEC-2021-0127),
+//! decoding straight from the stored bytes. Payloads use `serde_bytes` so a 300-byte
+//! payload is one 300-byte CBOR byte string, not an array of 300 integers.
 
 use std::fmt;
 
+use cbor4ii::core::dec::Reference;
+use cbor4ii::core::utils::SliceReader;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -154,12 +156,11 @@ impl EnvelopeError {
 
 /// Encode `value` (a struct: it serializes as a CBOR map) in its envelope.
 ///
-/// ciborium writes a struct as a definite-length map; the envelope is that map with its
+/// A struct serializes as a definite-length map; the envelope is that map with its
 /// count raised by two and `"v"`, `"vm"` spliced in front of the fields — one extra copy
 /// of the bytes, no intermediate value tree.
 pub fn encode<T: Serialize>(kind: RecordKind, value: &T) -> Result<Vec<u8>, EnvelopeError> {
-    let mut body = Vec::with_capacity(128);
-    ciborium::into_writer(value, &mut body).map_err(|e| EnvelopeError::Encode {
+    let body = cbor4ii::serde::to_vec(Vec::with_capacity(128), value).map_err(|e| EnvelopeError::Encode {
         kind,
         detail: e.to_string(),
     })?;
@@ -238,32 +239,17 @@ pub fn decode<T: DeserializeOwned>(kind: RecordKind, bytes: &[u8]) -> Result<T, 
             "major version {major} predates every format this build knows ({supported})"
         )));
     }
-    let mut rest = bytes;
-    let value: T = with_scratch(|scratch| ciborium::de::from_reader_with_buffer(&mut rest, scratch))
-        .map_err(|e| corrupt(e.to_string()))?;
-    if !rest.is_empty() {
-        return Err(corrupt(format!("{} trailing bytes after the record", rest.len())));
+    let mut de = cbor4ii::serde::Deserializer::new(SliceReader::new(bytes));
+    let value = T::deserialize(&mut de).map_err(|e| corrupt(e.to_string()))?;
+    let mut rest = de.into_inner();
+    let trailing = match cbor4ii::core::dec::Read::fill(&mut rest, bytes.len()) {
+        Ok(Reference::Long(b) | Reference::Short(b)) => b.len(),
+        Err(never) => match never {},
+    };
+    if trailing > 0 {
+        return Err(corrupt(format!("{trailing} trailing bytes after the record")));
     }
     Ok(value)
-}
-
-/// The bytes ciborium decodes strings into: what `ciborium::from_reader` gives it, 4 KiB.
-const SCRATCH: usize = 4096;
-
-thread_local! {
-    /// This thread's decoding scratch space. `ciborium::from_reader` zeroes a fresh 4 KiB
-    /// on the stack for every call, which costs more than decoding a small record; the
-    /// contents between calls do not matter (every string is read into it before use).
-    static DECODE_SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; SCRATCH]);
-}
-
-/// Run `decode` with this thread's scratch space (a fresh one if a decode on this thread
-/// is already using it).
-fn with_scratch<R>(decode: impl FnOnce(&mut [u8]) -> R) -> R {
-    DECODE_SCRATCH.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut scratch) => decode(&mut scratch),
-        Err(_) => decode(&mut vec![0; SCRATCH]),
-    })
 }
 
 /// The versions of an envelope written by [`encode`]: a map whose first two entries are
@@ -300,7 +286,7 @@ fn probe_versions(kind: RecordKind, bytes: &[u8]) -> Result<(u16, u16), Envelope
         #[serde(default)]
         vm: u16,
     }
-    let probe: Probe = ciborium::from_reader(bytes).map_err(|e| EnvelopeError::Corrupt {
+    let probe: Probe = cbor4ii::serde::from_slice(bytes).map_err(|e| EnvelopeError::Corrupt {
         kind,
         detail: e.to_string(),
     })?;
@@ -373,11 +359,51 @@ fn write_text(out: &mut Vec<u8>, s: &str) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use ciborium::Value;
     use serde::{Deserialize, Serialize};
 
     use super::*;
+
+    /// `value`'s envelope written by ciborium, a second CBOR implementation: stored files
+    /// and journals hold these bytes, and a build that reads them must keep reading them.
+    fn ciborium_envelope<T: Serialize>(kind: RecordKind, value: &T) -> Vec<u8> {
+        let mut body = Vec::new();
+        ciborium::into_writer(value, &mut body).unwrap();
+        let Some(Head::Map(Some(count), header_len)) = read_head(&body, 0) else {
+            panic!("{kind}: not a definite-length map");
+        };
+        let (major, minor) = kind.version();
+        let mut out = Vec::new();
+        write_head(&mut out, 5, count + 2);
+        write_text(&mut out, "v");
+        write_head(&mut out, 0, u64::from(major));
+        write_text(&mut out, "vm");
+        write_head(&mut out, 0, u64::from(minor));
+        out.extend_from_slice(&body[header_len..]);
+        seal(out)
+    }
+
+    /// [`encode`] writes `value` byte for byte as ciborium does, [`decode`] reads
+    /// ciborium's bytes back to a value that encodes to them again, and ciborium reads
+    /// [`encode`]'s: the envelope's bytes do not depend on which of the two wrote them.
+    pub(crate) fn same_bytes_as_ciborium<T: Serialize + DeserializeOwned>(kind: RecordKind, value: &T) {
+        let reference = ciborium_envelope(kind, value);
+        let ours = encode(kind, value).unwrap();
+        assert_eq!(ours, reference, "{kind}: the bytes ciborium writes");
+        let back: T = decode(kind, &reference).unwrap();
+        assert_eq!(
+            encode(kind, &back).unwrap(),
+            reference,
+            "{kind}: decoded and encoded again"
+        );
+        let by_ciborium: T = ciborium::from_reader(unseal(&ours).unwrap()).unwrap();
+        assert_eq!(
+            ciborium_envelope(kind, &by_ciborium),
+            reference,
+            "{kind}: read by ciborium"
+        );
+    }
     use crate::file::records::{GroupPart, GroupState, IdempotencyEntry, StagedRecord, UnitEntry};
     use crate::ids::{MessageId, Timestamp};
     use crate::pending::Disposition;
@@ -445,6 +471,7 @@ mod tests {
     }
 
     fn round_trip<T: Serialize + DeserializeOwned + PartialEq + fmt::Debug>(kind: RecordKind, v: &T) {
+        same_bytes_as_ciborium(kind, v);
         let bytes = encode(kind, v).unwrap();
         assert!(fast_versions(&bytes).is_some(), "{kind}: v/vm lead the map");
         let back: T = decode(kind, &bytes).unwrap();
@@ -459,6 +486,9 @@ mod tests {
         plain.part = None;
         plain.callback_url = None;
         plain.idempotency_key = None;
+        round_trip(RecordKind::PendingRecord, &plain);
+        plain.valid_until = Some(Timestamp(u64::MAX));
+        plain.esm_class = u8::MAX;
         round_trip(RecordKind::PendingRecord, &plain);
         round_trip(
             RecordKind::PendingUnit,

@@ -268,3 +268,33 @@ impl RoutedWorkStore for FileRoutedWorkStore {
         self.store.run(|f| f.read(|s| s.work.stats())).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::envelope::tests::same_bytes_as_ciborium;
+    use crate::routed_work::BranchOutcome;
+
+    #[test]
+    fn a_frame_is_the_bytes_ciborium_writes() {
+        let unit = MessageId::generate();
+        let frame = RoutedWorkFrame {
+            record: vec![ByteBuf::from(vec![0xa1, 0x61, 0x76, 0x01]), ByteBuf::from(vec![])],
+            moves: vec![BranchMove {
+                unit,
+                branch: 1,
+                from: "up".into(),
+            }],
+            complete: vec![BranchDone {
+                unit,
+                branch: 0,
+                outcome: BranchOutcome::Submitted {
+                    destination: "up".into(),
+                    provider_ids: vec!["0A1B".into()],
+                },
+            }],
+            remove: vec![MessageId::generate()],
+        };
+        same_bytes_as_ciborium(RecordKind::RoutedWorkJournalFrame, &frame);
+    }
+}

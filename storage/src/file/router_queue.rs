@@ -310,3 +310,24 @@ impl RouterQueueStore for FileRouterQueueStore {
         self.store.run(|f| f.read(|s| s.queue.stats())).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::envelope::tests::same_bytes_as_ciborium;
+
+    #[test]
+    fn a_frame_is_the_bytes_ciborium_writes() {
+        let unit = UnitId::generate();
+        let mut frame = RouterQueueFrame {
+            stage: vec![(unit, 7), (UnitId::generate(), u64::MAX)],
+            cursor: 300,
+            release: vec![unit],
+            lanes: vec![],
+        };
+        same_bytes_as_ciborium(RecordKind::RouterQueueJournalFrame, &frame);
+        frame.lanes = vec![1 << 60, 12];
+        same_bytes_as_ciborium(RecordKind::RouterQueueJournalFrame, &frame);
+        same_bytes_as_ciborium(RecordKind::RouterQueueJournalFrame, &RouterQueueFrame::default());
+    }
+}

@@ -638,6 +638,7 @@ pub(crate) fn delivery_value(header: DeliveryHeader, smpp_account: Option<&str>,
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::envelope::tests::same_bytes_as_ciborium;
     use crate::envelope::{self, RecordKind};
 
     fn outcome(state: DlrState) -> StoredOutcome {
@@ -682,6 +683,7 @@ pub(crate) mod tests {
             expires_at: Timestamp(99),
             resolved: false,
         };
+        same_bytes_as_ciborium(RecordKind::DlrTrack, &track);
         let bytes = envelope::encode(RecordKind::DlrTrack, &track).unwrap();
         assert_eq!(
             envelope::decode::<TrackRecord>(RecordKind::DlrTrack, &bytes).unwrap(),
@@ -691,6 +693,7 @@ pub(crate) mod tests {
             outcome: outcome(DlrState::Expired),
             expires_at: Timestamp(3),
         };
+        same_bytes_as_ciborium(RecordKind::DlrOrphan, &orphan);
         let bytes = envelope::encode(RecordKind::DlrOrphan, &orphan).unwrap();
         assert_eq!(
             envelope::decode::<OrphanRecord>(RecordKind::DlrOrphan, &bytes).unwrap(),
@@ -708,6 +711,7 @@ pub(crate) mod tests {
         let refused = DeliveryContent::Receipt(outcome(DlrState::Refused).into());
         for content in [receipt, message, progress, refused] {
             let d = DeliveryRecord::new(target(), content.clone(), Timestamp(1), Timestamp(2));
+            same_bytes_as_ciborium(RecordKind::DlrDelivery, &d);
             let bytes = envelope::encode(RecordKind::DlrDelivery, &d).unwrap();
             let back = envelope::decode::<DeliveryRecord>(RecordKind::DlrDelivery, &bytes).unwrap();
             assert_eq!(back, d);
@@ -737,6 +741,7 @@ pub(crate) mod tests {
                 message: inbound_message(),
             }],
         };
+        same_bytes_as_ciborium(RecordKind::DlrInboundGroup, &GroupRecord::from(group.clone()));
         let bytes = envelope::encode(RecordKind::DlrInboundGroup, &GroupRecord::from(group.clone())).unwrap();
         let back = envelope::decode::<GroupRecord>(RecordKind::DlrInboundGroup, &bytes).unwrap();
         assert_eq!(back.into_group(9), group);

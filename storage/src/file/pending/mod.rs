@@ -1637,7 +1637,19 @@ impl BlockingPendingWriter for FilePendingStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::envelope::tests::same_bytes_as_ciborium;
     use crate::error::FailureKind;
+
+    #[test]
+    fn a_journal_frame_is_the_bytes_ciborium_writes() {
+        let frame = JournalFrame {
+            now: Timestamp(1_700_000_000_123),
+            idem_expiry: Timestamp(u64::MAX),
+            complete: vec![UnitId::generate(), UnitId::generate()],
+            admit: vec![ByteBuf::from((0..=255u8).collect::<Vec<_>>()), ByteBuf::from(vec![])],
+        };
+        same_bytes_as_ciborium(RecordKind::PendingJournalFrame, &frame);
+    }
 
     #[test]
     fn a_record_of_a_newer_major_version_stops_the_open() {
