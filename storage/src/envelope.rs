@@ -160,11 +160,34 @@ impl EnvelopeError {
 /// count raised by two and `"v"`, `"vm"` spliced in front of the fields — one extra copy
 /// of the bytes, no intermediate value tree.
 pub fn encode<T: Serialize>(kind: RecordKind, value: &T) -> Result<Vec<u8>, EnvelopeError> {
-    let body = cbor4ii::serde::to_vec(Vec::with_capacity(128), value).map_err(|e| EnvelopeError::Encode {
+    let mut body = ENCODE_BODY.take();
+    body.clear();
+    let body = cbor4ii::serde::to_vec(body, value).map_err(|e| EnvelopeError::Encode {
         kind,
         detail: e.to_string(),
     })?;
-    let (count, header_len) = match read_head(&body, 0) {
+    let out = splice_versions(kind, &body);
+    if body.capacity() <= ENCODE_BODY_KEPT {
+        ENCODE_BODY.set(body);
+    }
+    out
+}
+
+/// The largest body buffer a thread keeps for its next [`encode`]: records are a few
+/// hundred bytes; a journal frame of thousands of them is not worth holding on to.
+const ENCODE_BODY_KEPT: usize = 64 << 10;
+
+thread_local! {
+    /// This thread's buffer for the body [`encode`] serializes before splicing in the
+    /// versions: reused, so a record does not grow a fresh vector two or three times.
+    /// Taken while in use (a nested encode starts from an empty one).
+    static ENCODE_BODY: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The envelope of the serialized map `body`: its count raised by two, `"v"` and `"vm"`
+/// in front of its fields, the CRC-32 trailer after them.
+fn splice_versions(kind: RecordKind, body: &[u8]) -> Result<Vec<u8>, EnvelopeError> {
+    let (count, header_len) = match read_head(body, 0) {
         Some(Head::Map(Some(n), len)) => (n, len),
         _ => {
             return Err(EnvelopeError::Encode {
