@@ -459,9 +459,23 @@ pub(crate) fn track_unit(key: &TrackKey) -> UnitId {
     MessageId::from_bytes(id)
 }
 
-/// For error messages: `unit/branch`.
-pub(crate) fn track_name(key: &TrackKey) -> String {
-    format!("{}/{}", track_unit(key), u16::from_be_bytes([key[16], key[17]]))
+/// For error messages: `unit/branch`, formatted only when one is written.
+pub(crate) fn track_name(key: &TrackKey) -> TrackName<'_> {
+    TrackName(key)
+}
+
+/// See [`track_name`].
+pub(crate) struct TrackName<'a>(&'a TrackKey);
+
+impl std::fmt::Display for TrackName<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{}",
+            track_unit(self.0),
+            u16::from_be_bytes([self.0[16], self.0[17]])
+        )
+    }
 }
 
 /// `track_expiry` key: expiry (ms, big-endian) then the track key, so the first keys are
@@ -826,7 +840,7 @@ pub(crate) mod tests {
         let unit = MessageId::generate();
         let k = track_key(unit, 513);
         assert_eq!(track_unit(&k), unit);
-        assert!(track_name(&k).ends_with("/513"));
+        assert_eq!(track_name(&k).to_string(), format!("{unit}/513"));
         let e = track_expiry_key(Timestamp(10), &k);
         assert_eq!(track_of_expiry_key(&e), k);
         assert!(track_expiry_key(Timestamp(9), &[0xff; 18]) < e);

@@ -1019,7 +1019,7 @@ impl<'t> Tx<'t> {
                 let gbytes = encode(
                     RecordKind::PendingGroup,
                     "groups",
-                    format!("reference {}", gk.reference),
+                    format_args!("reference {}", gk.reference),
                     &group,
                 )?;
                 if complete {
