@@ -756,7 +756,8 @@ impl DlrState {
         if claimed.is_empty() {
             return;
         }
-        self.in_flight += claimed.len();
+        let claims = claimed.len();
+        self.in_flight += claims;
         let mut smpp: HashMap<String, Vec<Delivery>> = HashMap::new();
         let mut http = Vec::new();
         let mut parked = Vec::new();
@@ -784,11 +785,23 @@ impl DlrState {
                                 at: self.no_session_until(&d),
                             },
                         });
+                    } else if let Some(batch) = smpp.get_mut(&d.target.account) {
+                        batch.push(d);
                     } else {
-                        smpp.entry(d.target.account.clone()).or_default().push(d);
+                        // Sized for the whole claim when it is the first account (most
+                        // claims are one account's), so its batch does not grow step by step.
+                        let mut batch = Vec::with_capacity(if smpp.is_empty() { claims } else { 1 });
+                        let account = d.target.account.clone();
+                        batch.push(d);
+                        smpp.insert(account, batch);
                     }
                 }
-                ReplyPath::Http { .. } | ReplyPath::Kannel { .. } => http.push(d),
+                ReplyPath::Http { .. } | ReplyPath::Kannel { .. } => {
+                    if http.is_empty() {
+                        http.reserve(claims);
+                    }
+                    http.push(d)
+                }
             }
         }
         if !parked.is_empty() {

@@ -33,7 +33,12 @@ fn c_string<const MIN: usize, const MAX: usize>(
     field: &'static str,
     value: &str,
 ) -> Result<COctetString<MIN, MAX>, BuildError> {
-    COctetString::from_string(value.to_owned()).map_err(|err| BuildError {
+    // Sized for the terminator up front: `from_string` pushes it onto an exact-size copy
+    // (a reallocation) and then wraps the vector in a second allocation.
+    let mut bytes = Vec::with_capacity(value.len() + 1);
+    bytes.extend_from_slice(value.as_bytes());
+    bytes.push(0);
+    COctetString::from_bytes(bytes::Bytes::from(bytes)).map_err(|err| BuildError {
         field,
         reason: err.to_string(),
     })
