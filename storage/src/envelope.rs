@@ -700,6 +700,22 @@ pub(crate) mod tests {
         let mut map = old_minor_record(id);
         map[1].1 = Value::Integer(7.into());
         map.push((text("added_in_1_7"), Value::Array(vec![Value::Bool(true)])));
+        // Whatever CBOR a newer minor's fields hold is skipped.
+        map.push((
+            text("added_at"),
+            Value::Tag(1, Box::new(Value::Integer(1_700_000_000.into()))),
+        ));
+        map.push((text("added_big"), Value::Tag(2, Box::new(Value::Bytes(vec![1; 20])))));
+        map.push((text("added_ratio"), Value::Float(0.25)));
+        map.push((text("added_neg"), Value::Integer((-70_000i64).into())));
+        map.push((text("added_none"), Value::Null));
+        map.push((
+            text("added_nested"),
+            Value::Map(vec![(
+                Value::Integer(3.into()),
+                Value::Array(vec![Value::Bytes(vec![0; 3]), text("x")]),
+            )]),
+        ));
         let r: PendingRecord = decode(RecordKind::PendingRecord, &to_bytes(&Value::Map(map))).unwrap();
         assert_eq!(r.id, id);
     }
