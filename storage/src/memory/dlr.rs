@@ -295,11 +295,14 @@ impl MemoryDlrStore {
         inner.next_delivery += 1;
         let id = DeliveryId(inner.next_delivery);
         if target.reply == ReplyPath::Smpp {
-            inner
-                .smpp_by_account
-                .entry(target.account.clone())
-                .or_default()
-                .insert(id);
+            match inner.smpp_by_account.get_mut(target.account.as_str()) {
+                Some(ids) => {
+                    ids.insert(id);
+                }
+                None => {
+                    inner.smpp_by_account.insert(target.account.clone(), [id].into());
+                }
+            }
         }
         let expires_at = now.saturating_add(self.retention.retention);
         let lease_end = inner
