@@ -585,6 +585,8 @@ struct PendingReceipt {
     state: ReceiptState,
     err: String,
     submit_unix: i64,
+    /// The `done date`, set when the receipt is first sent: a resend is the same receipt.
+    done_unix: Option<i64>,
     excerpt: String,
     /// Sent this long after the receipt delay (see [`ReceiptOutcome::Spaced`]).
     after: Duration,
@@ -966,6 +968,7 @@ impl TestSmsc {
                 state: ReceiptState::Delivered,
                 err: String::new(),
                 submit_unix: 0,
+                done_unix: None,
                 excerpt: String::new(),
                 after: Duration::ZERO,
             })
@@ -1446,6 +1449,7 @@ impl Session {
                             state,
                             err,
                             submit_unix: unix,
+                            done_unix: None,
                             excerpt: excerpt.clone(),
                             after,
                         });
@@ -1555,9 +1559,9 @@ impl Session {
     }
 
     fn send_receipts(&mut self, receipts: Vec<PendingReceipt>) {
-        let done = format_date(unix_now());
+        let now = unix_now();
         let mut sent = 0;
-        for receipt in receipts {
+        for mut receipt in receipts {
             let seq = self.next_seq;
             self.next_seq = self.next_seq.wrapping_add(1).max(1);
             if let Some(mo) = &receipt.mo {
@@ -1591,7 +1595,7 @@ impl Session {
                 sub: 1,
                 dlvrd: u32::from(delivered),
                 submit_date: Some(format_date(receipt.submit_unix)),
-                done_date: Some(done.clone()),
+                done_date: Some(format_date(*receipt.done_unix.get_or_insert(now))),
                 stat: receipt.state,
                 err: receipt.err.clone(),
                 text: receipt.excerpt.clone(),
