@@ -90,7 +90,9 @@ struct Inner {
     corr: HashMap<String, HashMap<String, TrackKey>>,
     orphans: HashMap<CorrKey, (ReceiptOutcome, Timestamp)>,
     orphan_order: BTreeSet<(Timestamp, CorrKey)>,
-    deliveries: BTreeMap<DeliveryId, DeliveryRec>,
+    /// Boxed: a delivery is a few hundred bytes, and a B-tree node shifts its entries on
+    /// every removal (deliveries mostly leave oldest first).
+    deliveries: BTreeMap<DeliveryId, Box<DeliveryRec>>,
     due: BTreeSet<(Timestamp, DeliveryId)>,
     smpp_by_account: HashMap<String, BTreeSet<DeliveryId>>,
     next_delivery: u64,
@@ -151,7 +153,7 @@ impl Inner {
                 self.smpp_by_account.remove(&rec.target.account);
             }
         }
-        Some(rec)
+        Some(*rec)
     }
 
     /// Remove a multipart group (written or dropped) and its index entries.
@@ -324,7 +326,7 @@ impl MemoryDlrStore {
         inner.due.insert((due_at, id));
         inner.deliveries.insert(
             id,
-            DeliveryRec {
+            Box::new(DeliveryRec {
                 target,
                 content,
                 attempt: u32::from(lease_end.is_some()),
@@ -332,7 +334,7 @@ impl MemoryDlrStore {
                 leased_until: lease_end,
                 created_at: now,
                 expires_at,
-            },
+            }),
         );
     }
 }

@@ -75,7 +75,9 @@ impl Group {
 
 #[derive(Debug, Default)]
 struct Inner {
-    records: BTreeMap<MessageId, PendingRecord>,
+    /// Boxed: a record is a few hundred bytes, and a B-tree node shifts its entries on
+    /// every removal (records leave oldest first, from the front of their node).
+    records: BTreeMap<MessageId, Box<PendingRecord>>,
     units: IdMap<UnitId, UnitEntry>,
     ready: BTreeMap<ReadySeq, UnitId>,
     groups: HashMap<GroupKey, Group>,
@@ -110,7 +112,7 @@ impl Inner {
         let parts = entry
             .members
             .iter()
-            .filter_map(|m| self.records.get(m).cloned())
+            .filter_map(|m| self.records.get(m).map(|r| PendingRecord::clone(r)))
             .collect();
         Some(ReadyUnit {
             seq: entry.seq,
@@ -281,7 +283,7 @@ fn admit_one(inner: &mut Inner, record: PendingRecord, digest: u64, placement: P
     }
     let (Some(gk), Some(part)) = (record.group_key(), record.part) else {
         let lane = record.route_priority;
-        inner.records.insert(id, record);
+        inner.records.insert(id, Box::new(record));
         inner.make_ready(id, Disposition::Deliver, vec![id], lane);
         return;
     };
@@ -312,7 +314,7 @@ fn admit_one(inner: &mut Inner, record: PendingRecord, digest: u64, placement: P
     let new_deadline = group.deadline;
     // A completed group's lane is that of the part completing it.
     let lane = record.route_priority;
-    inner.records.insert(id, record);
+    inner.records.insert(id, Box::new(record));
     inner.deadlines.remove(&(old_deadline, gk.clone()));
     if !complete {
         inner.deadlines.insert((new_deadline, gk), ());
