@@ -259,7 +259,12 @@ pub struct RouterState {
     // Durable writes run in their own tasks so the Router keeps handling messages
     // during an fsync; what arrives meanwhile goes into the next write (group commit).
     to_record: Vec<(Arc<Unit>, RoutedUnit)>,
-    recording: Option<IdSet<UnitId>>,
+    /// A routed-work write is in flight.
+    writing: bool,
+    /// Ids of the units whose routes are not written yet: in `to_record`, in the write in
+    /// flight, or in `retry_record`. A unit the Selector sends again meanwhile is
+    /// recognised by one lookup; under load those lists hold a whole write's worth.
+    unwritten: IdSet<UnitId>,
     /// The partitions of the units being recorded (shared database only).
     recording_partitions: Vec<u16>,
     /// The partitions this Router works on, when several processes share the database.
@@ -339,7 +344,8 @@ impl Actor for Router {
             retry_record: Vec::new(),
             retry_done: Vec::new(),
             to_record: Vec::new(),
-            recording: None,
+            writing: false,
+            unwritten: IdSet::default(),
             recording_partitions: Vec::new(),
             partitions: args.ownership.map(self::partitions::Partitions::new),
             to_remove: Vec::new(),

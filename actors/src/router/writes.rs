@@ -35,11 +35,7 @@ impl RouterState {
         let routes = self.routes.current();
         for ru in units {
             let id = ru.unit.id;
-            if self.units.contains_key(&id)
-                || self.recording.as_ref().is_some_and(|r| r.contains(&id))
-                || self.to_record.iter().any(|(u, _)| u.id == id)
-                || self.retry_record.iter().any(|(u, _)| u.id == id)
-            {
+            if self.units.contains_key(&id) || self.unwritten.contains(&id) {
                 known.push(id);
                 continue;
             }
@@ -49,6 +45,7 @@ impl RouterState {
                 continue;
             }
             let routed = plan(&routes, &ru.unit);
+            self.unwritten.insert(id);
             fresh.push((Arc::new(ru.unit), routed));
         }
         if dropped > 0 {
@@ -121,7 +118,7 @@ impl RouterState {
     /// One routed-work write with everything waiting — new routes, branch completions,
     /// removals — unless a write is in flight (then they go into the next one).
     pub(super) fn start_write(&mut self) {
-        if self.recording.is_some()
+        if self.writing
             || self.write_timer
             || (self.to_record.is_empty()
                 && self.to_move.is_empty()
@@ -153,7 +150,7 @@ impl RouterState {
         let moves = std::mem::take(&mut self.to_move);
         let done = std::mem::take(&mut self.done);
         let removed = std::mem::take(&mut self.to_remove);
-        self.recording = Some(batch.iter().map(|(u, _)| u.id).collect());
+        self.writing = true;
         if self.partitions.is_some() {
             self.recording_partitions = batch.iter().map(|(u, _)| self.partition(u)).collect();
         }
@@ -184,11 +181,16 @@ impl RouterState {
     }
 
     pub(super) fn written(&mut self, w: Written) {
-        self.recording = None;
+        self.writing = false;
         self.recording_partitions.clear();
         let ok = w.result.is_ok();
         if let Err(e) = &w.result {
             self.shared.health.routed_work.failed("routed-work", e);
+        }
+        if ok {
+            for (u, _) in &w.batch {
+                self.unwritten.remove(&u.id);
+            }
         }
         if let Some(fresh) = settle(w.batch, ok, &mut self.retry_record) {
             self.recorded(fresh);
