@@ -6,7 +6,7 @@
 //! id normalised per the destination's `id-format`. The state comes from the text's
 //! `stat:` or, failing that, from message_state.
 
-use sendium_protocols::receipt::{IdFormat, ReceiptState, ReceiptText, parse_date, receipt_keys, receipt_octets};
+use sendium_protocols::receipt::{IdFormat, ReceiptFields, ReceiptState, parse_date, receipt_keys, receipt_octets};
 use sendium_protocols::smpp::client::InboundDeliver;
 use sendium_storage::{DlrState, IntermediateReceipt, ProviderReceipt, ReceiptOutcome, Timestamp};
 
@@ -54,13 +54,14 @@ pub fn classify(destination: &str, fmt: IdFormat, d: &InboundDeliver) -> Inbound
         return Inbound::MobileOriginated;
     }
     let body = d.message_payload.as_deref().unwrap_or(&d.short_message);
-    let text = ReceiptText::parse(&receipt_octets(body)).ok();
+    let octets = receipt_octets(body);
+    let text = ReceiptFields::parse(&octets).ok();
     let mut keys = Vec::new();
     if let Some(tlv) = d.receipted_message_id.as_deref().filter(|s| !s.is_empty()) {
         keys.extend(receipt_keys(fmt, tlv, true));
     }
     if let Some(t) = &text {
-        for k in receipt_keys(fmt, &t.id, false) {
+        for k in receipt_keys(fmt, t.id, false) {
             if !keys.contains(&k) {
                 keys.push(k);
             }
@@ -74,7 +75,7 @@ pub fn classify(destination: &str, fmt: IdFormat, d: &InboundDeliver) -> Inbound
         return Inbound::Unreadable;
     };
     let Some(final_state) = dlr_state(state) else {
-        let text = receipt_octets(body).trim().to_string();
+        let text = octets.trim().to_string();
         return Inbound::Intermediate(IntermediateReceipt {
             destination: destination.to_string(),
             keys,
@@ -89,13 +90,12 @@ pub fn classify(destination: &str, fmt: IdFormat, d: &InboundDeliver) -> Inbound
     };
     let state = final_state;
     let error = text
-        .as_ref()
-        .map(|t| t.err.clone())
+        .map(|t| t.err)
         .filter(|e| !e.is_empty())
-        .unwrap_or_else(|| "000".into());
+        .unwrap_or("000")
+        .to_string();
     let done_at = text
-        .as_ref()
-        .and_then(|t| t.done_date.as_deref())
+        .and_then(|t| t.done_date)
         .and_then(parse_date)
         .and_then(|secs| u64::try_from(secs).ok())
         .map(|s| Timestamp(s * 1000))

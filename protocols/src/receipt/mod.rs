@@ -341,6 +341,31 @@ impl ReceiptText {
         out
     }
 
+    /// Parses a receipt text as SMSCs actually write them (see [`ReceiptFields::parse`],
+    /// which this owns the fields of).
+    pub fn parse(s: &str) -> Result<ReceiptText, ReceiptError> {
+        ReceiptFields::parse(s).map(|f| f.to_text())
+    }
+}
+
+/// The fields of an Appendix B receipt text, borrowed from the text: what the gateway
+/// reads of every receipt a provider sends, without copying each field out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReceiptFields<'a> {
+    pub id: &'a str,
+    pub sub: u32,
+    pub dlvrd: u32,
+    /// `YYMMDDhhmm` as written; see [`parse_date`].
+    pub submit_date: Option<&'a str>,
+    pub done_date: Option<&'a str>,
+    pub stat: ReceiptState,
+    /// Empty when the receipt had none.
+    pub err: &'a str,
+    /// Everything after `text:`; often empty.
+    pub text: &'a str,
+}
+
+impl<'a> ReceiptFields<'a> {
     /// Parses a receipt text as SMSCs actually write them.
     ///
     /// Lenient about: key case (`Id:`, `STAT:`), `submit date` / `submit_date` /
@@ -352,7 +377,7 @@ impl ReceiptText {
     ///
     /// Receipt text is ASCII: pass the short_message octets through
     /// `String::from_utf8_lossy`, not the GSM decoder (which would turn `_` into `§`).
-    pub fn parse(s: &str) -> Result<ReceiptText, ReceiptError> {
+    pub fn parse(s: &'a str) -> Result<Self, ReceiptError> {
         let mut id = None;
         let mut sub = 0;
         let mut dlvrd = 0;
@@ -405,16 +430,30 @@ impl ReceiptText {
         let id = id.filter(|id| !id.is_empty()).ok_or(ReceiptError::MissingId)?;
         let stat = stat.ok_or(ReceiptError::MissingStat)?;
         let stat = ReceiptState::from_stat_text(stat).ok_or(ReceiptError::UnknownStat)?;
-        Ok(ReceiptText {
-            id: id.to_owned(),
+        Ok(ReceiptFields {
+            id,
             sub,
             dlvrd,
-            submit_date: submit_date.filter(|d| !d.is_empty()).map(str::to_owned),
-            done_date: done_date.filter(|d| !d.is_empty()).map(str::to_owned),
+            submit_date: submit_date.filter(|d| !d.is_empty()),
+            done_date: done_date.filter(|d| !d.is_empty()),
             stat,
-            err: err.unwrap_or_default().to_owned(),
-            text: text.unwrap_or_default().to_owned(),
+            err: err.unwrap_or_default(),
+            text: text.unwrap_or_default(),
         })
+    }
+
+    /// The fields as an owned [`ReceiptText`].
+    pub fn to_text(&self) -> ReceiptText {
+        ReceiptText {
+            id: self.id.to_owned(),
+            sub: self.sub,
+            dlvrd: self.dlvrd,
+            submit_date: self.submit_date.map(str::to_owned),
+            done_date: self.done_date.map(str::to_owned),
+            stat: self.stat,
+            err: self.err.to_owned(),
+            text: self.text.to_owned(),
+        }
     }
 }
 
