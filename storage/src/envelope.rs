@@ -387,24 +387,19 @@ pub(crate) mod tests {
     use serde::{Deserialize, Serialize};
 
     use super::*;
+    use crate::file::records::{GroupPart, GroupState, IdempotencyEntry, StagedRecord, UnitEntry};
+    use crate::ids::{MessageId, Timestamp};
+    use crate::pending::Disposition;
+    use crate::record::{Address, Channel, PartInfo, PendingRecord};
+    use crate::routed_work::{Branch, BranchFailure, BranchKind, BranchOutcome, RoutedUnit};
 
-    /// `value`'s envelope written by ciborium, a second CBOR implementation: stored files
-    /// and journals hold these bytes, and a build that reads them must keep reading them.
+    /// `value`'s envelope with its body written by ciborium, a second CBOR implementation:
+    /// stored files and journals hold these bytes, and a build that reads them must keep
+    /// reading them. The versions are spliced in as [`encode`] splices them.
     fn ciborium_envelope<T: Serialize>(kind: RecordKind, value: &T) -> Vec<u8> {
         let mut body = Vec::new();
         ciborium::into_writer(value, &mut body).unwrap();
-        let Some(Head::Map(Some(count), header_len)) = read_head(&body, 0) else {
-            panic!("{kind}: not a definite-length map");
-        };
-        let (major, minor) = kind.version();
-        let mut out = Vec::new();
-        write_head(&mut out, 5, count + 2);
-        write_text(&mut out, "v");
-        write_head(&mut out, 0, u64::from(major));
-        write_text(&mut out, "vm");
-        write_head(&mut out, 0, u64::from(minor));
-        out.extend_from_slice(&body[header_len..]);
-        seal(out)
+        splice_versions(kind, &body).unwrap()
     }
 
     /// [`encode`] writes `value` byte for byte as ciborium does, [`decode`] reads
@@ -427,11 +422,6 @@ pub(crate) mod tests {
             "{kind}: read by ciborium"
         );
     }
-    use crate::file::records::{GroupPart, GroupState, IdempotencyEntry, StagedRecord, UnitEntry};
-    use crate::ids::{MessageId, Timestamp};
-    use crate::pending::Disposition;
-    use crate::record::{Address, Channel, PartInfo, PendingRecord};
-    use crate::routed_work::{Branch, BranchFailure, BranchKind, BranchOutcome, RoutedUnit};
 
     /// The CRC-32 must give the values of the plain bit-at-a-time one at every length and
     /// alignment: stored records are sealed and checked with it.
