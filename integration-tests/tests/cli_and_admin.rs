@@ -327,3 +327,32 @@ fn outbox_schema_prints_the_shipped_sql_for_the_chosen_table() {
         assert!(out.stdout.is_empty(), "{args:?}");
     }
 }
+
+/// `THP_enabled` of a running process, as the kernel reports it (Linux 5.0 and later).
+fn transparent_huge_pages(gw: &GatewayProcess) -> String {
+    let pid = gw.pid().expect("the gateway runs");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("THP_enabled:"))
+        .map(|v| v.trim().to_owned())
+        .expect("/proc/PID/status reports THP_enabled")
+}
+
+#[tokio::test]
+async fn transparent_huge_pages_are_off_unless_mimalloc_allow_thp_says_otherwise() {
+    assert!(
+        std::env::var_os("MIMALLOC_ALLOW_THP").is_none(),
+        "run this test without MIMALLOC_ALLOW_THP in the environment"
+    );
+    let smsc = smsc().await;
+    let gw = gateway(&memory_config(), &smsc).await;
+    assert_eq!(transparent_huge_pages(&gw), "0");
+    drop(gw);
+    let gw = GatewayProcess::builder(&memory_config())
+        .smsc_port(smsc.port())
+        .env("MIMALLOC_ALLOW_THP", "1")
+        .start()
+        .await;
+    assert_eq!(transparent_huge_pages(&gw), "1");
+}
