@@ -21,8 +21,8 @@ fn main() -> std::process::ExitCode {
 /// pages on (the `always` of many distributions) the first touch of such memory faults
 /// in and zeroes a whole 2 MiB page, however little of it is needed: an eighth of the
 /// gateway's CPU in the memory profile's benchmark went to `clear_page`. Without them
-/// paired runs of that benchmark took 10% less CPU per message at the median and a
-/// sixth to a quarter less peak RSS (docs/benchmarks.md).
+/// paired runs of that benchmark took 10% less CPU per message at the median and 8–29%
+/// less peak RSS (docs/benchmarks.md).
 fn no_transparent_huge_pages() {
     #[cfg(target_os = "linux")]
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
