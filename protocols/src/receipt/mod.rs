@@ -195,8 +195,17 @@ impl<const N: usize> Folded<N> {
 /// Read from a buffer on the stack, the length of the longest key: every receipt goes
 /// through here, word by word.
 fn key(raw: &str) -> Option<Key> {
+    // Appendix B's own spelling first: what almost every SMSC writes, matched as it is.
+    if let Some(key) = key_as_written(raw.as_bytes()) {
+        return Some(key);
+    }
     let folded = Folded::<10>::new(raw, u8::to_ascii_lowercase)?;
-    Some(match folded.as_bytes() {
+    key_as_written(folded.as_bytes())
+}
+
+/// The key a lower-case word without `_`, `-` or spaces names.
+fn key_as_written(word: &[u8]) -> Option<Key> {
+    Some(match word {
         b"id" => Key::Id,
         b"sub" => Key::Sub,
         b"dlvrd" => Key::Dlvrd,
