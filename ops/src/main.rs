@@ -26,7 +26,7 @@ fn main() -> std::process::ExitCode {
 fn no_transparent_huge_pages() {
     #[cfg(target_os = "linux")]
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
-        // Kernels before 3.15 lack the flag: the process then runs as before.
+        // Kernels before 3.15 lack the flag: the process then keeps the machine's setting.
         let _ = rustix::thread::disable_transparent_huge_pages(true);
     }
 }
