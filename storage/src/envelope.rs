@@ -64,6 +64,9 @@ pub enum RecordKind {
     /// A frame of the routed-work stage in the journal: one write's records,
     /// completions and removals.
     RoutedWorkJournalFrame,
+    /// A frame of the file DLR store in the journal: the keys one write transaction
+    /// set or removed, table by table, with the values it set.
+    DlrJournalFrame,
 }
 
 impl RecordKind {
@@ -82,6 +85,7 @@ impl RecordKind {
             RecordKind::PendingJournalFrame => "pending journal frame",
             RecordKind::RouterQueueJournalFrame => "router-queue journal frame",
             RecordKind::RoutedWorkJournalFrame => "routed-work journal frame",
+            RecordKind::DlrJournalFrame => "dlr journal frame",
         }
     }
 
@@ -104,7 +108,8 @@ impl RecordKind {
             | RecordKind::DlrOrphan
             | RecordKind::DlrInboundGroup
             | RecordKind::PendingJournalFrame
-            | RecordKind::RoutedWorkJournalFrame => (1, 0),
+            | RecordKind::RoutedWorkJournalFrame
+            | RecordKind::DlrJournalFrame => (1, 0),
             // Minor 1 added the inbound message; minor 2 a `Kannel` reply; minor 3 a
             // `Refused` state and `p` (a Kannel progress report).
             RecordKind::DlrDelivery => (1, 3),

@@ -3,7 +3,8 @@
 //! messages, surviving a restart, for the database-free single-process deployment.
 //!
 //! Its own redb file in the [`DataDir`], so the DLR store has its own namespace and
-//! lifecycle, separate from the SMS stages (and its commits do not queue behind theirs).
+//! lifecycle, separate from the SMS stages; its writes are made durable by the same
+//! journal as theirs.
 //!
 //! # Semantics
 //!
@@ -39,12 +40,13 @@
 //! | `inbound_groups` | group number (u64) | group envelope: key, deadline, closed, parts (seq, deadline, message) |
 //! | `inbound_open` | group key (names length-prefixed, reference, total) | the key's open group number |
 //! | `inbound_due` | due ms (8, 0 once complete or closed) + group number (8) | — |
-//! | `meta` | name | `layout`, `awaiting`, `next_delivery`, `next_inbound_group`, `inbound_parts` |
+//! | `meta` | name | `layout`, `awaiting`, `next_delivery`, `next_inbound_group`, `inbound_parts`, `journal_lsn` |
 //!
 //! An inbound delivery is a delivery like a receipt's (claims, retries, scope by SMPP
 //! account, expiry), its record carrying the message instead of an outcome. A file of an
-//! earlier build opens as it is: the inbound tables are created empty, and its delivery
-//! records, which have no message field, decode as receipts.
+//! earlier build opens as it is: the inbound tables are created empty, its delivery
+//! records, which have no message field, decode as receipts, and without a
+//! `journal_lsn` it holds no journal frames.
 //!
 //! Nothing scans: a receipt is a point lookup in `correlations` (per candidate id, best
 //! first), `claim_due` reads the first keys of `due` up to `now`, `wake_account` ranges
@@ -66,35 +68,50 @@
 //! # Durability
 //!
 //! Every mutating call is one write transaction for its whole batch. A call that changed
-//! nothing is aborted (no fsync): a repeated handoff, a batch of duplicate receipts, a
-//! claim with nothing due.
+//! nothing is aborted (nothing written): a repeated handoff, a batch of duplicate
+//! receipts, a claim with nothing due.
 //!
-//! * `hand_off` and `record_receipts`: `Durability::Immediate`. The source SMS is
-//!   completed only after `hand_off` returns, and the provider's `deliver_sm_resp` is sent
-//!   only after `record_receipts` returns; from then on this file is the only copy. The
-//!   same holds for inbound parts and messages: the step stores them durably before the
-//!   provider's `deliver_sm` is acknowledged.
-//! * `finish`: `Durability::Immediate`. A lost "delivered" would send an acknowledged
-//!   receipt again after a crash, and a lost retry/park would forget the backoff; one
-//!   fsync per result batch is cheap next to the deliveries it reports.
-//! * `claim_due`: `Durability::None` (no fsync). A claim lost in a crash leaves the
+//! A transaction is made durable by a frame of the data directory's journal (see
+//! [`super::engine::journal`]): the keys it set, with their values, and the keys it
+//! removed, in order (see [`redo`] for why the frame records effects, not calls). The
+//! frame shares one `fdatasync` with whatever else is being flushed; redb commits the
+//! transaction with `Durability::None`, and the journal's checkpointer makes the file
+//! durable on its own about once a second (a durable commit recording the journal LSN it
+//! holds). After a crash the file is back at its last durable commit and the frames after
+//! it are applied again before anyone reads the store. When the journal cannot take a
+//! frame (a segment switch is waiting for this store), the transaction is committed
+//! durably instead. A frame holds only the bytes the transaction changed, while a
+//! durable commit writes every B-tree page it touched: the file's pages are written once
+//! per checkpoint, not once per transaction.
+//!
+//! * `hand_off` and `record_receipts`: return once their frame is synced. The source
+//!   SMS is completed only after `hand_off` returns, and the provider's
+//!   `deliver_sm_resp` is sent only after `record_receipts` returns; from then on this
+//!   store is the only copy. The same holds for inbound parts and messages: the step
+//!   stores them durably before the provider's `deliver_sm` is acknowledged.
+//! * `finish`: synced too. A lost "delivered" would send an acknowledged receipt again
+//!   after a crash, and a lost retry/park would forget the backoff.
+//! * `claim_due`: its frame is not waited for (it goes with the next flush, at the
+//!   latest on the checkpointer's next round, 100 ms). A claim lost in a crash leaves the
 //!   delivery exactly as it was before the claim — due, with the previous attempt number
 //!   — so after the restart it is claimed again and sent again: at least once downstream,
 //!   which a lapsed lease already implies. The lost attempt number cannot confuse the
-//!   fencing: the only results quoting it belonged to the process that crashed. Any later
-//!   durable commit (a handoff, a receipt, a `finish`) makes the claim durable too, and a
-//!   `finish` always follows its claim, so no result is ever applied to a claim that is
-//!   then rolled back.
-//! * `wake_account`, `expire`: `Durability::Immediate` (rare calls; a lost wake would
-//!   also be harmless, the correlator wakes bound accounts when it starts).
+//!   fencing: the only results quoting it belonged to the process that crashed. Frames
+//!   are synced in order, so any later synced write (a handoff, a receipt, a `finish`)
+//!   makes the claim durable too, and a `finish` always follows its claim, so no result
+//!   is ever applied to a claim that is then rolled back.
+//! * `wake_account`, `expire`, `release_claims`: synced.
+//!
+//! A transaction whose frame was appended but whose redb commit then failed leaves the
+//! file behind the journal: the file is reopened (which applies the frame) before any
+//! further write.
 //!
 //! # Quick repair
 //!
-//! Off by default ([`FileDlrStore::default_options`]): quick repair's second fsync is
-//! paid by every commit (every handoff and receipt batch), while what it buys is only a
-//! shorter reopen after an unclean stop. The ignored `bench_dlr_reopen_after_sigkill`
-//! test measures that reopen, with and without quick repair, for 1M correlations (a
-//! ~0.9 GB file).
+//! Off by default ([`FileDlrStore::default_options`]): it shortens the reopen after an
+//! unclean stop at the price of a second fsync per durable commit (the checkpoints). The
+//! ignored `bench_dlr_reopen_after_sigkill` test measures that reopen, with and without
+//! quick repair, for 1M correlations (a ~0.9 GB file).
 //!
 //! # Blocking
 //!
@@ -102,25 +119,29 @@
 //! [`crate::file::engine::db`]), once per batch.
 
 mod records;
+mod redo;
 mod tx;
 
 #[cfg(test)]
 mod tests;
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redb::{Durability, ReadableTable, ReadableTableMetadata};
+use redb::{Database, Durability, ReadableTable, ReadableTableMetadata};
 
 use self::records::due_key;
+use self::redo::Redo;
 use self::tx::{
     AWAITING, CORRELATIONS, DELIVERIES, INBOUND_DUE, INBOUND_GROUPS, INBOUND_PARTS, ORPHANS, Tx, decode_delivery,
     decode_group,
 };
-use super::engine::db::{Fail, FileOptions, META, StoreFile, blocking, get_counter};
+use super::engine::db::{Fail, FileOptions, META, StoreFile, blocking, get_counter, on_this_thread};
 use super::engine::dir::{DLR_FILE, DataDir};
+use super::engine::journal::{Checkpoint, Journal, Stage};
+use super::engine::journaled::{JOURNAL_LSN, Wait};
 use crate::backend::Backend;
 use crate::dlr::{
     ClaimScope, Delivery, DlrCapabilities, DlrRetention, DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, ExpiryReport,
@@ -147,6 +168,10 @@ pub struct FileDlrStore {
 struct Inner {
     file: StoreFile,
     retention: DlrRetention,
+    journal: Arc<Journal>,
+    /// The next write transaction panics inside redb's transaction.
+    #[cfg(test)]
+    panic_in_write: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for FileDlrStore {
@@ -186,19 +211,36 @@ impl FileDlrStore {
         retention: DlrRetention,
         options: FileOptions,
     ) -> Result<Self, BackendFailure> {
-        let file = StoreFile::open(dir, DLR_FILE, options, tx::init)?;
-        Ok(Self {
-            inner: Arc::new(Inner { file, retention }),
-        })
+        let journal = dir.journal()?;
+        let replay = journal.clone();
+        let file = StoreFile::open_with(
+            dir,
+            DLR_FILE,
+            options,
+            tx::init,
+            // One disk: a fault of the journal's is one of this file's too.
+            journal.faults().clone(),
+            Some(Box::new(move |db| recover(db, &replay, options.quick_repair))),
+            None,
+        )?;
+        let inner = Arc::new(Inner {
+            file,
+            retention,
+            journal: journal.clone(),
+            #[cfg(test)]
+            panic_in_write: std::sync::atomic::AtomicBool::new(false),
+        });
+        journal.set_hook(Stage::Dlr, Arc::downgrade(&inner) as Weak<dyn Checkpoint>);
+        Ok(Self { inner })
     }
 
     /// Release the delivery claims a previous process left (it was killed between
     /// claiming receipts and recording their results): they are due again at once
     /// instead of after their lease. Only right after open: the data directory is
     /// exclusively locked, so every claim in the file belongs to a process that is gone.
-    /// One durable transaction; returns how many were released.
+    /// One synced write; returns how many were released.
     pub async fn release_claims(&self, lease: Duration) -> Result<u64, DlrError> {
-        self.run(move |i| i.write(Durability::Immediate, |tx| tx.release_claims(Timestamp::now(), lease)))
+        self.run(move |i| i.write(Wait::Synced, |tx| tx.release_claims(Timestamp::now(), lease)))
             .await
     }
 
@@ -217,6 +259,19 @@ impl FileDlrStore {
         &self.inner.file
     }
 
+    /// Make the next write transaction panic, as redb may on a damaged file.
+    #[cfg(test)]
+    pub(crate) fn panic_in_next_write(&self) {
+        self.inner
+            .panic_in_write
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn journal(&self) -> &Arc<Journal> {
+        &self.inner.journal
+    }
+
     async fn run<R: Send + 'static>(
         &self,
         f: impl FnOnce(&Inner) -> Result<R, BackendFailure> + Send + 'static,
@@ -226,20 +281,96 @@ impl FileDlrStore {
 }
 
 impl Inner {
-    /// Run `f` over the tables in one write transaction committed with `durability`
-    /// (aborted when nothing changed).
-    fn write<R>(
-        &self,
-        durability: Durability,
-        f: impl FnOnce(&mut Tx<'_>) -> Result<R, Fail>,
-    ) -> Result<R, BackendFailure> {
+    /// Run `f` over the tables in one write transaction (aborted when nothing changed),
+    /// made durable by its journal frame as `wait` says, or by a durable commit when the
+    /// journal cannot take the frame (see the module docs).
+    fn write<R>(&self, wait: Wait, f: impl FnOnce(&mut Tx<'_>) -> Result<R, Fail>) -> Result<R, BackendFailure> {
         let retention = self.retention;
-        self.file.write(durability, |txn| {
-            let mut tx = Tx::open(txn, retention)?;
-            let out = f(&mut tx)?;
-            let changed = tx.flush()?;
-            Ok((out, changed))
-        })
+        let redo = Redo::default();
+        // Set once a frame is appended: from then on the journal may replay it, so no
+        // write may proceed on a file that lacks it.
+        let mut appended = None;
+        let mut checkpoint = None;
+        let result = self.file.write_txn(|txn| {
+            let (out, changed) = {
+                let mut tx = Tx::open(txn, retention, &redo)?;
+                #[cfg(test)]
+                if self.panic_in_write.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                    panic!("injected: the storage engine panics");
+                }
+                self.journal
+                    .check_applied(Stage::Dlr, tx.journal_lsn)
+                    .map_err(Fail::Located)?;
+                let out = f(&mut tx)?;
+                (out, tx.flush()?)
+            };
+            if !changed {
+                return Ok((out, false));
+            }
+            let frame = redo
+                .take_frame()
+                .map_err(|e| Fail::Located(e.at(self.journal.location().to_string())))?;
+            let lsn = match self.journal.try_append(Stage::Dlr, &frame).map_err(Fail::Located)? {
+                Some(lsn) => {
+                    if wait == Wait::Synced {
+                        self.journal.sync(lsn).map_err(Fail::Located)?;
+                    }
+                    self.journal.applying(Stage::Dlr, lsn);
+                    appended = Some(lsn);
+                    txn.set_durability(Durability::None)?;
+                    lsn
+                }
+                None => {
+                    // The journal cannot take the frame: this commit is a checkpoint.
+                    let lsn = self.journal.checkpoint_lsn();
+                    checkpoint = Some(lsn);
+                    txn.set_durability(Durability::Immediate)?;
+                    lsn
+                }
+            };
+            txn.open_table(META)?.insert(JOURNAL_LSN, lsn)?;
+            Ok((out, true))
+        });
+        match result {
+            Ok(out) => {
+                if let Some(lsn) = checkpoint {
+                    self.journal.checkpointed(Stage::Dlr, lsn);
+                }
+                Ok(out)
+            }
+            Err(e) => {
+                if appended.is_some() {
+                    // The frame may be replayed but redb's commit failed: nothing writes
+                    // on this file until its reopen has applied the journal.
+                    tracing::warn!(error = %e, "dlr write journaled but not applied; reopening the store file");
+                    self.file.invalidate(e.kind);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// A durable commit that changes nothing but the recorded journal LSN, if the store
+    /// has frames its file's durable state does not hold: afterwards redb holds no
+    /// unsynced pages and the journal segments they are in can be reused.
+    fn checkpoint_uncovered(&self) -> Result<(), BackendFailure> {
+        if !self.journal.uncovered(Stage::Dlr) {
+            return Ok(());
+        }
+        let mut lsn = 0;
+        self.file.write(Durability::Immediate, |txn| {
+            let mut meta = txn.open_table(META)?;
+            self.journal
+                .check_applied(Stage::Dlr, get_counter(&meta, JOURNAL_LSN)?)
+                .map_err(Fail::Located)?;
+            // Every frame appended so far belongs to a write that has committed: frames
+            // are appended inside write transactions, and this one holds redb's lock.
+            lsn = self.journal.checkpoint_lsn();
+            meta.insert(JOURNAL_LSN, lsn)?;
+            Ok(((), true))
+        })?;
+        self.journal.checkpointed(Stage::Dlr, lsn);
+        Ok(())
     }
 
     fn stats(&self) -> Result<DlrStats, BackendFailure> {
@@ -294,7 +425,8 @@ impl DlrStore for FileDlrStore {
         }
     }
 
-    /// Committed without fsync: see the module docs for why a lost claim is harmless.
+    /// Its journal frame is not waited for: see the module docs for why a lost claim is
+    /// harmless.
     async fn claim_due(
         &self,
         now: Timestamp,
@@ -311,12 +443,12 @@ impl DlrStore for FileDlrStore {
         };
         self.run(move |i| {
             let scope = accounts.as_deref().map_or(ClaimScope::All, ClaimScope::SmppAccounts);
-            i.write(Durability::None, |tx| tx.claim_due(now, lease, limit, scope))
+            i.write(Wait::Buffered, |tx| tx.claim_due(now, lease, limit, scope))
         })
         .await
     }
 
-    /// The whole step in one durable transaction: one commit (and one fsync) for every
+    /// The whole step in one transaction: one journal frame (sharing a flush) for every
     /// handoff, receipt and delivery result the correlator gathered meanwhile. Returns
     /// once it is on disk: the provider may then be acknowledged, and an acknowledged
     /// delivery is never sent again because its result was lost.
@@ -326,7 +458,7 @@ impl DlrStore for FileDlrStore {
         }
         let result = self
             .run(move |i| {
-                i.write(Durability::Immediate, |tx| {
+                i.write(Wait::Synced, |tx| {
                     let now = Timestamp::now();
                     tx.reserve(step.handoffs.len() + step.receipts.len());
                     if let Some(claim) = step.claim_created {
@@ -377,9 +509,8 @@ impl DlrStore for FileDlrStore {
             let mut total = 0;
             let mut after = None;
             loop {
-                let (woken, last, more) = i.write(Durability::Immediate, |tx| {
-                    tx.wake_account(&account, now, after, WAKE_BATCH)
-                })?;
+                let (woken, last, more) =
+                    i.write(Wait::Synced, |tx| tx.wake_account(&account, now, after, WAKE_BATCH))?;
                 total += woken;
                 if !more {
                     return Ok(total);
@@ -394,7 +525,7 @@ impl DlrStore for FileDlrStore {
         if limit == 0 {
             return Ok(ExpiryReport::default());
         }
-        self.run(move |i| i.write(Durability::Immediate, |tx| tx.expire(now, limit)))
+        self.run(move |i| i.write(Wait::Synced, |tx| tx.expire(now, limit)))
             .await
     }
 
@@ -408,4 +539,31 @@ impl DlrStore for FileDlrStore {
         }
         self.run(move |i| i.due_inbound_groups(now, limit)).await
     }
+}
+
+impl Checkpoint for Inner {
+    fn checkpoint(&self) -> Result<(), BackendFailure> {
+        on_this_thread(&self.file, || self.checkpoint_uncovered())
+    }
+}
+
+/// Apply the journal frames the file does not hold yet, durably. Runs on every (re)open,
+/// before any caller sees the file.
+fn recover(db: &Database, journal: &Journal, quick_repair: bool) -> Result<(), Fail> {
+    let mut txn = db.begin_write()?;
+    txn.set_durability(Durability::Immediate)?;
+    txn.set_quick_repair(quick_repair);
+    let stored = get_counter(&txn.open_table(META)?, JOURNAL_LSN)?;
+    let frames = journal.register(Stage::Dlr, stored).map_err(Fail::Located)?;
+    for frame in &frames {
+        redo::replay(&txn, &frame.payload, frame.lsn)?;
+    }
+    let lsn = journal.checkpoint_lsn();
+    txn.open_table(META)?.insert(JOURNAL_LSN, lsn)?;
+    txn.commit()?;
+    journal.checkpointed(Stage::Dlr, lsn);
+    if !frames.is_empty() {
+        tracing::info!(file = %journal.location(), frames = frames.len(), "applied the dlr journal after an unclean stop");
+    }
+    Ok(())
 }

@@ -7,13 +7,14 @@ mod inbound;
 
 use std::time::Duration;
 
-use redb::{ReadableTable, ReadableTableMetadata, Table, TableDefinition, WriteTransaction};
+use redb::{ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
 
 use super::records::{
     DeliveryHeader, DeliveryRecord, OrphanRecord, PartState, StoredOutcome, StoredTarget, TrackKey, TrackRecord,
     corr_key, corr_name, delivery_value, due_key, due_key_id, orphan_expiry_key, parse_delivery, track_expiry_key,
     track_key, track_name, track_of_expiry_key, track_unit,
 };
+use super::redo::{Logged, Redo, TableId};
 use crate::dlr::{
     ClaimScope, Delivery, DeliveryContent, DeliveryFinish, DeliveryId, DeliveryResult, DlrRetention, ExpiryReport,
     Handoff, HandoffOutcome, IntermediateReceipt, ProviderReceipt, ReceiptMatch, ReceiptTarget, ReplyPath,
@@ -21,6 +22,7 @@ use crate::dlr::{
 };
 use crate::envelope::{self, RecordKind};
 use crate::file::engine::db::{Fail, META, check_layout, encode, get_counter};
+use crate::file::engine::journaled::JOURNAL_LSN;
 use crate::ids::{IdMap, Timestamp};
 
 pub(crate) const TRACKS: TableDefinition<&[u8; 18], &[u8]> = TableDefinition::new("tracks");
@@ -31,9 +33,7 @@ pub(crate) const ORPHAN_EXPIRY: TableDefinition<&[u8], ()> = TableDefinition::ne
 pub(crate) const DELIVERIES: TableDefinition<u64, &[u8]> = TableDefinition::new("deliveries");
 pub(crate) const DUE: TableDefinition<&[u8; 16], ()> = TableDefinition::new("due");
 pub(crate) const SMPP_BY_ACCOUNT: TableDefinition<(&str, u64), ()> = TableDefinition::new("smpp_by_account");
-#[cfg(test)]
-pub(crate) use self::inbound::INBOUND_OPEN;
-pub(crate) use self::inbound::{INBOUND_DUE, INBOUND_GROUPS, INBOUND_PARTS, NEXT_GROUP, decode_group};
+pub(crate) use self::inbound::{INBOUND_DUE, INBOUND_GROUPS, INBOUND_OPEN, INBOUND_PARTS, NEXT_GROUP, decode_group};
 
 /// Table layout version of `dlr.redb`. The inbound tables came without a new layout: a
 /// file of an earlier build gets them (empty) at its next open, and its delivery records
@@ -159,16 +159,19 @@ struct Cached {
 
 /// The tables of one write transaction, its counters and its track cache.
 pub(crate) struct Tx<'t> {
-    tracks: Table<'t, &'static [u8; 18], &'static [u8]>,
-    track_expiry: Table<'t, &'static [u8; 26], ()>,
-    corr: Table<'t, &'static [u8], &'static [u8; 18]>,
-    orphans: Table<'t, &'static [u8], &'static [u8]>,
-    orphan_expiry: Table<'t, &'static [u8], ()>,
-    deliveries: Table<'t, u64, &'static [u8]>,
-    due: Table<'t, &'static [u8; 16], ()>,
-    by_account: Table<'t, (&'static str, u64), ()>,
-    meta: Table<'t, &'static str, u64>,
+    tracks: Logged<'t, &'static [u8; 18], &'static [u8]>,
+    track_expiry: Logged<'t, &'static [u8; 26], ()>,
+    corr: Logged<'t, &'static [u8], &'static [u8; 18]>,
+    orphans: Logged<'t, &'static [u8], &'static [u8]>,
+    orphan_expiry: Logged<'t, &'static [u8], ()>,
+    deliveries: Logged<'t, u64, &'static [u8]>,
+    due: Logged<'t, &'static [u8; 16], ()>,
+    by_account: Logged<'t, (&'static str, u64), ()>,
+    meta: Logged<'t, &'static str, u64>,
     txn: &'t WriteTransaction,
+    redo: &'t Redo,
+    /// The journal LSN the tables correspond to (see [`super`]'s durability).
+    pub(crate) journal_lsn: u64,
     /// The inbound tables and counters, opened by the first inbound write of the
     /// transaction (a step of receipts alone does not pay for them).
     inbound: Option<inbound::InboundTables<'t>>,
@@ -193,21 +196,25 @@ struct CreatedClaims {
 }
 
 impl<'t> Tx<'t> {
-    pub(crate) fn open(txn: &'t WriteTransaction, retention: DlrRetention) -> Result<Self, Fail> {
-        let meta = txn.open_table(META)?;
-        let awaiting = get_counter(&meta, AWAITING)?;
-        let next_delivery = get_counter(&meta, NEXT_DELIVERY)?;
+    /// The tables of `txn`, every change to them recorded in `redo`.
+    pub(crate) fn open(txn: &'t WriteTransaction, retention: DlrRetention, redo: &'t Redo) -> Result<Self, Fail> {
+        let meta = Logged::open(txn, META, TableId::Meta, redo)?;
+        let awaiting = get_counter(&*meta, AWAITING)?;
+        let next_delivery = get_counter(&*meta, NEXT_DELIVERY)?;
+        let journal_lsn = get_counter(&*meta, JOURNAL_LSN)?;
         Ok(Self {
-            tracks: txn.open_table(TRACKS)?,
-            track_expiry: txn.open_table(TRACK_EXPIRY)?,
-            corr: txn.open_table(CORRELATIONS)?,
-            orphans: txn.open_table(ORPHANS)?,
-            orphan_expiry: txn.open_table(ORPHAN_EXPIRY)?,
-            deliveries: txn.open_table(DELIVERIES)?,
-            due: txn.open_table(DUE)?,
-            by_account: txn.open_table(SMPP_BY_ACCOUNT)?,
+            tracks: Logged::open(txn, TRACKS, TableId::Tracks, redo)?,
+            track_expiry: Logged::open(txn, TRACK_EXPIRY, TableId::TrackExpiry, redo)?,
+            corr: Logged::open(txn, CORRELATIONS, TableId::Correlations, redo)?,
+            orphans: Logged::open(txn, ORPHANS, TableId::Orphans, redo)?,
+            orphan_expiry: Logged::open(txn, ORPHAN_EXPIRY, TableId::OrphanExpiry, redo)?,
+            deliveries: Logged::open(txn, DELIVERIES, TableId::Deliveries, redo)?,
+            due: Logged::open(txn, DUE, TableId::Due, redo)?,
+            by_account: Logged::open(txn, SMPP_BY_ACCOUNT, TableId::SmppByAccount, redo)?,
             meta,
             txn,
+            redo,
+            journal_lsn,
             inbound: None,
             awaiting,
             next_delivery,

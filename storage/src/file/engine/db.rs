@@ -247,18 +247,8 @@ pub(crate) struct StoreFile {
 }
 
 impl StoreFile {
-    /// Open (creating if needed) `<dir>/<name>` and run `init` in a durable transaction.
-    pub(crate) fn open(
-        dir: &Arc<DataDir>,
-        name: &'static str,
-        options: FileOptions,
-        init: InitFn,
-    ) -> Result<StoreFile, BackendFailure> {
-        Self::open_with(dir, name, options, init, Arc::new(FaultSwitch::default()), None, None)
-    }
-
-    /// [`open`](Self::open) with the fault switches to use, a recovery step and a step
-    /// before each close.
+    /// Open (creating if needed) `<dir>/<name>` with the fault switches to use, run `init`
+    /// in a durable transaction, then `recover`; `before_close` runs before each close.
     pub(crate) fn open_with(
         dir: &Arc<DataDir>,
         name: &'static str,

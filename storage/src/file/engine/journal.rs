@@ -1,5 +1,5 @@
-//! The outbound stages' journal (`<dir>/journal.0`, `<dir>/journal.1`): one log that
-//! makes the pending, router-queue and routed-work commits durable.
+//! The data directory's journal (`<dir>/journal.0`, `<dir>/journal.1`): one log that
+//! makes the pending, router-queue, routed-work and DLR commits durable.
 //!
 //! # Why one journal in front of redb
 //!
@@ -12,7 +12,7 @@
 //! sync writes only the data.
 //!
 //! The background stages' commits (router-queue `stage`, routed-work `record` and
-//! `complete`) are not durable redb commits of their own files: on a machine with one
+//! `complete`) and the DLR store's are not durable redb commits of their own files: on a machine with one
 //! disk queue those flushes would sit between the admissions' flushes and lengthen the
 //! acknowledgement's tail (about 1.8 ms of the median p99 at half rate, see
 //! `docs/benchmarks.md`). Every stage writes the same journal, and concurrent frames
@@ -20,9 +20,9 @@
 //! while an admission's frame is being synced rides along with the next one.
 //!
 //! So a stage's commit is made durable by a journal frame holding exactly what it
-//! changed, synced before the commit returns. The pending stage applies the commit to its
-//! redb file with `Durability::None` (visible at once, durable only at the file's next
-//! durable commit); the background stages keep their state in memory and their files
+//! changed, synced before the commit returns. The pending stage and the DLR store apply
+//! the commit to their redb files with `Durability::None` (visible at once, durable only
+//! at the file's next durable commit); the background stages keep their state in memory and their files
 //! hold only what checkpoints write (see [`super::journaled`]). Every so often a stage
 //! commits with `Durability::Immediate` — a *checkpoint*, which makes everything before
 //! it durable in its file.
@@ -119,12 +119,13 @@ pub(crate) enum Stage {
     Pending,
     RouterQueue,
     RoutedWork,
+    Dlr,
 }
 
-const STAGES: usize = 3;
+const STAGES: usize = 4;
 
 impl Stage {
-    const ALL: [Stage; STAGES] = [Stage::Pending, Stage::RouterQueue, Stage::RoutedWork];
+    const ALL: [Stage; STAGES] = [Stage::Pending, Stage::RouterQueue, Stage::RoutedWork, Stage::Dlr];
 
     fn index(self) -> usize {
         self as usize
@@ -137,6 +138,7 @@ impl Stage {
             Stage::Pending => 0x534A_4E31,     // "SJN1"
             Stage::RouterQueue => 0x534A_5131, // "SJQ1"
             Stage::RoutedWork => 0x534A_5731,  // "SJW1"
+            Stage::Dlr => 0x534A_4431,         // "SJD1"
         }
     }
 
@@ -149,6 +151,7 @@ impl Stage {
             Stage::Pending => "pending",
             Stage::RouterQueue => "router-queue",
             Stage::RoutedWork => "routed-work",
+            Stage::Dlr => "dlr",
         }
     }
 }

@@ -7,9 +7,10 @@
 //! number; a complete or closed group is due at time 0, any other at its deadline), so
 //! `due_inbound_groups` reads the first keys of `inbound_due` and nothing else.
 
-use redb::{ReadableTable, ReadableTableMetadata, Table, TableDefinition, WriteTransaction};
+use redb::{ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
 
 use super::super::records::{GroupRecord, due_key, inbound_key};
+use super::super::redo::{Logged, TableId};
 use super::{Tx, encode};
 use crate::dlr::DeliveryContent;
 use crate::envelope::{self, RecordKind};
@@ -78,9 +79,9 @@ fn due_of(rec: &GroupRecord) -> Timestamp {
 
 /// The inbound tables of one write transaction and their counters.
 pub(crate) struct InboundTables<'t> {
-    groups: Table<'t, u64, &'static [u8]>,
-    open: Table<'t, &'static [u8], u64>,
-    due: Table<'t, &'static [u8; 16], ()>,
+    groups: Logged<'t, u64, &'static [u8]>,
+    open: Logged<'t, &'static [u8], u64>,
+    due: Logged<'t, &'static [u8; 16], ()>,
     pub(super) next_group: u64,
     pub(super) parts: u64,
     pub(super) counters_dirty: bool,
@@ -128,11 +129,11 @@ impl<'t> Tx<'t> {
     fn inbound_tables(&mut self) -> Result<&mut InboundTables<'t>, Fail> {
         if self.inbound.is_none() {
             self.inbound = Some(InboundTables {
-                groups: self.txn.open_table(INBOUND_GROUPS)?,
-                open: self.txn.open_table(INBOUND_OPEN)?,
-                due: self.txn.open_table(INBOUND_DUE)?,
-                next_group: get_counter(&self.meta, NEXT_GROUP)?,
-                parts: get_counter(&self.meta, INBOUND_PARTS)?,
+                groups: Logged::open(self.txn, INBOUND_GROUPS, TableId::InboundGroups, self.redo)?,
+                open: Logged::open(self.txn, INBOUND_OPEN, TableId::InboundOpen, self.redo)?,
+                due: Logged::open(self.txn, INBOUND_DUE, TableId::InboundDue, self.redo)?,
+                next_group: get_counter(&*self.meta, NEXT_GROUP)?,
+                parts: get_counter(&*self.meta, INBOUND_PARTS)?,
                 counters_dirty: false,
             });
         }
