@@ -108,10 +108,13 @@
 //!
 //! # Quick repair
 //!
-//! Off by default ([`FileDlrStore::default_options`]): it shortens the reopen after an
-//! unclean stop at the price of a second fsync per durable commit (the checkpoints). The
-//! ignored `bench_dlr_reopen_after_sigkill` test measures that reopen, with and without
-//! quick repair, for 1M correlations (a ~0.9 GB file).
+//! On by default ([`FileDlrStore::default_options`]): its second fsync is paid only by
+//! the durable commits, the checkpoints (about one a second), and it spares the reopen
+//! after an unclean stop the walk of the whole file that rebuilds redb's allocator
+//! state. The ignored `bench_dlr_reopen_after_sigkill` test measures that reopen, with
+//! and without quick repair: for 1M correlations (a 272 MiB file, cold page cache) 41 ms
+//! against 1.6 s, with the same rate of handoffs before the kill (about 230,000/s in
+//! batches of 1,000).
 //!
 //! # Blocking
 //!
@@ -189,12 +192,12 @@ impl FileDlrStore {
     pub const CACHE: usize = 64 << 20;
 
     /// The options [`FileDlrStore::open`] uses: a bounded cache, no verification on
-    /// open, no quick repair (see the module docs for the measurement behind that).
+    /// open, quick repair (see the module docs for the measurement behind that).
     pub fn default_options() -> FileOptions {
         FileOptions {
             cache_size: Self::CACHE,
             verify_on_open: false,
-            quick_repair: false,
+            quick_repair: true,
         }
     }
 

@@ -441,7 +441,8 @@ fn everything_survives_sigkill_and_a_lost_claim_is_claimed_again() {
     let expected = std::fs::read_to_string(tmp.path().join("expected.txt")).unwrap();
     let w: Written = serde_json::from_str(&std::fs::read_to_string(tmp.path().join("written.json")).unwrap()).unwrap();
     runtime().block_on(async {
-        // The lock died with the child; redb repairs the file (no quick repair).
+        // The lock died with the child; redb repairs the file (quick repair) and the
+        // journal's frames are applied.
         let (_dir, s) = open(tmp.path());
         // Every durable commit survived; the claim after them (no fsync) did not: the
         // delivery is due again with the same attempt, so it goes again (at least once).
