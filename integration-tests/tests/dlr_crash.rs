@@ -10,6 +10,9 @@
 //!   between provider submit and handoff resubmits the message (at least once) and the
 //!   repeated handoff is idempotent; a restart after the handoff but before the source
 //!   completed hands off again without a second receipt;
+//! * a provider receipt acknowledged with `deliver_sm_resp` is stored first: a kill right
+//!   after the acknowledgement (`after-receipts-acked`; the test SMSC resends only what
+//!   was not acknowledged) loses none of them;
 //! * after the restart, a receipt arrives twice only if it had already reached the ESME
 //!   before the kill (a delivery whose result was not yet recorded is sent again: at
 //!   least once downstream); a message never resolves twice.
@@ -181,9 +184,10 @@ async fn killed_at(dlr: &str, failpoint: &str) {
 
 /// Each fires on a hit well into the load (points are hit once per batch, not per
 /// message), after the first receipts came back.
-const FAILPOINTS: [&str; 4] = [
+const FAILPOINTS: [&str; 5] = [
     "after-provider-submit@60",
     "after-dlr-handoff@20",
+    "after-receipts-acked@30",
     "before-branch-completion@30",
     "before-source-completion@30",
 ];

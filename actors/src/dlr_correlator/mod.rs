@@ -604,6 +604,7 @@ impl DlrState {
                 {
                     if let Some(acks) = acks {
                         acks.ok();
+                        failpoint::hit("after-receipts-acked");
                     }
                     let (mut matched, mut duplicate, mut orphaned) = (0u64, 0u64, 0u64);
                     for m in matches.by_ref().take(n) {
