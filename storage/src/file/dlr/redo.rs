@@ -78,7 +78,8 @@ impl Redo {
 }
 
 fn push_bytes(ops: &mut Vec<u8>, bytes: &[u8]) {
-    // redb refuses keys and values of 4 GiB or more before they reach here.
+    // A key or value this long cannot be stored: redb's insert, right after the record,
+    // refuses it, and the failed transaction's record is never a frame.
     ops.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
     ops.extend_from_slice(bytes);
 }

@@ -29,10 +29,11 @@
 //!
 //! # Quick repair
 //!
-//! Write transactions set `set_quick_repair(options.quick_repair)` (on for pending): the commit saves redb's
-//! allocator state and uses two-phase commit, so reopening after SIGKILL does not walk
-//! the whole file to rebuild it. A restart with a million-message backlog is then ready
-//! in milliseconds, not in the minutes a full repair of a multi-GiB file takes.
+//! Write transactions set `set_quick_repair(options.quick_repair)` (on for pending and
+//! the DLR store): a durable commit saves redb's allocator state and uses two-phase
+//! commit, so reopening after SIGKILL does not walk the whole file to rebuild it. A
+//! restart with a million-message backlog is then ready in milliseconds, not in the
+//! minutes a full repair of a multi-GiB file takes.
 
 use std::fs::OpenOptions;
 use std::panic::{AssertUnwindSafe, catch_unwind};
