@@ -13,7 +13,6 @@
 pub mod outcome;
 pub mod receipts;
 pub mod render;
-#[cfg(test)]
 mod tests;
 
 use std::collections::VecDeque;

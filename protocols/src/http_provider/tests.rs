@@ -1,6 +1,9 @@
 //! The provider task against a real HTTP server on 127.0.0.1: no more than `window`
 //! requests at once, `max-tps` pacing, and reachability (down after [`DOWN_AFTER`]
 //! requests in a row could not connect, up again once a probe connects).
+//!
+//! Test code only (`cfg(test)`): a test that cannot bind or connect on loopback fails.
+#![cfg(test)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
