@@ -43,7 +43,7 @@ pub mod soak;
 pub mod tls;
 pub mod wire;
 
-mod util;
+pub mod util;
 
 pub use callback::{CallbackReceipt, CallbackRequest, CallbackServer};
 pub use esme::{

@@ -42,3 +42,16 @@ pub(crate) fn unix_micros() -> u64 {
         .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
         .unwrap_or(0)
 }
+
+/// The kernel's clock ticks per second (`getconf CLK_TCK`), the unit of the CPU times in
+/// `/proc/<pid>/stat`; 100 when it cannot be read.
+pub fn clock_ticks_per_second() -> u64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .filter(|&t| t > 0)
+        .unwrap_or(100)
+}

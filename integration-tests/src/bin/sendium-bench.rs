@@ -598,17 +598,6 @@ fn own_cpu_ticks() -> Option<u64> {
     stat_cpu_ticks(&std::fs::read_to_string("/proc/self/stat").ok()?)
 }
 
-fn clock_ticks_per_second() -> u64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .filter(|&t| t > 0)
-        .unwrap_or(100)
-}
-
 fn dir_size(path: &Path) -> u64 {
     let Ok(entries) = std::fs::read_dir(path) else {
         return 0;
@@ -2067,7 +2056,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let ticks_per_s = clock_ticks_per_second();
+    let ticks_per_s = sendium_integration_tests::util::clock_ticks_per_second();
     let ctx = run_context(&opts, bin.clone(), ticks_per_s);
     eprintln!("sendium-bench: {} ({})", ctx.sendium_version, bin.display());
     eprintln!("load: {}", ctx.settings);
