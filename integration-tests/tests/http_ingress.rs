@@ -108,6 +108,12 @@ async fn idempotency_key_deduplicates_per_account() {
     let b: Value = serde_json::from_slice(&again.body).unwrap();
     assert_eq!(a["id"], b["id"], "the repeat is answered with the first id");
     assert_eq!(b["duplicate"], true);
+    let (status, metrics) = gw.admin_get("/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("sendium_http_requests_total{status=\"202\"} 2"),
+        "both answers counted: {metrics}"
+    );
     assert!(smsc.wait_messages(1, WAIT).await);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(smsc.messages().len(), 1, "stored and sent once");
