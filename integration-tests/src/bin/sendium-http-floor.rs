@@ -10,8 +10,8 @@
 //! admission, no routing, no SMPP, no storage. When the body names a `callback_url` it POSTs
 //! a receipt-sized JSON body there 20 ms later through the gateway's HTTP client
 //! (`sendium_protocols::http_client`, at most 64 at once, as the receipt correlator sends
-//! them). The load is the HTTP phase of `sendium-bench`: keep-alive clients, one message per
-//! request, and a keep-alive sink answering the callbacks `200`.
+//! them). The load is shaped as in the HTTP phase of `sendium-bench`: keep-alive clients,
+//! one message per request, and a keep-alive sink answering the callbacks `200`.
 //!
 //! Each row reports the server's utime and stime per message: the part of the HTTP rows of
 //! `sendium-bench --http` that the HTTP exchanges themselves cost on this machine (the
