@@ -34,6 +34,7 @@ pub mod esme;
 pub mod gateway;
 pub mod histogram;
 pub mod http;
+pub mod http_load;
 pub mod http_provider;
 pub mod loadgen;
 pub mod outbox_load;

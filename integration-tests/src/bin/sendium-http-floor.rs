@@ -10,8 +10,9 @@
 //! admission, no routing, no SMPP, no storage. When the body names a `callback_url` it POSTs
 //! a receipt-sized JSON body there 20 ms later through the gateway's HTTP client
 //! (`sendium_protocols::http_client`, at most 64 at once, as the receipt correlator sends
-//! them). The load is shaped as in the HTTP phase of `sendium-bench`: keep-alive clients,
-//! one message per request, and a keep-alive sink answering the callbacks `200`.
+//! them). The load is the one `sendium-bench --http` drives the gateway with
+//! (`sendium_integration_tests::http_load`): keep-alive clients, one message per request,
+//! and a keep-alive sink answering callbacks `200`.
 //!
 //! Each row reports the server's utime and stime per message: the part of the HTTP rows of
 //! `sendium-bench --http` that the HTTP exchanges themselves cost on this machine (the
@@ -35,10 +36,10 @@ use axum::routing::post;
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use sendium_integration_tests::http_load::{Load, Sink, client, connect};
 use sendium_protocols::http_client::{AnyAddress, Config, HttpClient, Request, Target};
 use sendium_protocols::http_listener::{self, ListenerLimits};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 /// As in the gateway and the bench's load tools.
@@ -46,7 +47,8 @@ use tokio::sync::mpsc;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const USAGE: &str = "usage: sendium-http-floor [--messages N] [--clients N] [--rounds N]";
-const KEY: &str = "Bearer floor-key";
+/// The bearer key the load sends and the server checks.
+const KEY: &str = "floor-key";
 /// The test SMSC's receipt delay in `sendium-bench --http`.
 const CALLBACK_DELAY: Duration = Duration::from_millis(20);
 /// Callbacks in flight at once (the receipt correlator's idle connections per host).
@@ -140,7 +142,10 @@ async fn submit(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<(StatusCode, axum::Json<Accepted>), StatusCode> {
-    if headers.get(AUTHORIZATION).map(|v| v.as_bytes()) != Some(KEY.as_bytes()) {
+    let key = headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+    if key != Some(KEY.as_bytes()) {
         return Err(StatusCode::UNAUTHORIZED);
     }
     let submission: Submission = serde_json::from_slice(&body).map_err(|_| StatusCode::BAD_REQUEST)?;
@@ -220,73 +225,6 @@ fn cpu_ticks(pid: u32) -> (u64, u64) {
     (fields[11].parse().unwrap(), fields[12].parse().unwrap())
 }
 
-/// The end of a request or response head in `buf`, and its `Content-Length`.
-fn head(buf: &[u8]) -> Option<(usize, usize)> {
-    let end = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
-    let length = std::str::from_utf8(&buf[..end])
-        .ok()?
-        .lines()
-        .find_map(|l| {
-            let (name, value) = l.split_once(':')?;
-            name.eq_ignore_ascii_case("content-length")
-                .then(|| value.trim().parse().ok())?
-        })
-        .unwrap_or(0);
-    Some((end, length))
-}
-
-/// One keep-alive client: requests until `left` runs out, each answered `202`.
-async fn client(addr: SocketAddr, left: Arc<AtomicU64>, request: Arc<Vec<u8>>) {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    stream.set_nodelay(true).unwrap();
-    let mut buf = Vec::with_capacity(1024);
-    while left
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1))
-        .is_ok()
-    {
-        stream.write_all(&request).await.unwrap();
-        buf.clear();
-        loop {
-            if let Some((end, length)) = head(&buf)
-                && buf.len() >= end + length
-            {
-                break;
-            }
-            assert!(stream.read_buf(&mut buf).await.unwrap() > 0, "the server closed");
-        }
-        assert!(buf.starts_with(b"HTTP/1.1 202"), "{}", String::from_utf8_lossy(&buf));
-    }
-}
-
-/// Answers every callback `200` on its keep-alive connection, counting them.
-async fn sink(listener: TcpListener, received: Arc<AtomicU64>) {
-    loop {
-        let (mut stream, _) = listener.accept().await.unwrap();
-        stream.set_nodelay(true).unwrap();
-        let received = received.clone();
-        tokio::spawn(async move {
-            let mut buf = Vec::with_capacity(4096);
-            loop {
-                let mut answers = 0;
-                while let Some((end, length)) = head(&buf).filter(|(e, l)| buf.len() >= e + l) {
-                    buf.drain(..end + length);
-                    answers += 1;
-                }
-                if answers > 0 {
-                    received.fetch_add(answers, Ordering::Relaxed);
-                    let out = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n".repeat(answers as usize);
-                    if stream.write_all(&out).await.is_err() {
-                        return;
-                    }
-                }
-                if stream.read_buf(&mut buf).await.unwrap_or(0) == 0 {
-                    return;
-                }
-            }
-        });
-    }
-}
-
 struct Row {
     callback: bool,
     per_s: f64,
@@ -320,43 +258,43 @@ fn row(runtime: &tokio::runtime::Runtime, messages: u64, clients: usize, callbac
     let pid = server.0.id();
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     let row = runtime.block_on(async {
-        let received = Arc::new(AtomicU64::new(0));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let sink_addr = listener.local_addr().unwrap();
-        let sink = tokio::spawn(sink(listener, received.clone()));
-        let callback_url = if callback {
-            format!(",\"callback_url\":\"http://{sink_addr}/dlr\"")
-        } else {
-            String::new()
+        let sink = match callback {
+            true => Some(Sink::start().await.unwrap()),
+            false => None,
         };
-        let body =
-            format!("{{\"from\":\"Bench\",\"to\":\"491234567890\",\"text\":\"HTTP bench message\"{callback_url}}}");
-        let request = Arc::new(
-            format!(
-                "POST /v1/messages HTTP/1.1\r\nHost: {addr}\r\nAuthorization: {KEY}\r\n\
-                 Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            )
-            .into_bytes(),
-        );
-        let left = Arc::new(AtomicU64::new(messages));
+        let prefix = if callback { "4474" } else { "4475" };
+        let load = Arc::new(Load::new(
+            addr,
+            messages,
+            KEY,
+            prefix,
+            sink.as_ref().map(Sink::url).as_deref(),
+        ));
+        // Connections are open before the window starts: it measures messages.
+        let mut streams = Vec::with_capacity(clients);
+        for _ in 0..clients {
+            streams.push(connect(addr).await.unwrap());
+        }
         let before = cpu_ticks(pid);
         let started = Instant::now();
-        let tasks: Vec<_> = (0..clients)
-            .map(|_| tokio::spawn(client(addr, left.clone(), request.clone())))
+        let tasks: Vec<_> = streams
+            .into_iter()
+            .map(|s| tokio::spawn(client(load.clone(), s)))
             .collect();
         for task in tasks {
-            task.await.unwrap();
+            let report = task.await.unwrap();
+            assert_eq!(report.gave_up, None, "a client gave up");
+            assert!(report.refused.is_empty(), "refused: {:?}", report.first_refusal);
         }
-        if callback {
-            while received.load(Ordering::Relaxed) < messages {
+        assert_eq!(load.accepted.load(Ordering::Relaxed), messages);
+        if let Some(sink) = &sink {
+            while sink.distinct() < messages {
                 assert!(started.elapsed() < Duration::from_secs(600), "callbacks missing");
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
         }
         let elapsed = started.elapsed().as_secs_f64();
         let after = cpu_ticks(pid);
-        sink.abort();
         let per_message = |b: u64, a: u64| (a - b) as f64 / ticks * 1e6 / messages as f64;
         Row {
             callback,
@@ -422,23 +360,4 @@ fn bench(messages: u64, clients: usize, rounds: usize) {
 
 fn name(callback: bool) -> &'static str {
     if callback { "POST + callback_url" } else { "POST" }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::head;
-
-    #[test]
-    fn a_head_is_found_with_its_content_length_in_any_case() {
-        let response =
-            b"HTTP/1.1 202 Accepted\r\nCONTENT-LENGTH: 12\r\ncontent-type: application/json\r\n\r\n{\"id\":\"123\"}";
-        assert_eq!(head(response), Some((77, 12)));
-        assert_eq!(head(b"POST / HTTP/1.1\r\nHost: x\r\n\r\n"), Some((28, 0)));
-    }
-
-    #[test]
-    fn an_unfinished_head_is_not_found() {
-        assert_eq!(head(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n"), None);
-        assert_eq!(head(b""), None);
-    }
 }
