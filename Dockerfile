@@ -12,6 +12,8 @@ FROM rust:1-slim-bookworm AS build
 # the build context has no .git, and `sendium --version` shows it.
 ARG SENDIUM_GIT_COMMIT=unknown
 ENV SENDIUM_GIT_COMMIT=${SENDIUM_GIT_COMMIT}
+# make builds jemalloc, the gateway's allocator; the image has the C compiler already.
+RUN apt-get update && apt-get install -y --no-install-recommends make && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked -p sendium-ops --bin sendium \

@@ -340,10 +340,10 @@ fn transparent_huge_pages(gw: &GatewayProcess) -> String {
 }
 
 #[tokio::test]
-async fn transparent_huge_pages_are_off_unless_mimalloc_allow_thp_says_otherwise() {
+async fn transparent_huge_pages_are_off_unless_sendium_allow_thp_is_set() {
     assert!(
-        std::env::var_os("MIMALLOC_ALLOW_THP").is_none(),
-        "run this test without MIMALLOC_ALLOW_THP in the environment"
+        std::env::var_os("SENDIUM_ALLOW_THP").is_none(),
+        "run this test without SENDIUM_ALLOW_THP in the environment"
     );
     let smsc = smsc().await;
     let gw = gateway(&memory_config(), &smsc).await;
@@ -351,7 +351,7 @@ async fn transparent_huge_pages_are_off_unless_mimalloc_allow_thp_says_otherwise
     drop(gw);
     let gw = GatewayProcess::builder(&memory_config())
         .smsc_port(smsc.port())
-        .env("MIMALLOC_ALLOW_THP", "1")
+        .env("SENDIUM_ALLOW_THP", "1")
         .start()
         .await;
     assert_eq!(transparent_huge_pages(&gw), "1");

@@ -254,8 +254,8 @@ impl Profile {
 
 use Backend::{File, Memory, Postgresql};
 
-/// mimalloc, as in the gateway: the load generator and test SMSC share the cores with the
-/// gateway they measure, and with glibc's malloc a fifth of their CPU went to its arenas.
+/// mimalloc: the load generator and test SMSC share the cores with the gateway they
+/// measure, and with glibc's malloc a fifth of their CPU went to its arenas.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

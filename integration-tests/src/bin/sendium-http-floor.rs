@@ -42,7 +42,7 @@ use sendium_protocols::http_listener::{self, ListenerLimits};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-/// As in the gateway and the bench's load tools.
+/// As in the bench's load tools.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use sendium_integration_tests::loadgen::{self, LoadConfig, Mix};
 
-/// mimalloc, as in the gateway: the load generator and test SMSC share the cores with the
-/// gateway they measure, and with glibc's malloc a fifth of their CPU went to its arenas.
+/// mimalloc: the load generator and test SMSC share the cores with the gateway they
+/// measure, and with glibc's malloc a fifth of their CPU went to its arenas.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

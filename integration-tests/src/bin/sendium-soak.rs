@@ -10,8 +10,8 @@
 
 use sendium_integration_tests::soak::{self, SoakOptions, USAGE};
 
-/// mimalloc, as in the gateway: the load generator and test SMSC share the cores with the
-/// gateway they measure, and with glibc's malloc a fifth of their CPU went to its arenas.
+/// mimalloc: the load generator and test SMSC share the cores with the gateway they
+/// measure, and with glibc's malloc a fifth of their CPU went to its arenas.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

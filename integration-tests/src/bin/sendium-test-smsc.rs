@@ -16,8 +16,8 @@ use std::time::Duration;
 use sendium_integration_tests::ReceiptState;
 use sendium_integration_tests::smsc::{IdStyle, ReceiptRule, SmscAccount, SmscConfig, TestSmsc};
 
-/// mimalloc, as in the gateway: the load generator and test SMSC share the cores with the
-/// gateway they measure, and with glibc's malloc a fifth of their CPU went to its arenas.
+/// mimalloc: the load generator and test SMSC share the cores with the gateway they
+/// measure, and with glibc's malloc a fifth of their CPU went to its arenas.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
