@@ -42,9 +42,9 @@ use sendium_protocols::http_listener::{self, ListenerLimits};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-/// As in the bench's load tools.
+/// The gateway's allocator: the server side is the gateway's HTTP stack.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 const USAGE: &str = "usage: sendium-http-floor [--messages N] [--clients N] [--rounds N]";
 /// The bearer key the load sends and the server checks.
