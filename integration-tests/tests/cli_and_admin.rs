@@ -7,7 +7,8 @@ mod support;
 
 use std::time::Duration;
 
-use sendium_integration_tests::{GatewayProcess, render_template, sendium_command};
+use sendium_integration_tests::loadgen::{self, LoadConfig, Mix};
+use sendium_integration_tests::{GatewayProcess, SmscConfig, TestSmsc, render_template, sendium_command};
 use serde_json::Value;
 use support::*;
 
@@ -355,4 +356,66 @@ async fn transparent_huge_pages_are_off_unless_sendium_allow_thp_is_set() {
         .start()
         .await;
     assert_eq!(transparent_huge_pages(&gw), "1");
+}
+
+fn resident_mib(gw: &GatewayProcess) -> f64 {
+    let pid = gw.pid().expect("the gateway runs");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("/proc/PID/status reports VmRSS");
+    kib / 1024.0
+}
+
+/// The README's promise that the heap shrinks with the pending backlog: messages held
+/// while the destination is down take memory, and once they have gone out the
+/// allocator's background thread gives it back to the kernel, without further traffic
+/// to trigger it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_a_backlog_took_is_given_back_once_it_drains() {
+    const MESSAGES: u64 = 60_000;
+    let smsc_port = sendium_integration_tests::free_port();
+    let gw = GatewayProcess::builder(&memory_config())
+        .smsc_port(smsc_port)
+        .start()
+        .await;
+    let before = resident_mib(&gw);
+    let report = loadgen::run(LoadConfig {
+        addr: gw.smpp_addr(),
+        count: MESSAGES,
+        window: 256,
+        mix: Mix::parse("gsm=1").unwrap(),
+        receipts: false,
+        ..LoadConfig::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(report.submits_ok, MESSAGES, "{report}");
+    let with_backlog = resident_mib(&gw);
+    assert!(
+        with_backlog - before >= 20.0,
+        "the backlog should take memory: {before:.1} MiB before, {with_backlog:.1} with it"
+    );
+    let smsc = TestSmsc::start(SmscConfig {
+        port: smsc_port,
+        ..SmscConfig::default()
+    })
+    .await;
+    assert!(
+        smsc.wait_messages(MESSAGES, Duration::from_secs(120)).await,
+        "the backlog drains"
+    );
+    let given_back = before + (with_backlog - before) / 2.0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let mut now = resident_mib(&gw);
+    while now > given_back && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        now = resident_mib(&gw);
+    }
+    assert!(
+        now <= given_back,
+        "{before:.1} MiB before the backlog, {with_backlog:.1} with it, still {now:.1} 40 s after it drained"
+    );
 }

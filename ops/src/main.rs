@@ -7,7 +7,10 @@
 /// the CPU went to its allocator, most of it cache misses on blocks freed by the other
 /// thread; jemalloc, which keeps a block freed on a thread in that thread's cache, took
 /// 11% less CPU per message on memory and 19% less on file + dlr file (alternating
-/// benchmark runs, docs/benchmarks.md).
+/// benchmark runs, docs/benchmarks.md). It is built with its background thread on (the
+/// workspace's `background_threads` feature): that thread, not the next allocation,
+/// returns freed memory to the kernel, so RSS falls after a backlog drains even when no
+/// traffic follows.
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
