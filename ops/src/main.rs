@@ -25,9 +25,9 @@ fn main() -> std::process::ExitCode {
 /// The heap grows and shrinks with the pending backlog: the allocator gives memory it no
 /// longer uses back to the kernel and takes it again when the backlog grows. With huge
 /// pages on (the `always` of many distributions) such memory comes back as whole 2 MiB
-/// pages, however little of each is used: in alternating benchmark runs peak RSS was up
-/// to a third higher with them on file + dlr file, and CPU per message within the noise
-/// (docs/benchmarks.md).
+/// pages, however little of each is used: in alternating benchmark runs the peak RSS of
+/// file + dlr file was 257–375 MiB with them against 216–265 without, and CPU per message
+/// the same within the noise (docs/benchmarks.md).
 fn no_transparent_huge_pages() {
     #[cfg(target_os = "linux")]
     if std::env::var_os("SENDIUM_ALLOW_THP").is_none() {
