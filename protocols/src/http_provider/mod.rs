@@ -13,6 +13,7 @@
 pub mod outcome;
 pub mod receipts;
 pub mod render;
+#[cfg(test)]
 mod tests;
 
 use std::collections::VecDeque;

@@ -3,7 +3,6 @@
 //! requests in a row could not connect, up again once a probe connects).
 //!
 //! Test code only (`cfg(test)`): a test that cannot bind or connect on loopback fails.
-#![cfg(test)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
