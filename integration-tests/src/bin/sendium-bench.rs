@@ -2284,7 +2284,13 @@ fn main() {
                 )
             );
         }
-        println!("\n{} CPUs, kernel {}; {}", ctx.nproc, ctx.kernel, ctx.settings);
+        println!(
+            "\n{} CPUs{}, kernel {}; {}",
+            ctx.nproc,
+            ctx.cpu_model.as_deref().map(|m| format!(" ({m})")).unwrap_or_default(),
+            ctx.kernel,
+            ctx.settings
+        );
     }
     if failed {
         std::process::exit(1);
