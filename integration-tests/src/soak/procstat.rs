@@ -4,6 +4,9 @@
 use std::fmt::Write as _;
 use std::fs;
 use std::io;
+use std::path::Path;
+
+use sendium_storage::file::{FileDlrStore, FileOptions};
 
 /// One reading.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -14,6 +17,31 @@ pub struct ProcSample {
     pub rss_kb: u64,
     /// Entries in `/proc/<pid>/fd`.
     pub fds: u64,
+    /// What the stores' redb page caches may hold at this reading (KiB): see
+    /// [`store_caches_kb`].
+    pub caches_kb: u64,
+}
+
+/// The store files of the data directory and the page cache each one's store keeps.
+const STORE_CACHES: [(&str, usize); 4] = [
+    ("pending.redb", FileOptions::PENDING_CACHE),
+    ("router-queue.redb", FileOptions::STAGE_CACHE),
+    ("routed-work.redb", FileOptions::STAGE_CACHE),
+    ("dlr.redb", FileDlrStore::CACHE),
+];
+
+/// What the stores' page caches may hold (KiB): each store file's size, up to its
+/// cache's bound. A cache fills as its file grows (the DLR store keeps every track for
+/// its retention, so `dlr.redb` grows through a whole soak), which RSS shows without
+/// anything leaking.
+pub fn store_caches_kb(data_dir: &Path) -> u64 {
+    STORE_CACHES
+        .iter()
+        .map(|(name, bound)| {
+            let len = fs::metadata(data_dir.join(name)).map_or(0, |m| m.len());
+            len.min(*bound as u64) / 1024
+        })
+        .sum()
 }
 
 /// `VmRSS` (KiB) and the number of open descriptors of `pid`.
@@ -87,11 +115,22 @@ pub struct RssVerdict {
     pub max_kb: u64,
     pub growth_pct: f64,
     pub bound_pct: f64,
+    /// What the stores' caches may hold at the end (median of the last three readings,
+    /// KiB): allowed on top of `bound_pct`.
+    pub caches_kb: u64,
 }
 
 impl RssVerdict {
+    /// The most RSS may reach at the end: the warm-up's plus `bound_pct`, plus what the
+    /// stores' caches may hold by then. The caches' share at warm-up is not known (a
+    /// restarted process starts them empty), so all of it is allowed: a leak must
+    /// outgrow the caches' bounds to be seen.
+    pub fn allowed_kb(&self) -> u64 {
+        (self.after_warmup_kb as f64 * (1.0 + self.bound_pct / 100.0)) as u64 + self.caches_kb
+    }
+
     pub fn flat(&self) -> bool {
-        self.growth_pct <= self.bound_pct
+        self.at_end_kb <= self.allowed_kb()
     }
 }
 
@@ -104,15 +143,12 @@ fn median3(values: &[u64]) -> u64 {
 /// Judges the readings of `inc` taken between `from` and `to` (seconds since the load
 /// started). `None`: fewer than four readings in the window (too short to judge).
 pub fn rss_verdict(inc: &Incarnation, from: f64, to: f64, bound_pct: f64) -> Option<RssVerdict> {
-    let window: Vec<u64> = inc
-        .samples
-        .iter()
-        .filter(|s| s.t >= from && s.t <= to)
-        .map(|s| s.rss_kb)
-        .collect();
-    if window.len() < 4 {
+    let readings: Vec<&ProcSample> = inc.samples.iter().filter(|s| s.t >= from && s.t <= to).collect();
+    if readings.len() < 4 {
         return None;
     }
+    let window: Vec<u64> = readings.iter().map(|s| s.rss_kb).collect();
+    let caches: Vec<u64> = readings[readings.len() - 3..].iter().map(|s| s.caches_kb).collect();
     let head = &window[..3];
     let tail = &window[window.len() - 3..];
     let after_warmup_kb = median3(head);
@@ -131,6 +167,7 @@ pub fn rss_verdict(inc: &Incarnation, from: f64, to: f64, bound_pct: f64) -> Opt
         max_kb: window.iter().copied().max().unwrap_or(0),
         growth_pct,
         bound_pct,
+        caches_kb: median3(&caches),
     })
 }
 
@@ -197,14 +234,20 @@ mod tests {
     use super::*;
 
     fn inc(rss: &[u64]) -> Incarnation {
+        with_caches(&rss.iter().map(|r| (*r, 0)).collect::<Vec<_>>())
+    }
+
+    /// Readings of (RSS, what the caches may hold), 10 s apart.
+    fn with_caches(readings: &[(u64, u64)]) -> Incarnation {
         let mut inc = Incarnation::new(1, 1, 0.0);
-        inc.samples = rss
+        inc.samples = readings
             .iter()
             .enumerate()
-            .map(|(i, r)| ProcSample {
+            .map(|(i, (rss_kb, caches_kb))| ProcSample {
                 t: i as f64 * 10.0,
-                rss_kb: *r,
+                rss_kb: *rss_kb,
                 fds: 10,
+                caches_kb: *caches_kb,
             })
             .collect();
         inc
@@ -221,6 +264,58 @@ mod tests {
         // The window leaves out the warm-up.
         let windowed = rss_verdict(&inc(&[10, 50, 100, 100, 100, 100]), 15.0, 100.0, 20.0).unwrap();
         assert_eq!(windowed.after_warmup_kb, 100);
+    }
+
+    #[test]
+    fn the_stores_caches_may_fill_on_top_of_the_bound() {
+        // 100 -> 150 KiB is 50%, past 20%; the caches may hold 40 KiB by the end.
+        let readings = [
+            (100, 0),
+            (100, 10),
+            (100, 20),
+            (130, 30),
+            (140, 40),
+            (150, 40),
+            (150, 40),
+        ];
+        let v = rss_verdict(&with_caches(&readings), 0.0, 100.0, 20.0).unwrap();
+        assert_eq!((v.caches_kb, v.allowed_kb()), (40, 160));
+        assert!(v.flat(), "{v:?}");
+        // Growth past the caches' bound as well is a leak.
+        let readings = [
+            (100, 0),
+            (100, 10),
+            (100, 20),
+            (150, 30),
+            (170, 40),
+            (180, 40),
+            (180, 40),
+        ];
+        let v = rss_verdict(&with_caches(&readings), 0.0, 100.0, 20.0).unwrap();
+        assert!(!v.flat(), "{v:?}");
+    }
+
+    #[test]
+    fn the_caches_are_each_store_file_up_to_its_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(store_caches_kb(dir.path()), 0, "no files yet");
+        std::fs::File::create(dir.path().join("routed-work.redb"))
+            .unwrap()
+            .set_len(5 << 20)
+            .unwrap();
+        std::fs::File::create(dir.path().join("dlr.redb"))
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
+        std::fs::File::create(dir.path().join("journal.0"))
+            .unwrap()
+            .set_len(16 << 20)
+            .unwrap();
+        // routed-work up to its 2 MiB cache, dlr as large as it is, the journal not at all.
+        assert_eq!(
+            store_caches_kb(dir.path()),
+            (FileOptions::STAGE_CACHE as u64 >> 10) + 1024
+        );
     }
 
     #[test]

@@ -44,6 +44,8 @@ struct Soak {
     incarnations: Incarnations,
     schedule: FaultSchedule,
     gw: Option<GatewayProcess>,
+    /// The gateway's data directory (the same for every incarnation).
+    data_dir: PathBuf,
     kills: u32,
     /// Kills that landed while submissions waited for their answers.
     kills_in_flight: u32,
@@ -60,23 +62,32 @@ fn secs_since(clock: Instant) -> f64 {
     clock.elapsed().as_secs_f64()
 }
 
-fn sample_now(pid: u32, clock: Instant) -> Option<ProcSample> {
+fn sample_now(pid: u32, clock: Instant, data_dir: &Path) -> Option<ProcSample> {
     procstat::read(pid).ok().map(|(rss_kb, fds)| ProcSample {
         t: secs_since(clock),
         rss_kb,
         fds,
+        caches_kb: procstat::store_caches_kb(data_dir),
     })
 }
 
 /// Reads RSS and descriptors of the running incarnation every `every`.
-async fn sampler(incarnations: Incarnations, clock: Instant, every: Duration, done: Arc<AtomicBool>) {
+async fn sampler(
+    incarnations: Incarnations,
+    clock: Instant,
+    data_dir: PathBuf,
+    every: Duration,
+    done: Arc<AtomicBool>,
+) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     while !done.load(Ordering::Acquire) {
         tick.tick().await;
         let pid = incarnations.lock().last().filter(|i| i.end.is_none()).map(|i| i.pid);
         let Some(pid) = pid else { continue };
-        let Some(sample) = sample_now(pid, clock) else { continue };
+        let Some(sample) = sample_now(pid, clock, &data_dir) else {
+            continue;
+        };
         let mut incs = incarnations.lock();
         if let Some(inc) = incs.last_mut().filter(|i| i.pid == pid && i.end.is_none()) {
             inc.samples.push(sample);
@@ -125,7 +136,7 @@ impl Soak {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         self.rebind_secs.push(ready_at.elapsed().as_secs_f64());
-        let start = sample_now(self.pid(), self.clock);
+        let start = sample_now(self.pid(), self.clock, &self.data_dir);
         if let Some(inc) = self.incarnations.lock().last_mut() {
             inc.start = start;
         }
@@ -138,7 +149,11 @@ impl Soak {
             return Err("no gateway to restart".to_owned());
         };
         let pid = gw.pid().unwrap_or(0);
-        let end = if kill { sample_now(pid, self.clock) } else { None };
+        let end = if kill {
+            sample_now(pid, self.clock, &self.data_dir)
+        } else {
+            None
+        };
         {
             let mut incs = self.incarnations.lock();
             if let Some(inc) = incs.last_mut() {
@@ -200,7 +215,7 @@ impl Soak {
         let smpp_receipts = self.traffic.ledger.lock().smpp_receipts_total();
         let callbacks = self.callbacks.accepted().len();
         let s = self.smsc.stats();
-        let reading = sample_now(self.pid(), self.clock)
+        let reading = sample_now(self.pid(), self.clock, &self.data_dir)
             .map(|r| format!("rss {} fds {}", procstat::mib(r.rss_kb), r.fds))
             .unwrap_or_default();
         println!(
@@ -316,6 +331,7 @@ pub async fn run(opts: SoakOptions) -> Result<bool, String> {
         callbacks,
         traffic: traffic.clone(),
         incarnations: incarnations.clone(),
+        data_dir: gw.data_dir().to_path_buf(),
         gw: Some(gw),
         kills: 0,
         kills_in_flight: 0,
@@ -353,6 +369,7 @@ pub async fn run(opts: SoakOptions) -> Result<bool, String> {
     let sampler_task = tokio::spawn(sampler(
         incarnations.clone(),
         clock,
+        soak.data_dir.clone(),
         opts.sample_every,
         sampler_done.clone(),
     ));
@@ -526,7 +543,7 @@ pub async fn run(opts: SoakOptions) -> Result<bool, String> {
     if fatal.is_none() && soak.gw.is_some() {
         let settle_start = Instant::now();
         loop {
-            final_sample = sample_now(soak.pid(), clock);
+            final_sample = sample_now(soak.pid(), clock, &soak.data_dir);
             let settled = match (baseline, final_sample) {
                 (Some(b), Some(f)) => f.fds <= b.fds + opts.fd_tolerance,
                 _ => true,
@@ -616,11 +633,13 @@ pub async fn run(opts: SoakOptions) -> Result<bool, String> {
         last.and_then(|inc| procstat::rss_verdict(inc, inc.started + warmup, load_end_t, opts.rss_growth_pct));
     match &rss {
         Some(v) if !v.flat() => violations.push(format!(
-            "RSS of the last incarnation grew {:.1}% after warm-up ({} -> {}), more than {}%",
+            "RSS of the last incarnation grew {:.1}% after warm-up ({} -> {}), past {} ({}% more, plus {} the stores' caches may hold)",
             v.growth_pct,
             procstat::mib(v.after_warmup_kb),
             procstat::mib(v.at_end_kb),
-            v.bound_pct
+            procstat::mib(v.allowed_kb()),
+            v.bound_pct,
+            procstat::mib(v.caches_kb)
         )),
         Some(_) => {}
         None => soak
@@ -791,7 +810,7 @@ pub async fn run(opts: SoakOptions) -> Result<bool, String> {
         Some(v) => {
             let _ = writeln!(
                 s,
-                "  RSS of the last incarnation, {:.0}s..{:.0}s (after {:.0}s warm-up, {} readings): {} -> {} ({:+.1}%), max {}; bound {}%: {}",
+                "  RSS of the last incarnation, {:.0}s..{:.0}s (after {:.0}s warm-up, {} readings): {} -> {} ({:+.1}%), max {}; bound {} ({}% more, plus {} the stores' caches may hold): {}",
                 v.from,
                 v.to,
                 warmup,
@@ -800,7 +819,9 @@ pub async fn run(opts: SoakOptions) -> Result<bool, String> {
                 procstat::mib(v.at_end_kb),
                 v.growth_pct,
                 procstat::mib(v.max_kb),
+                procstat::mib(v.allowed_kb()),
                 v.bound_pct,
+                procstat::mib(v.caches_kb),
                 if v.flat() { "flat" } else { "GROWING" }
             );
         }
