@@ -6,6 +6,7 @@ use std::fs;
 use std::io;
 use std::path::Path;
 
+use sendium_storage::file::dir::{DLR_FILE, PENDING_FILE, ROUTED_WORK_FILE, ROUTER_QUEUE_FILE};
 use sendium_storage::file::{FileDlrStore, FileOptions};
 
 /// One reading.
@@ -24,10 +25,10 @@ pub struct ProcSample {
 
 /// The store files of the data directory and the page cache each one's store keeps.
 const STORE_CACHES: [(&str, usize); 4] = [
-    ("pending.redb", FileOptions::PENDING_CACHE),
-    ("router-queue.redb", FileOptions::STAGE_CACHE),
-    ("routed-work.redb", FileOptions::STAGE_CACHE),
-    ("dlr.redb", FileDlrStore::CACHE),
+    (PENDING_FILE, FileOptions::PENDING_CACHE),
+    (ROUTER_QUEUE_FILE, FileOptions::STAGE_CACHE),
+    (ROUTED_WORK_FILE, FileOptions::STAGE_CACHE),
+    (DLR_FILE, FileDlrStore::CACHE),
 ];
 
 /// What the stores' page caches may hold (KiB): each store file's size, up to its
