@@ -51,7 +51,7 @@ impl RouterState {
     pub(super) fn handed_off(&mut self, keys: Vec<BranchKey>) {
         for key in keys {
             if let Some(t) = self.units.get_mut(&key.unit)
-                && let Some((outcome, _, _)) = t.awaiting_handoff.remove(&key.branch)
+                && let Some((outcome, _, _)) = t.awaiting_handoff.remove(key.branch)
             {
                 t.closing.push(key.branch);
                 self.done.push(BranchDone {

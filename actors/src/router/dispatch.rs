@@ -48,7 +48,7 @@ impl RouterState {
             let Some(t) = self.units.get(&key.unit) else {
                 continue;
             };
-            if t.is_done(key.branch) || t.awaiting_handoff.contains_key(&key.branch) {
+            if t.is_done(key.branch) || t.awaiting_handoff.contains(key.branch) {
                 continue;
             }
             if t.dispatched_to(key.branch) != Some(name) {
@@ -76,7 +76,7 @@ impl RouterState {
         let Some(t) = self.units.get(&key.unit) else {
             return;
         };
-        if t.is_done(key.branch) || t.awaiting_handoff.contains_key(&key.branch) {
+        if t.is_done(key.branch) || t.awaiting_handoff.contains(key.branch) {
             return;
         }
         self.waiting.remove(&key);
@@ -112,7 +112,7 @@ impl RouterState {
                         continue;
                     };
                     if t.is_done(o.key.branch)
-                        || t.awaiting_handoff.contains_key(&o.key.branch)
+                        || t.awaiting_handoff.contains(o.key.branch)
                         || t.dispatched_to(o.key.branch) != Some(o.destination.as_str())
                     {
                         continue;

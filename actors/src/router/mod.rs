@@ -13,6 +13,7 @@
 //!
 //! Where each open branch goes — failover included — is decided in [`placement`].
 
+mod branch_map;
 mod completion;
 mod dispatch;
 mod partitions;
@@ -38,6 +39,7 @@ use sendium_storage::{
     RoutedWorkStore, Timestamp, Unit, UnitId,
 };
 
+use self::branch_map::BranchMap;
 use self::placement::Waiting;
 
 use crate::context::Shared;
@@ -171,7 +173,7 @@ struct Tracked {
     dispatched: Vec<(u16, Arc<str>)>,
     /// Outcome known (with its canonical provider keys), DLR store has not accepted
     /// the handoff yet.
-    awaiting_handoff: HashMap<u16, (BranchOutcome, Vec<String>, Instant)>,
+    awaiting_handoff: BranchMap<(BranchOutcome, Vec<String>, Instant)>,
     /// Branches whose completion is queued for, or in, a routed-work write.
     closing: Vec<u16>,
     completion_sent: bool,

@@ -48,7 +48,7 @@ impl RouterState {
                     .flat_map(|t| {
                         t.awaiting_handoff
                             .iter()
-                            .map(|(b, (o, k, _))| Self::handoff(t, *b, o, k))
+                            .map(|(b, (o, k, _))| Self::handoff(t, b, o, k))
                             .collect::<Vec<_>>()
                     })
                     .collect();
@@ -95,15 +95,15 @@ impl RouterState {
             for (branch, (_, _, sent)) in t.awaiting_handoff.iter_mut() {
                 let key = BranchKey {
                     unit: t.unit.id,
-                    branch: *branch,
+                    branch,
                 };
                 if retry.contains(&key) || now.duration_since(*sent) > HANDOFF_RESEND {
                     *sent = now;
-                    due.push(*branch);
+                    due.push(branch);
                 }
             }
             for b in due {
-                if let Some((o, k, _)) = t.awaiting_handoff.get(&b) {
+                if let Some((o, k, _)) = t.awaiting_handoff.get(b) {
                     resend.push(Self::handoff(t, b, o, k));
                 }
             }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use sendium_storage::failpoint;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use sendium_storage::{BranchDone, BranchMove, ReadyUnit, RoutedUnit, Unit, UnitId};
 
@@ -253,7 +253,7 @@ impl RouterState {
                 unit,
                 routed,
                 dispatched: Vec::new(),
-                awaiting_handoff: HashMap::new(),
+                awaiting_handoff: Default::default(),
                 closing: Vec::new(),
                 completion_sent: false,
                 completion_asked: None,
@@ -278,7 +278,7 @@ impl RouterState {
             if let Some(b) = t.routed.branches.iter_mut().find(|b| b.no == m.branch) {
                 b.moved_from(&m.from);
             }
-            if !t.is_done(m.branch) && !t.awaiting_handoff.contains_key(&m.branch) {
+            if !t.is_done(m.branch) && !t.awaiting_handoff.contains(m.branch) {
                 self.place(key, Occasion::Leaving(&m.from));
             }
         }

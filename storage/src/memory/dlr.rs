@@ -180,8 +180,12 @@ impl Inner {
         self.track_expiry.remove(&(track.expires_at, key));
         if let Some(by_key) = self.corr.get_mut(&track.destination) {
             for (k, _) in &track.parts {
-                if by_key.get(k) == Some(&key) {
-                    by_key.remove(k);
+                // One lookup: the key is almost always this branch's; when a later
+                // branch took it over, it goes back.
+                if let Some(other) = by_key.remove(k.as_str())
+                    && other != key
+                {
+                    by_key.insert(k.clone(), other);
                 }
             }
         }
