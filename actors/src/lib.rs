@@ -26,6 +26,7 @@ pub mod http_ingress;
 pub mod inbound;
 pub mod ingress;
 pub mod outbox_relay;
+mod pacing;
 pub mod provider_receipts;
 pub mod reload;
 pub mod router;

@@ -99,17 +99,6 @@ pub struct Selector;
 /// Selection batches per handled message before yielding the mailbox.
 const MAX_BATCHES_PER_TURN: usize = 8;
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
-/// Least time between two durable select-and-stage commits.
-const STAGE_GAP: Duration = Duration::from_millis(3);
-
-/// How long a select-and-stage commit waits so that it starts [`STAGE_GAP`] after the
-/// previous one (`last`). The clock is read once, by the caller: reading it again after
-/// comparing would let the gap pass in between and the subtraction underflow.
-fn stage_wait(last: Option<std::time::Instant>, now: std::time::Instant) -> Duration {
-    last.map_or(Duration::ZERO, |at| {
-        STAGE_GAP.saturating_sub(now.saturating_duration_since(at))
-    })
-}
 
 impl SelectorState {
     /// Units read from the pending stage through Ingress. `None` when the store failed
@@ -154,10 +143,9 @@ impl SelectorState {
             }
             let batch: Vec<ReadyUnit> = ready.into_iter().filter(|u| !self.exclude.remove(&u.unit.id)).collect();
             let staged: Vec<StagedUnit> = batch.iter().map(StagedUnit::from).collect();
-            // Pace durable stage commits like the Router's writes: a short gap gathers
-            // bigger batches at moderate rates (nothing acknowledged waits on them).
+            // Paced like the Router's writes (see `crate::pacing`).
             if self.durable {
-                let wait = stage_wait(self.last_stage, std::time::Instant::now());
+                let wait = crate::pacing::gap_left(self.last_stage, std::time::Instant::now());
                 if !wait.is_zero() {
                     tokio::time::sleep(wait).await;
                 }
@@ -335,26 +323,5 @@ impl Actor for Selector {
             }
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::{Duration, Instant};
-
-    use super::{STAGE_GAP, stage_wait};
-
-    #[test]
-    fn a_stage_commit_waits_out_only_what_is_left_of_the_gap() {
-        let now = Instant::now();
-        let ago = |ms: u64| now.checked_sub(Duration::from_millis(ms)).unwrap();
-        assert_eq!(stage_wait(None, now), Duration::ZERO, "the first commit does not wait");
-        assert_eq!(stage_wait(Some(now), now), STAGE_GAP);
-        assert_eq!(stage_wait(Some(ago(1)), now), STAGE_GAP - Duration::from_millis(1));
-        assert_eq!(stage_wait(Some(ago(3)), now), Duration::ZERO, "the gap has just passed");
-        // Past the gap (where reading the clock twice underflowed) and a `last` later
-        // than `now`: neither panics.
-        assert_eq!(stage_wait(Some(ago(1_000)), now), Duration::ZERO);
-        assert_eq!(stage_wait(Some(now + Duration::from_millis(1)), now), STAGE_GAP);
     }
 }

@@ -287,8 +287,6 @@ pub struct Router;
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// A handoff the DLR correlator has not confirmed in this long is sent again.
 const HANDOFF_RESEND: Duration = Duration::from_secs(30);
-/// Least time between the starts of two durable routed-work writes.
-const WRITE_GAP: Duration = Duration::from_millis(3);
 /// A source completion not confirmed in this long is asked for again.
 const COMPLETION_RESEND: Duration = Duration::from_secs(10);
 

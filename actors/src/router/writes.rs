@@ -13,7 +13,7 @@ use sendium_storage::{BranchDone, BranchMove, ReadyUnit, RoutedUnit, Unit, UnitI
 
 use super::placement::Occasion;
 use super::plan::{plan, receipt_targets};
-use super::{BranchKey, CALL_TIMEOUT, RouterMsg, RouterState, Tracked, WRITE_GAP};
+use super::{BranchKey, CALL_TIMEOUT, RouterMsg, RouterState, Tracked};
 use crate::ingress::IngressMsg;
 use crate::selector::SelectorMsg;
 
@@ -127,17 +127,12 @@ impl RouterState {
         {
             return;
         }
-        // Pace durable writes: nothing acknowledged waits on them, and at moderate rates
-        // back-to-back commits of a few units each would spend the CPU and disk the
-        // acknowledging commits need. A short gap gathers bigger batches.
-        if self.durable
-            && let Some(last) = self.last_write
-        {
-            let since = last.elapsed();
-            if since < WRITE_GAP {
+        // Pace durable writes (see `crate::pacing`).
+        if self.durable {
+            let wait = crate::pacing::gap_left(self.last_write, Instant::now());
+            if !wait.is_zero() {
                 self.write_timer = true;
                 let shared = self.shared.clone();
-                let wait = WRITE_GAP - since;
                 tokio::spawn(async move {
                     tokio::time::sleep(wait).await;
                     shared.dir.router.send(RouterMsg::WriteDue);
