@@ -2,9 +2,9 @@
 
 /// A map from branch number to `V` for the branches of one unit, in a vector.
 ///
-/// A unit has one branch per part and destination, and a message is mostly one part
-/// to one destination: a linear scan over a handful of entries costs less than hashing
-/// the key, and an empty map allocates nothing. Iteration follows insertion order.
+/// A unit has a primary branch and one branch per copy its routes ask for, so mostly
+/// just one: a linear scan over a handful of entries costs less than hashing the key,
+/// and an empty map allocates nothing. Iteration follows insertion order.
 #[derive(Debug)]
 pub(super) struct BranchMap<V>(Vec<(u16, V)>);
 
