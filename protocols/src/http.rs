@@ -323,10 +323,8 @@ fn error(status: StatusCode, message: &str, field: Option<&str>) -> Response {
 }
 
 impl Ingress {
-    /// The account of a bearer key. Every key is compared, in constant time, so the
-    /// answer's timing says nothing about which keys exist.
-    /// The account of the request's API key (every key compared in constant time), or
-    /// why there is none.
+    /// The account of the request's API key, or why there is none. Every key is compared,
+    /// in constant time, so the answer's timing says nothing about which keys exist.
     fn account(&self, headers: &HeaderMap, peer: Option<IpAddr>) -> Result<String, KeyRefusal> {
         let presented = headers
             .get(header::AUTHORIZATION)
