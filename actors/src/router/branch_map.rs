@@ -19,6 +19,10 @@ impl<V> BranchMap<V> {
         self.0.iter().find(|(b, _)| *b == branch).map(|(_, v)| v)
     }
 
+    pub(super) fn get_mut(&mut self, branch: u16) -> Option<&mut V> {
+        self.0.iter_mut().find(|(b, _)| *b == branch).map(|(_, v)| v)
+    }
+
     pub(super) fn contains(&self, branch: u16) -> bool {
         self.0.iter().any(|(b, _)| *b == branch)
     }
@@ -33,7 +37,7 @@ impl<V> BranchMap<V> {
 
     pub(super) fn remove(&mut self, branch: u16) -> Option<V> {
         let at = self.0.iter().position(|(b, _)| *b == branch)?;
-        Some(self.0.swap_remove(at).1)
+        Some(self.0.remove(at).1)
     }
 
     pub(super) fn iter(&self) -> impl Iterator<Item = (u16, &V)> {
@@ -72,12 +76,15 @@ mod tests {
         assert_eq!(m.remove(0), Some("a"));
         assert_eq!(m.remove(0), None);
         assert!(!m.contains(0));
+        if let Some(v) = m.get_mut(1) {
+            *v = "B";
+        }
+        assert_eq!(m.get(1), Some(&"B"));
+        let seen: Vec<(u16, &str)> = m.iter().map(|(b, v)| (b, *v)).collect();
+        assert_eq!(seen, vec![(2, "C"), (1, "B")], "insertion order, also after a removal");
         for (_, v) in m.iter_mut() {
             *v = "x";
         }
-        let mut seen: Vec<(u16, &str)> = m.iter().map(|(b, v)| (b, *v)).collect();
-        seen.sort_unstable();
-        assert_eq!(seen, vec![(1, "x"), (2, "x")]);
         assert_eq!(m.remove(1), Some("x"));
         assert_eq!(m.remove(2), Some("x"));
         assert!(m.is_empty());

@@ -168,9 +168,8 @@ struct Tracked {
     routed: RoutedUnit,
     /// The submissions owed a receipt (computed once per unit).
     targets: Vec<ReceiptTarget>,
-    /// Open branches given to a worker, and to which (a unit has few branches: a
-    /// vector beats a map).
-    dispatched: Vec<(u16, Arc<str>)>,
+    /// Open branches given to a worker, and to which.
+    dispatched: BranchMap<Arc<str>>,
     /// Outcome known (with its canonical provider keys), DLR store has not accepted
     /// the handoff yet.
     awaiting_handoff: BranchMap<(BranchOutcome, Vec<String>, Instant)>,
@@ -181,9 +180,8 @@ struct Tracked {
     completion_asked: Option<Instant>,
     /// When the message's validity runs out (see [`placement::deadline`]).
     deadline: Timestamp,
-    /// How often each branch was handed back by a destination (a unit has few
-    /// branches, and few are ever handed back).
-    bounced: Vec<(u16, u32)>,
+    /// How often each branch was handed back by a destination.
+    bounced: BranchMap<u32>,
     /// Its first part's stored `route_priority` (its route's priority at admission): its
     /// place in destination queues.
     priority: u8,
@@ -191,16 +189,17 @@ struct Tracked {
 
 impl Tracked {
     fn dispatched_to(&self, no: u16) -> Option<&str> {
-        self.dispatched.iter().find(|(b, _)| *b == no).map(|(_, d)| d.as_ref())
+        self.dispatched.get(no).map(AsRef::as_ref)
     }
 
+    /// Entries stay in dispatch order: a branch dispatched again moves last.
     fn set_dispatched(&mut self, no: u16, dest: Arc<str>) {
-        self.clear_dispatched(no);
-        self.dispatched.push((no, dest));
+        self.dispatched.remove(no);
+        self.dispatched.insert(no, dest);
     }
 
     fn clear_dispatched(&mut self, no: u16) {
-        self.dispatched.retain(|(b, _)| *b != no);
+        self.dispatched.remove(no);
     }
 
     fn branch(&self, no: u16) -> Option<&Branch> {
@@ -208,13 +207,13 @@ impl Tracked {
     }
 
     fn bounces(&self, no: u16) -> u32 {
-        self.bounced.iter().find(|(b, _)| *b == no).map_or(0, |(_, n)| *n)
+        self.bounced.get(no).copied().unwrap_or(0)
     }
 
     fn count_bounce(&mut self, no: u16) {
-        match self.bounced.iter_mut().find(|(b, _)| *b == no) {
-            Some((_, n)) => *n = n.saturating_add(1),
-            None => self.bounced.push((no, 1)),
+        match self.bounced.get_mut(no) {
+            Some(n) => *n = n.saturating_add(1),
+            None => self.bounced.insert(no, 1),
         }
     }
 

@@ -30,7 +30,7 @@ impl RouterState {
                         t.dispatched
                             .iter()
                             .filter(|(_, d)| d.as_ref() == name)
-                            .map(|(b, _)| BranchKey { unit: *id, branch: *b })
+                            .map(|(b, _)| BranchKey { unit: *id, branch: b })
                             .collect::<Vec<_>>()
                     })
                     .collect();
