@@ -4,7 +4,8 @@
 //! Input: a flags byte, eight bytes of a number, then the text (read as
 //! `String::from_utf8_lossy`, as the destination worker reads a receipt's octets).
 //!
-//! Checked: nothing panics; a parsed receipt formats to text that parses back to the
+//! Checked: nothing panics; the reader of Appendix B's own layout and the reader of any
+//! layout give the same result; a parsed receipt formats to text that parses back to the
 //! same receipt; a parsed date formats back to its first ten digits, and every date of
 //! 2000-2099 survives format-then-parse to the minute; the same number written as a
 //! `submit_sm_resp` id in one base and as a receipt id in the other (padded with zeros,
@@ -16,7 +17,7 @@
 use libfuzzer_sys::fuzz_target;
 use sendium_fuzz::Input;
 use sendium_protocols::receipt::{
-    IdFormat, ReceiptState, ReceiptText, format_date, parse_date, receipt_keys, resp_key, text_excerpt,
+    IdFormat, ReceiptFields, ReceiptState, ReceiptText, format_date, parse_date, receipt_keys, resp_key, text_excerpt,
 };
 
 /// 2000-01-01 and 2100-01-01 00:00 UTC: the years receipt dates can name.
@@ -37,6 +38,11 @@ fuzz_target!(|data: &[u8]| {
 });
 
 fn receipt(text: &str) {
+    assert_eq!(
+        ReceiptFields::parse(text),
+        ReceiptFields::parse_any_layout(text),
+        "the two readers differ on {text:?}"
+    );
     let Ok(parsed) = ReceiptText::parse(text) else {
         return;
     };

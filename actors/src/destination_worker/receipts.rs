@@ -6,7 +6,7 @@
 //! id normalised per the destination's `id-format`. The state comes from the text's
 //! `stat:` or, failing that, from message_state.
 
-use sendium_protocols::receipt::{IdFormat, ReceiptFields, ReceiptState, parse_date, receipt_keys, receipt_octets};
+use sendium_protocols::receipt::{IdFormat, ReceiptFields, ReceiptState, add_receipt_keys, parse_date, receipt_octets};
 use sendium_protocols::smpp::client::InboundDeliver;
 use sendium_storage::{DlrState, IntermediateReceipt, ProviderReceipt, ReceiptOutcome, Timestamp};
 
@@ -56,16 +56,13 @@ pub fn classify(destination: &str, fmt: IdFormat, d: &InboundDeliver) -> Inbound
     let body = d.message_payload.as_deref().unwrap_or(&d.short_message);
     let octets = receipt_octets(body);
     let text = ReceiptFields::parse(&octets).ok();
-    let mut keys = Vec::new();
+    // The TLV's key first, then the text id's not already among them: at most four.
+    let mut keys = Vec::with_capacity(4);
     if let Some(tlv) = d.receipted_message_id.as_deref().filter(|s| !s.is_empty()) {
-        keys.extend(receipt_keys(fmt, tlv, true));
+        add_receipt_keys(fmt, tlv, true, &mut keys);
     }
     if let Some(t) = &text {
-        for k in receipt_keys(fmt, t.id, false) {
-            if !keys.contains(&k) {
-                keys.push(k);
-            }
-        }
+        add_receipt_keys(fmt, t.id, false, &mut keys);
     }
     let state = text
         .as_ref()

@@ -70,27 +70,58 @@ fn parse_hex(id: &str) -> Option<u128> {
 
 /// `value` in decimal.
 fn decimal(value: u128) -> String {
-    match u64::try_from(value) {
-        Ok(value) => value.to_string(),
-        Err(_) => value.to_string(),
-    }
+    digits::<10>(value)
 }
 
 /// `value` in lower-case hexadecimal.
 fn hexadecimal(value: u128) -> String {
+    digits::<16>(value)
+}
+
+/// `value`'s digits in `RADIX` (10 or 16), lower case, written without the formatting
+/// machinery: a receipt under `Auto` needs two such numbers. As a u64 when it fits.
+fn digits<const RADIX: u8>(value: u128) -> String {
+    // u128::MAX has 39 decimal digits.
+    let mut buf = [0u8; 40];
+    let mut at = buf.len();
+    let mut push = |digit: u8| {
+        at -= 1;
+        buf[at] = if digit < 10 { b'0' + digit } else { b'a' + digit - 10 };
+    };
     match u64::try_from(value) {
-        Ok(value) => format!("{value:x}"),
-        Err(_) => format!("{value:x}"),
+        Ok(mut value) => loop {
+            push((value % u64::from(RADIX)) as u8);
+            value /= u64::from(RADIX);
+            if value == 0 {
+                break;
+            }
+        },
+        Err(_) => {
+            let mut value = value;
+            loop {
+                push((value % u128::from(RADIX)) as u8);
+                value /= u128::from(RADIX);
+                if value == 0 {
+                    break;
+                }
+            }
+        }
     }
+    // ASCII digits: always UTF-8.
+    std::str::from_utf8(&buf[at..]).map(str::to_owned).unwrap_or_default()
 }
 
 /// The representation-preserving canonical form used by `Auto`: a string of hex digits is
 /// lower-cased and stripped of leading zeros (which changes its value in neither base),
 /// anything else is kept as is.
 fn canonical(id: &str) -> String {
-    let id = clean(id);
+    canonical_of_clean(&clean(id))
+}
+
+/// [`canonical`] of an id already [`clean`].
+fn canonical_of_clean(id: &str) -> String {
     if id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return id.into_owned();
+        return id.to_owned();
     }
     let trimmed = id.trim_start_matches('0');
     if trimmed.is_empty() {
@@ -136,34 +167,40 @@ pub fn resp_key(fmt: IdFormat, resp_id: &str) -> String {
 /// submit_sm_resp*, so it is in the resp format and only canonicalised like a resp id;
 /// the base conversion applies to the receipt text only.
 pub fn receipt_keys(fmt: IdFormat, receipt_id: &str, from_tlv: bool) -> Vec<String> {
+    let mut keys = Vec::with_capacity(3);
+    add_receipt_keys(fmt, receipt_id, from_tlv, &mut keys);
+    keys
+}
+
+/// Appends [`receipt_keys`] to `keys`, best first, leaving out those `keys` already has: a
+/// receipt with both the TLV and the text id gathers the keys of both in one vector.
+pub fn add_receipt_keys(fmt: IdFormat, receipt_id: &str, from_tlv: bool, keys: &mut Vec<String>) {
+    let mut add = |key: String| {
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    };
     if from_tlv {
-        return vec![resp_key(fmt, receipt_id)];
+        return add(resp_key(fmt, receipt_id));
     }
     match fmt {
-        IdFormat::Exact => vec![receipt_id.to_owned()],
+        IdFormat::Exact => add(receipt_id.to_owned()),
         // Receipt text is decimal (resp was hex); the key is the value either way.
-        IdFormat::Hex => vec![value_key(receipt_id, parse_dec)],
+        IdFormat::Hex => add(value_key(receipt_id, parse_dec)),
         // Receipt text is hexadecimal (resp was decimal).
-        IdFormat::Dec => vec![value_key(receipt_id, parse_hex)],
+        IdFormat::Dec => add(value_key(receipt_id, parse_hex)),
         IdFormat::Auto => {
             let cleaned = clean(receipt_id);
-            let mut keys = vec![canonical(&cleaned)];
+            add(canonical_of_clean(&cleaned));
             // A decimal receipt for a provider whose resp ids are hex: the resp key is the
             // same number written in lower-case hex.
             if let Some(value) = parse_dec(&cleaned) {
-                keys.push(hexadecimal(value));
+                add(hexadecimal(value));
             }
             // A hex receipt for a provider whose resp ids are decimal.
             if let Some(value) = parse_hex(&cleaned) {
-                keys.push(decimal(value));
+                add(decimal(value));
             }
-            let mut unique = Vec::with_capacity(keys.len());
-            for key in keys {
-                if !unique.contains(&key) {
-                    unique.push(key);
-                }
-            }
-            unique
         }
     }
 }
@@ -268,6 +305,48 @@ mod tests {
         assert_eq!(resp_key(IdFormat::Auto, "000FF"), "ff");
         assert_eq!(resp_key(IdFormat::Auto, "0000"), "0");
         assert_eq!(resp_key(IdFormat::Auto, ""), "");
+    }
+
+    #[test]
+    fn digits_are_what_the_formatter_writes() {
+        let mut value: u128 = 1;
+        let mut values = vec![
+            0,
+            9,
+            10,
+            15,
+            16,
+            u128::from(u64::MAX),
+            u128::from(u64::MAX) + 1,
+            u128::MAX,
+        ];
+        while let Some(next) = value.checked_mul(7) {
+            values.extend([value - 1, value]);
+            value = next;
+        }
+        for value in values {
+            assert_eq!(decimal(value), format!("{value}"));
+            assert_eq!(hexadecimal(value), format!("{value:x}"));
+        }
+    }
+
+    #[test]
+    fn added_keys_are_the_receipt_keys_not_yet_gathered() {
+        for fmt in [IdFormat::Auto, IdFormat::Hex, IdFormat::Dec, IdFormat::Exact] {
+            let mut keys = receipt_keys(fmt, "00FF", true);
+            add_receipt_keys(fmt, "255", false, &mut keys);
+            let mut expected = receipt_keys(fmt, "00FF", true);
+            for key in receipt_keys(fmt, "255", false) {
+                if !expected.contains(&key) {
+                    expected.push(key);
+                }
+            }
+            assert_eq!(keys, expected, "{fmt:?}");
+        }
+        // Under Auto: the TLV's key, then the text id's other readings, none twice.
+        let mut keys = receipt_keys(IdFormat::Auto, "255", true);
+        add_receipt_keys(IdFormat::Auto, "255", false, &mut keys);
+        assert_eq!(keys, ["255", "ff", "597"]);
     }
 
     #[test]
