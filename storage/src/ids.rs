@@ -35,6 +35,12 @@ impl MessageId {
         Self(Uuid::now_v7())
     }
 
+    /// The id as its `Display` writes it (hyphenated, lower case), written into `buf`
+    /// rather than a new `String`: a receipt's text and TLV carry it.
+    pub fn encode<'b>(&self, buf: &'b mut [u8; 36]) -> &'b str {
+        self.0.hyphenated().encode_lower(buf)
+    }
+
     /// The id's 16 bytes, big-endian: byte order equals time order, so they make a
     /// good ordered key for a file or database index.
     pub fn to_bytes(self) -> [u8; 16] {
@@ -220,6 +226,16 @@ impl Timestamp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_encoded_id_is_its_display() {
+        for _ in 0..100 {
+            let id = MessageId::generate();
+            assert_eq!(id.encode(&mut [0; 36]), id.to_string());
+        }
+        let id = MessageId::from_bytes([0xAB; 16]);
+        assert_eq!(id.encode(&mut [0; 36]), "abababab-abab-abab-abab-abababababab");
+    }
 
     #[test]
     fn ids_are_time_ordered_and_round_trip() {

@@ -12,7 +12,7 @@ use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use sendium_protocols::callback::CallbackTargets;
 use sendium_protocols::http_client::{BuildError, Config, Error as HttpError, HttpClient, Request, Resend, Target};
 
-use sendium_protocols::receipt::{ReceiptState, ReceiptText, format_date};
+use sendium_protocols::receipt::{ReceiptFields, ReceiptState, format_date};
 use sendium_protocols::smpp::server::{DeliverOutcome, OutboundDeliver, SessionRegistry};
 use sendium_storage::{
     Delivery, DeliveryContent, DeliveryFinish, DeliveryResult, DlrState, InboundMessage, ReceiptOutcome, Timestamp,
@@ -26,18 +26,25 @@ const ESM_CLASS_RECEIPT: u8 = 0x04;
 
 /// The Appendix B text of a receipt, carrying the id the client was given.
 pub fn receipt_text(d: &Delivery, outcome: &ReceiptOutcome) -> String {
-    let delivered = outcome.state == DlrState::Delivered;
-    ReceiptText {
-        id: d.target.submit_id.to_string(),
+    let mut id = [0; 36];
+    let submit_date = format_date(d.target.submitted_at.as_unix_seconds());
+    let done_date = format_date(outcome.done_at.as_unix_seconds());
+    ReceiptFields {
+        id: d.target.submit_id.encode(&mut id),
         sub: 1,
-        dlvrd: u32::from(delivered),
-        submit_date: Some(format_date(d.target.submitted_at.as_unix_seconds())),
-        done_date: Some(format_date(outcome.done_at.as_unix_seconds())),
+        dlvrd: u32::from(outcome.state == DlrState::Delivered),
+        submit_date: Some(&submit_date),
+        done_date: Some(&done_date),
         stat: receipt_state(outcome.state),
-        err: outcome.error.clone(),
-        text: String::new(),
+        err: &outcome.error,
+        text: "",
     }
     .format()
+}
+
+/// The id the client was given, for a receipt's receipted_message_id TLV.
+fn receipted_id(d: &Delivery) -> String {
+    d.target.submit_id.encode(&mut [0; 36]).to_owned()
 }
 
 /// The deliver_sm for a delivery: a receipt goes from the handset back to the original
@@ -51,7 +58,7 @@ pub fn deliver_sm(d: &Delivery) -> OutboundDeliver {
             esm_class: ESM_CLASS_RECEIPT,
             data_coding: 0,
             short_message: receipt_text(d, outcome).into_bytes(),
-            receipted_message_id: Some(d.target.submit_id.to_string()),
+            receipted_message_id: Some(receipted_id(d)),
             message_state: Some(receipt_state(outcome.state).message_state()),
         },
         DeliveryContent::Inbound(m) => inbound_deliver_sm(m),
@@ -62,7 +69,7 @@ pub fn deliver_sm(d: &Delivery) -> OutboundDeliver {
             esm_class: ESM_CLASS_RECEIPT,
             data_coding: 0,
             short_message: p.text.clone().into_bytes(),
-            receipted_message_id: Some(d.target.submit_id.to_string()),
+            receipted_message_id: Some(receipted_id(d)),
             message_state: Some(ReceiptState::Enroute.message_state()),
         },
     }
@@ -331,6 +338,7 @@ pub fn finish(d: &Delivery, channel: &'static str, sent: Result<bool, bool>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sendium_protocols::receipt::ReceiptText;
     use sendium_storage::{Address, DeliveryId, MessageId, ReceiptOutcome, ReceiptTarget, ReplyPath};
 
     fn delivery(state: DlrState) -> Delivery {

@@ -319,35 +319,23 @@ fn push_decimal(out: &mut String, n: u32, width: usize) {
 }
 
 impl ReceiptText {
-    /// Formats the receipt exactly as Appendix B:
-    /// `id:{id} sub:{sub:03} dlvrd:{dlvrd:03} submit date:{date} done date:{date}
-    /// stat:{STAT} err:{err} text:{text}` (one line). A missing date is written empty.
-    /// `text` is written as given; shorten it with [`text_excerpt`] first.
+    /// Formats the receipt exactly as Appendix B (see [`ReceiptFields::format`]).
     pub fn format(&self) -> String {
-        let submit_date = self.submit_date.as_deref().unwrap_or("");
-        let done_date = self.done_date.as_deref().unwrap_or("");
-        let stat = self.stat.stat_text();
-        // Written piece by piece: the formatting machinery costs more than the text.
-        let mut out = String::with_capacity(
-            80 + self.id.len() + submit_date.len() + done_date.len() + self.err.len() + self.text.len(),
-        );
-        out.push_str("id:");
-        out.push_str(&self.id);
-        out.push_str(" sub:");
-        push_decimal(&mut out, self.sub, 3);
-        out.push_str(" dlvrd:");
-        push_decimal(&mut out, self.dlvrd, 3);
-        out.push_str(" submit date:");
-        out.push_str(submit_date);
-        out.push_str(" done date:");
-        out.push_str(done_date);
-        out.push_str(" stat:");
-        out.push_str(stat);
-        out.push_str(" err:");
-        out.push_str(&self.err);
-        out.push_str(" text:");
-        out.push_str(&self.text);
-        out
+        self.fields().format()
+    }
+
+    /// The fields, borrowed.
+    pub fn fields(&self) -> ReceiptFields<'_> {
+        ReceiptFields {
+            id: &self.id,
+            sub: self.sub,
+            dlvrd: self.dlvrd,
+            submit_date: self.submit_date.as_deref(),
+            done_date: self.done_date.as_deref(),
+            stat: self.stat,
+            err: &self.err,
+            text: &self.text,
+        }
     }
 
     /// Parses a receipt text as SMSCs actually write them (see [`ReceiptFields::parse`],
@@ -491,6 +479,37 @@ impl<'a> ReceiptFields<'a> {
             err: err.unwrap_or_default(),
             text: text.unwrap_or_default(),
         })
+    }
+
+    /// Formats the receipt exactly as Appendix B:
+    /// `id:{id} sub:{sub:03} dlvrd:{dlvrd:03} submit date:{date} done date:{date}
+    /// stat:{STAT} err:{err} text:{text}` (one line). A missing date is written empty.
+    /// `text` is written as given; shorten it with [`text_excerpt`] first.
+    pub fn format(&self) -> String {
+        let submit_date = self.submit_date.unwrap_or("");
+        let done_date = self.done_date.unwrap_or("");
+        let stat = self.stat.stat_text();
+        // Written piece by piece: the formatting machinery costs more than the text.
+        let mut out = String::with_capacity(
+            80 + self.id.len() + submit_date.len() + done_date.len() + self.err.len() + self.text.len(),
+        );
+        out.push_str("id:");
+        out.push_str(self.id);
+        out.push_str(" sub:");
+        push_decimal(&mut out, self.sub, 3);
+        out.push_str(" dlvrd:");
+        push_decimal(&mut out, self.dlvrd, 3);
+        out.push_str(" submit date:");
+        out.push_str(submit_date);
+        out.push_str(" done date:");
+        out.push_str(done_date);
+        out.push_str(" stat:");
+        out.push_str(stat);
+        out.push_str(" err:");
+        out.push_str(self.err);
+        out.push_str(" text:");
+        out.push_str(self.text);
+        out
     }
 
     /// The fields as an owned [`ReceiptText`].
