@@ -79,7 +79,8 @@ fn hexadecimal(value: u128) -> String {
 }
 
 /// `value`'s digits in `RADIX` (10 or 16), lower case, written without the formatting
-/// machinery: a receipt under `Auto` needs two such numbers. As a u64 when it fits.
+/// machinery: a receipt under `Auto` needs two such numbers. Digits are taken in u128
+/// arithmetic only while the rest exceeds u64, whose division costs a fraction of u128's.
 fn digits<const RADIX: u8>(value: u128) -> String {
     // u128::MAX has 39 decimal digits.
     let mut buf = [0u8; 40];
@@ -88,23 +89,21 @@ fn digits<const RADIX: u8>(value: u128) -> String {
         at -= 1;
         buf[at] = if digit < 10 { b'0' + digit } else { b'a' + digit - 10 };
     };
-    match u64::try_from(value) {
-        Ok(mut value) => loop {
-            push((value % u64::from(RADIX)) as u8);
-            value /= u64::from(RADIX);
-            if value == 0 {
-                break;
+    let mut wide = value;
+    let mut narrow = loop {
+        match u64::try_from(wide) {
+            Ok(narrow) => break narrow,
+            Err(_) => {
+                push((wide % u128::from(RADIX)) as u8);
+                wide /= u128::from(RADIX);
             }
-        },
-        Err(_) => {
-            let mut value = value;
-            loop {
-                push((value % u128::from(RADIX)) as u8);
-                value /= u128::from(RADIX);
-                if value == 0 {
-                    break;
-                }
-            }
+        }
+    };
+    loop {
+        push((narrow % u64::from(RADIX)) as u8);
+        narrow /= u64::from(RADIX);
+        if narrow == 0 {
+            break;
         }
     }
     // ASCII digits: always UTF-8.

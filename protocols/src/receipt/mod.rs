@@ -325,7 +325,7 @@ impl ReceiptText {
     }
 
     /// The fields, borrowed.
-    pub fn fields(&self) -> ReceiptFields<'_> {
+    fn fields(&self) -> ReceiptFields<'_> {
         ReceiptFields {
             id: &self.id,
             sub: self.sub,
