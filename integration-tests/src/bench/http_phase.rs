@@ -34,8 +34,8 @@ use sendium_integration_tests::smsc::{SmscConfig, TestSmsc};
 use serde_json::{Value, json};
 
 use super::{
-    Bench, GATEWAY_TEMPLATE, Profile, Spread, busy_share, dump_log, fetch_series, find_profile, gateway_smpp_window,
-    machine_cpu_ticks, metric_sums, own_cpu_ticks, sample_proc, stop_gateway,
+    Bench, FSYNCS_TOTAL, GATEWAY_TEMPLATE, Profile, Spread, busy_share, dump_log, fetch_series, find_profile,
+    gateway_smpp_window, machine_cpu_ticks, metric_sums, own_cpu_ticks, sample_proc, stop_gateway,
 };
 
 /// The profiles the phase runs, in order.
@@ -333,6 +333,8 @@ struct Resources {
     machine_busy: Option<f64>,
     /// `submit_sm` the test SMSC accepted during the row.
     smsc_accepted: u64,
+    /// `sendium_storage_fsyncs_total` over the row (none on the memory profile).
+    fsyncs: Option<f64>,
 }
 
 /// How a row's load and wait ended, before its figures are worked out.
@@ -432,6 +434,7 @@ impl Bench {
         let machine_before = machine_cpu_ticks();
         let bench_before = own_cpu_ticks();
         let mut cpu_before = None;
+        let mut fsyncs_before = None;
         let driven = runtime.block_on(async {
             let sink = match path {
                 HttpPath::Plain => None,
@@ -446,9 +449,9 @@ impl Bench {
             );
             let load = Arc::new(load);
             // A counter the gateway has not incremented yet is not in the scrape.
-            let completed_before = fetch_series(gw.admin_addr())
-                .await
-                .map(|s| metric_sums(&s).get(COMPLETED).copied().unwrap_or(0.0));
+            let sums_before = fetch_series(gw.admin_addr()).await.map(|s| metric_sums(&s));
+            let completed_before = sums_before.as_ref().map(|s| s.get(COMPLETED).copied().unwrap_or(0.0));
+            fsyncs_before = sums_before.and_then(|s| s.get(FSYNCS_TOTAL).copied());
             // Connections are open before the window starts: it measures messages.
             let mut streams = Vec::with_capacity(o.http_clients);
             for _ in 0..o.http_clients {
@@ -481,6 +484,12 @@ impl Bench {
         let cpu_after = sample_proc(pid);
         let bench_after = own_cpu_ticks();
         let machine_busy = busy_share(machine_before, machine_cpu_ticks());
+        // Scraped after the window closed: the scrape's own CPU is not the row's.
+        let fsyncs = fsyncs_before.zip(runtime.block_on(async {
+            fetch_series(gw.admin_addr())
+                .await
+                .and_then(|s| metric_sums(&s).get(FSYNCS_TOTAL).copied())
+        }));
         runtime.shutdown_timeout(Duration::from_secs(2));
         let driven = match driven {
             Ok(d) => d,
@@ -496,6 +505,7 @@ impl Bench {
             bench: bench_before.zip(bench_after).map(|(b, a)| a.saturating_sub(b)),
             machine_busy,
             smsc_accepted: smsc.stats().accepted.saturating_sub(smsc_before.accepted),
+            fsyncs: fsyncs.map(|(b, a)| a - b),
         };
         self.http_figures(path, profile, gw, &label, driven, resources)
     }
@@ -755,6 +765,11 @@ impl Bench {
         }
         if let Some(busy) = res.machine_busy {
             notes.push(format!("machine {:.0}% busy", busy * 100.0));
+        }
+        if let Some(n) = res.fsyncs.filter(|n| *n > 0.0 && accepted > 0) {
+            // Every store file's fdatasyncs: a flush costs the gateway tens of µs of CPU.
+            notes.push(format!("{:.3} fsyncs/msg", n / accepted as f64));
+            detail["fsyncs"] = json!(n);
         }
         let exited = gw.try_wait();
         if let Some(status) = &exited {
