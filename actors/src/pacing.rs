@@ -11,12 +11,13 @@ use std::time::{Duration, Instant};
 /// Least time between the starts of two durable background writes of one actor.
 pub(crate) const WRITE_GAP: Duration = Duration::from_millis(3);
 
-/// How long a write waits so that it starts [`WRITE_GAP`] after the previous one
-/// (`last`), or nothing. The caller reads the clock once for `now`: reading it again
-/// after a comparison would let the gap pass in between and the subtraction underflow.
-pub(crate) fn gap_left(last: Option<Instant>, now: Instant) -> Duration {
+/// How long a write waits so that it starts `gap` (normally [`WRITE_GAP`]) after the
+/// previous one (`last`), or nothing. The caller reads the clock once for `now`: reading
+/// it again after a comparison would let the gap pass in between and the subtraction
+/// underflow.
+pub(crate) fn gap_left(gap: Duration, last: Option<Instant>, now: Instant) -> Duration {
     last.map_or(Duration::ZERO, |at| {
-        WRITE_GAP.saturating_sub(now.saturating_duration_since(at))
+        gap.saturating_sub(now.saturating_duration_since(at))
     })
 }
 
@@ -30,13 +31,19 @@ mod tests {
     fn a_write_waits_out_only_what_is_left_of_the_gap() {
         let now = Instant::now();
         let ago = |ms: u64| now.checked_sub(Duration::from_millis(ms)).unwrap();
-        assert_eq!(gap_left(None, now), Duration::ZERO, "the first write does not wait");
-        assert_eq!(gap_left(Some(now), now), WRITE_GAP);
-        assert_eq!(gap_left(Some(ago(1)), now), WRITE_GAP - Duration::from_millis(1));
-        assert_eq!(gap_left(Some(ago(3)), now), Duration::ZERO, "the gap has just passed");
+        let left = |last| gap_left(WRITE_GAP, last, now);
+        assert_eq!(left(None), Duration::ZERO, "the first write does not wait");
+        assert_eq!(left(Some(now)), WRITE_GAP);
+        assert_eq!(left(Some(ago(1))), WRITE_GAP - Duration::from_millis(1));
+        assert_eq!(left(Some(ago(3))), Duration::ZERO, "the gap has just passed");
         // Past the gap (where reading the clock twice underflowed) and a `last` later
         // than `now`: neither panics.
-        assert_eq!(gap_left(Some(ago(1_000)), now), Duration::ZERO);
-        assert_eq!(gap_left(Some(now + Duration::from_millis(1)), now), WRITE_GAP);
+        assert_eq!(left(Some(ago(1_000))), Duration::ZERO);
+        assert_eq!(left(Some(now + Duration::from_millis(1))), WRITE_GAP);
+        // Another gap.
+        assert_eq!(
+            gap_left(Duration::from_secs(2), Some(ago(500)), now),
+            Duration::from_millis(1_500)
+        );
     }
 }

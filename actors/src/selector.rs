@@ -50,6 +50,8 @@ pub enum SelectorMsg {
         restored: usize,
     },
     Tick,
+    /// The pause between two stage commits is over (see `SelectorState::select`).
+    StageDue,
     Status(RpcReplyPort<SelectorStatus>),
 }
 
@@ -70,6 +72,9 @@ pub struct SelectorArgs {
     /// With a durable routed-work stage, staged units are released once routed; with a
     /// memory one they stay staged until their sources complete, so a restart can reroute.
     pub release_on_routed: bool,
+    /// Least time between the starts of two stage commits of a durable store
+    /// ([`crate::pacing::WRITE_GAP`]).
+    pub stage_gap: Duration,
 }
 
 pub struct SelectorState {
@@ -92,6 +97,9 @@ pub struct SelectorState {
     /// Set when the Router has not told us its capacity yet: no selection until it does.
     waiting_for_router: bool,
     last_stage: Option<std::time::Instant>,
+    /// A [`SelectorMsg::StageDue`] is on its way: selection waits for it.
+    stage_due: bool,
+    stage_gap: Duration,
 }
 
 pub struct Selector;
@@ -126,6 +134,19 @@ impl SelectorState {
             if self.credit == 0 {
                 return;
             }
+            // Paced like the Router's writes (see `crate::pacing`). The pause is a
+            // message to come, not a sleep in this handler: the releases and completions
+            // queued meanwhile are handled at once, so a routed unit's staged entry goes
+            // within milliseconds instead of after every selection queued before it (its
+            // entry would otherwise be live at the next checkpoint, written to the file
+            // and removed again at the one after).
+            if self.durable {
+                let wait = crate::pacing::gap_left(self.stage_gap, self.last_stage, std::time::Instant::now());
+                if !wait.is_zero() {
+                    self.stage_after(wait);
+                    return;
+                }
+            }
             let limit = self.credit.min(self.batch_size);
             let after = self.cursor;
             let Some(ready) = self
@@ -143,13 +164,6 @@ impl SelectorState {
             }
             let batch: Vec<ReadyUnit> = ready.into_iter().filter(|u| !self.exclude.remove(&u.unit.id)).collect();
             let staged: Vec<StagedUnit> = batch.iter().map(StagedUnit::from).collect();
-            // Paced like the Router's writes (see `crate::pacing`).
-            if self.durable {
-                let wait = crate::pacing::gap_left(self.last_stage, std::time::Instant::now());
-                if !wait.is_zero() {
-                    tokio::time::sleep(wait).await;
-                }
-            }
             self.last_stage = Some(std::time::Instant::now());
             let write = RouterQueueWrite {
                 stage: staged,
@@ -172,6 +186,19 @@ impl SelectorState {
         }
         // More may be ready: continue after other messages had their turn.
         self.shared.dir.selector.send(SelectorMsg::Wake);
+    }
+
+    /// Select again once `wait` has passed (one timer at a time).
+    fn stage_after(&mut self, wait: Duration) {
+        if self.stage_due {
+            return;
+        }
+        self.stage_due = true;
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            shared.dir.selector.send(SelectorMsg::StageDue);
+        });
     }
 
     fn add_credit(&mut self, n: usize) {
@@ -262,6 +289,8 @@ impl Actor for Selector {
             restored_total: 0,
             waiting_for_router: true,
             last_stage: None,
+            stage_due: false,
+            stage_gap: args.stage_gap,
         })
     }
 
@@ -273,6 +302,10 @@ impl Actor for Selector {
     ) -> Result<(), ActorProcessingErr> {
         state.shared.dir.selector.took_one();
         match msg {
+            SelectorMsg::StageDue => {
+                state.stage_due = false;
+                state.select().await;
+            }
             SelectorMsg::Wake | SelectorMsg::Tick => {
                 failpoint::hit("actor-selector");
                 state.select().await;
@@ -323,5 +356,150 @@ impl Actor for Selector {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use async_trait::async_trait;
+    use sendium_protocols::smpp::server::SessionRegistry;
+    use sendium_storage::memory::MemoryRouterQueueStore;
+    use sendium_storage::{Backend, Disposition, RouterQueueError, RouterQueueStats, StageCapabilities, Unit, UnitId};
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::context::{DestinationLinks, Restarts, Stopping};
+    use crate::directory::Directory;
+    use crate::health::Health;
+    use crate::inbound::{LiveMo, MoSettings};
+
+    /// A router queue in memory that says it is durable (so its commits are paced) and
+    /// reports each write's staged and released units.
+    struct Recording {
+        inner: MemoryRouterQueueStore,
+        writes: mpsc::UnboundedSender<(Vec<UnitId>, Vec<UnitId>)>,
+    }
+
+    #[async_trait]
+    impl RouterQueueStore for Recording {
+        fn capabilities(&self) -> StageCapabilities {
+            StageCapabilities::durable(Backend::File)
+        }
+        async fn apply(&self, write: RouterQueueWrite) -> Result<(), RouterQueueError> {
+            let staged = write.stage.iter().map(|u| u.id).collect();
+            let released = write.release.clone();
+            self.inner.apply(write).await?;
+            let _ = self.writes.send((staged, released));
+            Ok(())
+        }
+        async fn staged_after(&self, after: ReadySeq, limit: usize) -> Result<Vec<StagedUnit>, RouterQueueError> {
+            self.inner.staged_after(after, limit).await
+        }
+        async fn cursor(&self) -> Result<ReadyCursor, RouterQueueError> {
+            self.inner.cursor().await
+        }
+        async fn stats(&self) -> Result<RouterQueueStats, RouterQueueError> {
+            self.inner.stats().await
+        }
+    }
+
+    /// Ingress as the Selector sees it: ready units in lane 0.
+    struct ReadyUnits;
+
+    impl Actor for ReadyUnits {
+        type Msg = IngressMsg;
+        type State = Vec<ReadyUnit>;
+        type Arguments = Vec<ReadyUnit>;
+
+        async fn pre_start(
+            &self,
+            _myself: ActorRef<IngressMsg>,
+            units: Vec<ReadyUnit>,
+        ) -> Result<Vec<ReadyUnit>, ActorProcessingErr> {
+            Ok(units)
+        }
+
+        async fn handle(
+            &self,
+            _myself: ActorRef<IngressMsg>,
+            msg: IngressMsg,
+            units: &mut Vec<ReadyUnit>,
+        ) -> Result<(), ActorProcessingErr> {
+            if let IngressMsg::ReadyAfter { after, limit, reply } = msg {
+                let ready = units.iter().filter(|u| u.seq > after.lane(0)).take(limit).cloned();
+                let _ = reply.send(Ok(ready.collect()));
+            }
+            Ok(())
+        }
+    }
+
+    fn shared() -> Arc<Shared> {
+        Arc::new(Shared {
+            dir: Directory::new(Vec::new()),
+            links: DestinationLinks::default(),
+            health: Health::default(),
+            sessions: SessionRegistry::new(),
+            restarts: Restarts::default(),
+            dlr_enabled: true,
+            partitions: None,
+            stopping: Stopping::default(),
+            mo: LiveMo::new(MoSettings::from_config(&sendium_profiles::Config::default()).unwrap()),
+        })
+    }
+
+    /// The pause between two stage commits does not hold up the Selector's other work: a
+    /// routed unit's staged entry is released at once, not after the next stage commit.
+    #[tokio::test]
+    async fn a_routed_unit_is_released_while_the_next_stage_waits_out_its_pause() {
+        let shared = shared();
+        let units: Vec<ReadyUnit> = (1..=2)
+            .map(|n| ReadyUnit {
+                seq: ReadySeq(n),
+                unit: Unit {
+                    id: UnitId::generate(),
+                    disposition: Disposition::Deliver,
+                    parts: Vec::new(),
+                },
+            })
+            .collect();
+        let (first, second) = (units[0].unit.id, units[1].unit.id);
+        let (ingress, _) = Actor::spawn(None, ReadyUnits, units).await.unwrap();
+        shared.dir.ingress.install(ingress);
+        let (tx, mut writes) = mpsc::unbounded_channel();
+        let store = Arc::new(Recording {
+            inner: MemoryRouterQueueStore::new(),
+            writes: tx,
+        });
+        let gap = Duration::from_secs(2);
+        let args = SelectorArgs {
+            shared: shared.clone(),
+            store,
+            batch_size: 1,
+            release_on_routed: true,
+            stage_gap: gap,
+        };
+        let (_selector, _) = Actor::spawn(None, Selector, args).await.unwrap();
+        let mut next = async || {
+            tokio::time::timeout(Duration::from_secs(10), writes.recv())
+                .await
+                .expect("a router-queue write")
+                .expect("the store is alive")
+        };
+
+        shared.dir.selector.send(SelectorMsg::Reconcile {
+            free: 1,
+            exclude: Vec::new(),
+        });
+        assert_eq!(next().await, (vec![first], vec![]), "the first unit is staged at once");
+        let staged_at = Instant::now();
+        // Its slot comes back: the second unit may be staged, but only after the pause.
+        shared.dir.selector.send(SelectorMsg::Completed(vec![first]));
+        shared.dir.selector.send(SelectorMsg::Routed(vec![first]));
+        assert_eq!(next().await, (vec![], vec![first]), "released before the next stage");
+        assert!(staged_at.elapsed() < gap, "released within the pause");
+        assert_eq!(next().await, (vec![second], vec![]));
+        assert!(staged_at.elapsed() >= gap, "the second stage waited out the pause");
     }
 }

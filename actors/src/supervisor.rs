@@ -164,6 +164,7 @@ impl SupervisorState {
                     store: spec.stores.router_queue.clone(),
                     batch_size: spec.selection_batch,
                     release_on_routed: spec.stores.routed_work.capabilities().durable,
+                    stage_gap: crate::pacing::WRITE_GAP,
                 };
                 let (r, _) = Actor::spawn_linked(name, Selector, args, cell).await?;
                 r.get_cell()

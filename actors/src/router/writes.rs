@@ -129,7 +129,7 @@ impl RouterState {
         }
         // Pace durable writes (see `crate::pacing`).
         if self.durable {
-            let wait = crate::pacing::gap_left(self.last_write, Instant::now());
+            let wait = crate::pacing::gap_left(crate::pacing::WRITE_GAP, self.last_write, Instant::now());
             if !wait.is_zero() {
                 self.write_timer = true;
                 let shared = self.shared.clone();
