@@ -75,14 +75,48 @@ fn handed_out() -> &'static Mutex<HashSet<u16>> {
     PORTS.get_or_init(|| Mutex::new(HashSet::new()))
 }
 
-/// A currently free port on 127.0.0.1 (bind port 0, read it, release it). Never returns
-/// the same port twice in one process, so parallel tests do not collide with each other.
+/// The lowest port [`free_port`] hands out.
+const FIRST_TEST_PORT: u16 = 20_000;
+
+/// The first port of the kernel's ephemeral range, from which outgoing connections and
+/// listeners on port 0 take theirs.
+fn ephemeral_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
+}
+
+/// A currently free port on 127.0.0.1. Never returns the same port twice in one process,
+/// so parallel tests do not collide with each other.
+///
+/// The port lies below the kernel's ephemeral range: a gateway killed and restarted on
+/// its ports would otherwise find one taken by some outgoing connection (its own to the
+/// test SMSC, say) that was given it while nothing listened there. Each process starts
+/// its scan at a point of its own, so concurrent test processes rarely try the same
+/// ports. Where the ephemeral range leaves no room below it, the port is an ephemeral one.
 pub fn free_port() -> u16 {
+    let end = ephemeral_start();
+    let mut handed = handed_out().lock().expect("port registry");
+    if let Some(span) = end.checked_sub(FIRST_TEST_PORT).filter(|&span| span >= 1_000) {
+        let span = u32::from(span);
+        let start = std::process::id().wrapping_mul(2_654_435_761) % span;
+        for step in 0..span {
+            let Ok(offset) = u16::try_from((start + step) % span) else {
+                break;
+            };
+            let port = FIRST_TEST_PORT + offset;
+            if !handed.contains(&port) && TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)).is_ok() {
+                handed.insert(port);
+                return port;
+            }
+        }
+    }
     loop {
         let listener = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");
         let port = listener.local_addr().expect("local address").port();
         drop(listener);
-        if handed_out().lock().expect("port registry").insert(port) {
+        if handed.insert(port) {
             return port;
         }
     }
@@ -90,8 +124,7 @@ pub fn free_port() -> u16 {
 
 /// A port on 127.0.0.1 where nothing will ever listen while this is alive: a bound,
 /// never listening socket holds it, so connections to it are refused and the OS hands it
-/// to no other socket (a port from [`free_port`] is free only until some test's listener
-/// on port 0 happens to be given it).
+/// to no other socket (a port from [`free_port`] is free only until something binds it).
 #[derive(Debug)]
 pub struct ClosedPort {
     socket: tokio::net::TcpSocket,
@@ -626,8 +659,16 @@ mod tests {
         let ports: Vec<u16> = (0..20).map(|_| free_port()).collect();
         let unique: HashSet<u16> = ports.iter().copied().collect();
         assert_eq!(unique.len(), ports.len());
+        let ephemeral = ephemeral_start();
         for port in ports {
             assert!(port > 0);
+            if ephemeral >= FIRST_TEST_PORT + 1_000 {
+                // No outgoing connection is given it while a killed gateway restarts.
+                assert!(
+                    (FIRST_TEST_PORT..ephemeral).contains(&port),
+                    "{port} in the ephemeral range"
+                );
+            }
             TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)).unwrap();
         }
     }
