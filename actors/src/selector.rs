@@ -137,9 +137,10 @@ impl SelectorState {
             // Paced like the Router's writes (see `crate::pacing`). The pause is a
             // message to come, not a sleep in this handler: the releases and completions
             // queued meanwhile are handled at once, so a routed unit's staged entry goes
-            // within milliseconds instead of after every selection queued before it (its
+            // with the next release instead of after every pause queued before it (its
             // entry would otherwise be live at the next checkpoint, written to the file
-            // and removed again at the one after).
+            // and removed again at the one after). A stage commit in progress still holds
+            // them up, for the few milliseconds of its journal sync.
             if self.durable {
                 let wait = crate::pacing::gap_left(self.stage_gap, self.last_stage, std::time::Instant::now());
                 if !wait.is_zero() {
