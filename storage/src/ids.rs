@@ -25,9 +25,31 @@ pub type IdSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
 /// The stable id of an admitted message or multipart part: the id returned in its
 /// `submit_sm_resp` or HTTP 202.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct MessageId(Uuid);
+
+/// The order of the id's bytes (big-endian: time order), compared as one 128-bit number:
+/// the in-memory stages keep their records in B-trees keyed by ids, where a byte-wise
+/// comparison is a `memcmp` call per key visited.
+impl Ord for MessageId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.as_u128().cmp(&other.0.as_u128())
+    }
+}
+
+impl PartialOrd for MessageId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// One 128-bit write (the bytes as a slice would be a length and a 16-byte write).
+impl std::hash::Hash for MessageId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u128(self.0.as_u128());
+    }
+}
 
 impl MessageId {
     /// A fresh, time-ordered id. Monotonic within the process.
@@ -247,6 +269,30 @@ mod tests {
         assert_eq!(MessageId::from_bytes(a.to_bytes()), a);
         let age = a.timestamp().age(Timestamp::now());
         assert!(age < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn ids_order_as_their_bytes_do() {
+        // The file and database indexes order ids by their bytes; the in-memory stages
+        // must agree with them (restore and selection walk both).
+        let mut bytes: Vec<[u8; 16]> = (0u8..=255)
+            .map(|i| {
+                let mut b = [i.wrapping_mul(37); 16];
+                b[15 - usize::from(i % 16)] = i;
+                b[usize::from(i % 7)] ^= 0x80;
+                b
+            })
+            .collect();
+        bytes.push([0; 16]);
+        bytes.push([0xFF; 16]);
+        let mut ids: Vec<MessageId> = bytes.iter().map(|b| MessageId::from_bytes(*b)).collect();
+        bytes.sort();
+        ids.sort();
+        assert_eq!(ids.iter().map(|id| id.to_bytes()).collect::<Vec<_>>(), bytes);
+        for (a, b) in ids.iter().zip(ids.iter().skip(1)) {
+            assert_eq!(a.cmp(b), a.to_bytes().cmp(&b.to_bytes()));
+            assert_eq!(b.cmp(a), b.to_bytes().cmp(&a.to_bytes()));
+        }
     }
 
     #[test]

@@ -25,6 +25,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use sendium_protocols::callback::CallbackTargets;
 use sendium_protocols::smpp::client::{Acker, DeliverAck};
 use sendium_storage::failpoint;
+use sendium_storage::ids::IdMap;
 use sendium_storage::{
     ClaimCreated, ClaimScope, Delivery, DeliveryContent, DeliveryFinish, DeliveryId, DeliveryResult, DlrCapabilities,
     DlrStats, DlrStore, DlrWrite, DlrWriteOutcome, Handoff, HandoffOutcome, InboundGroup, InboundPart,
@@ -176,8 +177,9 @@ pub struct DlrState {
     /// Deliveries the steps being written may claim (counted against MAX_IN_FLIGHT).
     claimed_by_writes: usize,
     /// Provider ids handed off by the steps being written, per destination, with how
-    /// many such steps hold each.
-    writing_ids: HashMap<String, HashMap<String, usize>>,
+    /// many such steps hold each (destinations are configured names, provider ids are
+    /// the provider's: SipHash for those).
+    writing_ids: IdMap<String, HashMap<String, usize>>,
     /// Receipt batches for ids in `writing_ids`, waiting for those steps to commit.
     held_receipts: Vec<ReceiptBatch>,
     /// Intermediate receipts for ids in `writing_ids`, likewise (with their tries).
@@ -942,7 +944,7 @@ impl Actor for DlrCorrelator {
             incarnation: INCARNATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             last_claim: None,
             claimed_by_writes: 0,
-            writing_ids: HashMap::new(),
+            writing_ids: IdMap::default(),
             held_receipts: Vec::new(),
             held_intermediate: Vec::new(),
             lease: args.claim_lease,

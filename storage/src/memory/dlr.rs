@@ -86,15 +86,16 @@ struct Inner {
     resolved: IdSet<TrackKey>,
     resolved_order: VecDeque<TrackKey>,
     /// Correlations by destination, then canonical provider key: looked up by `&str`s
-    /// without building an owned key per candidate.
-    corr: HashMap<String, HashMap<String, TrackKey>>,
+    /// without building an owned key per candidate. Destinations are configured names
+    /// ([`IdMap`]); provider ids are chosen by the provider, so they keep SipHash.
+    corr: IdMap<String, HashMap<String, TrackKey>>,
     orphans: HashMap<CorrKey, (ReceiptOutcome, Timestamp)>,
     orphan_order: BTreeSet<(Timestamp, CorrKey)>,
     /// Boxed: a delivery is a few hundred bytes, and a B-tree node shifts its entries on
     /// every removal (deliveries mostly leave oldest first).
     deliveries: BTreeMap<DeliveryId, Box<DeliveryRec>>,
     due: BTreeSet<(Timestamp, DeliveryId)>,
-    smpp_by_account: HashMap<String, BTreeSet<DeliveryId>>,
+    smpp_by_account: IdMap<String, BTreeSet<DeliveryId>>,
     next_delivery: u64,
     /// Multipart inbound groups held, by number.
     groups: BTreeMap<u64, InboundGroup>,
