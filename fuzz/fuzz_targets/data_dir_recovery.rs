@@ -220,7 +220,10 @@ fn base() -> &'static Base {
             ];
             let outcomes = pending.commit(batch, &[]).await.expect("admit");
             assert!(outcomes.iter().all(|o| *o == AdmitOutcome::Admitted), "{outcomes:?}");
-            let ready = pending.ready_after(sendium_storage::ReadyCursor::START, 100).await.expect("ready units");
+            let ready = pending
+                .ready_after(sendium_storage::ReadyCursor::START, 100)
+                .await
+                .expect("ready units");
             assert_eq!(ready.len(), 4, "3 singles and 1 complete group");
 
             let staged: Vec<StagedUnit> = ready.iter().map(StagedUnit::from).collect();
@@ -356,7 +359,10 @@ fn recover(base: &Base, image: &[File]) -> Result<(u64, usize, usize, usize), St
         dir.file_stages_opened();
 
         let stats = pending.stats().await.map_err(|x| e(&x))?;
-        let ready = pending.ready_after(sendium_storage::ReadyCursor::START, READ_LIMIT).await.map_err(|x| e(&x))?;
+        let ready = pending
+            .ready_after(sendium_storage::ReadyCursor::START, READ_LIMIT)
+            .await
+            .map_err(|x| e(&x))?;
         let ids: Vec<_> = ready.iter().map(|u| u.unit.id).collect();
         let units = pending.units(&ids).await.map_err(|x| e(&x))?;
         // A unit missing from the `unit_seq` index while its records remain is a

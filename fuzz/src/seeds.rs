@@ -283,6 +283,66 @@ fn http_json_body() -> Vec<Seed> {
     .collect()
 }
 
+fn kannel_sendsms() -> Vec<Seed> {
+    [
+        ("minimal", "username=app&password=secret&from=Shop&to=447700900123&text=hello"),
+        (
+            "receivers-and-dlr",
+            "from=%2B46700000001&to=46700000002+%2B46700000003+46700000002&text=Hi+there&dlr-mask=31&dlr-url=https%3A%2F%2Fexample.com%2Fdlr%3Fid%3D%25i%26s%3D%25d",
+        ),
+        ("latin1", "from=Shop&to=12345&text=Gr%FC%DFe&charset=ISO-8859-1&coding=0&mclass=1"),
+        ("ucs2", "from=Shop&to=12345&text=%00h%00i&coding=2&validity=60&deferred=5&priority=1"),
+        ("udh-part", "from=Shop&to=12345&udh=%05%00%03%2A%02%01&text=part+one&smsc=up-a"),
+        ("binary", "from=Shop&to=12345&text=%01%02%FF&coding=1&pid=65&mwi=-1"),
+    ]
+    .into_iter()
+    .map(|(name, query)| ("kannel_sendsms", name, query.as_bytes().to_vec()))
+    .collect()
+}
+
+fn http_provider_receipts() -> Vec<Seed> {
+    // The first byte picks the pointers (see the target): 0x24 is /id, /status and
+    // /error, 0x4A /data/id, /data/status and /data/error_code, 0x00 /id and /status
+    // without an error pointer. Then a length byte and the secret, then the body.
+    let seed = |pick: u8, secret: &[u8], body: &str| {
+        let mut out = vec![pick, secret.len() as u8];
+        out.extend_from_slice(secret);
+        out.extend_from_slice(body.as_bytes());
+        out
+    };
+    vec![
+        (
+            "http_provider_receipts",
+            "one",
+            seed(0x24, b"s3cret", r#"{"id":"abc-1","status":"delivered","error":"0"}"#),
+        ),
+        (
+            "http_provider_receipts",
+            "array",
+            seed(
+                0x24,
+                b"s3cret",
+                r#"[{"id":"a","status":"DELIVERED"},{"id":17,"status":"failed","error":"E_30003"}]"#,
+            ),
+        ),
+        (
+            "http_provider_receipts",
+            "nested",
+            seed(
+                0x4A,
+                b"",
+                r#"{"data":{"id":"x","status":"expired","error_code":12},"message_id":"m-1"}"#,
+            ),
+        ),
+        (
+            "http_provider_receipts",
+            "no-status",
+            seed(0x00, b"k", r#"[{"id":"a"}]"#),
+        ),
+        ("http_provider_receipts", "not-json", seed(0x00, b"k", "id=a&status=ok")),
+    ]
+}
+
 fn cbor_envelope() -> Vec<Seed> {
     let id = MessageId::from_bytes([1; 16]);
     let record = PendingRecord {
@@ -366,6 +426,8 @@ pub fn all() -> Vec<Seed> {
         receipt_text(),
         text_decoding(),
         http_json_body(),
+        kannel_sendsms(),
+        http_provider_receipts(),
         cbor_envelope(),
         data_dir_recovery(),
     ]

@@ -32,6 +32,11 @@ impl Params {
         )
     }
 
+    /// Every pair, in request order, percent-decoded.
+    pub fn pairs(&self) -> &[(Vec<u8>, Vec<u8>)] {
+        &self.0
+    }
+
     /// The first value of `name`.
     pub fn get(&self, name: &str) -> Option<&[u8]> {
         self.0
