@@ -11,6 +11,16 @@ use std::time::{Duration, Instant};
 /// Least time between the starts of two durable background writes of one actor.
 pub(crate) const WRITE_GAP: Duration = Duration::from_millis(3);
 
+/// Runs `send` once `wait` has passed, on a task of its own: how an actor asks for a
+/// message to itself later without sleeping in its handler, which would hold up every
+/// message queued behind it.
+pub(crate) fn send_after(wait: Duration, send: impl FnOnce() + Send + 'static) {
+    tokio::spawn(async move {
+        tokio::time::sleep(wait).await;
+        send();
+    });
+}
+
 /// How long a write waits so that it starts `gap` (normally [`WRITE_GAP`]) after the
 /// previous one (`last`), or nothing. The caller reads the clock once for `now`: reading
 /// it again after a comparison would let the gap pass in between and the subtraction

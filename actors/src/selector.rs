@@ -196,8 +196,7 @@ impl SelectorState {
         }
         self.stage_due = true;
         let shared = self.shared.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(wait).await;
+        crate::pacing::send_after(wait, move || {
             shared.dir.selector.send(SelectorMsg::StageDue);
         });
     }

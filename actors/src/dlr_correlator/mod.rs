@@ -294,8 +294,7 @@ impl DlrState {
         } else {
             self.deliver_scheduled = true;
             let shared = self.shared.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(wait).await;
+            crate::pacing::send_after(wait, move || {
                 // Without a correlator right now, its successor runs a round at start.
                 let _ = shared.dir.dlr.send(DlrMsg::DeliverDue);
             });

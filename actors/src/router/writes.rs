@@ -133,8 +133,7 @@ impl RouterState {
             if !wait.is_zero() {
                 self.write_timer = true;
                 let shared = self.shared.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(wait).await;
+                crate::pacing::send_after(wait, move || {
                     shared.dir.router.send(RouterMsg::WriteDue);
                 });
                 return;
