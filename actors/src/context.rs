@@ -110,8 +110,9 @@ pub struct Shared {
 
 impl Shared {
     /// Hand provider receipts to the DlrCorrelator. With DLR handling disabled they are
-    /// acknowledged and dropped. If the correlator is not running the batch is dropped
-    /// *unacknowledged*, so the provider sends the receipts again.
+    /// acknowledged and dropped. If the correlator is not running the batch is answered
+    /// with a temporary error (see [`crate::dlr_correlator::ReceiptAcks`]), so the
+    /// provider sends the receipts again.
     pub fn send_receipts(&self, batch: ReceiptBatch) -> bool {
         if !self.dlr_enabled {
             if let Some(acks) = batch.acks {

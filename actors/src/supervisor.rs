@@ -26,7 +26,7 @@ use tokio::task::JoinHandle;
 use crate::context::Shared;
 use crate::destination_worker::{DestinationWorker, WorkerArgs, WorkerMsg};
 use crate::directory::Mailbox;
-use crate::dlr_correlator::{DlrArgs, DlrCorrelator, DlrMsg};
+use crate::dlr_correlator::{DlrArgs, DlrCorrelator, DlrMsg, Handover};
 use crate::ingress::{Ingress, IngressArgs, IngressMsg};
 use crate::router::{Peer, Router, RouterArgs, RouterMsg};
 use crate::selector::{Selector, SelectorArgs, SelectorMsg};
@@ -120,6 +120,9 @@ pub struct SupervisorState {
     children: HashMap<ActorId, (ChildKind, ActorCell)>,
     stopping: bool,
     tickers: Vec<JoinHandle<()>>,
+    /// Reports the DLR correlator's tasks could not give the incarnation that started
+    /// them, kept for the next one.
+    dlr_handover: Arc<Handover>,
 }
 
 pub struct Supervisor;
@@ -193,6 +196,7 @@ impl SupervisorState {
                     callback_timeout: spec.callback_timeout,
                     claim_lease: spec.claim_lease,
                     callback_targets: spec.callback_targets.clone(),
+                    handover: self.dlr_handover.clone(),
                 };
                 let (r, _) = Actor::spawn_linked(name, DlrCorrelator, args, cell).await?;
                 r.get_cell()
@@ -473,6 +477,7 @@ impl Actor for Supervisor {
             children: HashMap::new(),
             stopping: false,
             tickers: Vec::new(),
+            dlr_handover: Arc::default(),
         };
         // Order matters at startup: the Router restores routed work through Ingress,
         // and then hands the Selector its credit; workers and the DLR correlator must

@@ -87,16 +87,11 @@ async fn every_actor_kind_panics_once_under_load_and_nothing_is_lost() {
             break;
         }
         if tokio::time::Instant::now() > deadline {
-            let (_, metrics) = gw.admin_get("/metrics").await;
-            let interesting: Vec<&str> = metrics
-                .lines()
-                .filter(|l| !l.starts_with('#') && (l.contains("dlr") || l.contains("receipt") || l.contains("stage")))
-                .collect();
             panic!(
                 "{} acknowledged messages got no receipt; smsc {:?}\n{}",
                 acked.keys().filter(|id| !ids.contains(*id)).count(),
                 smsc.stats(),
-                interesting.join("\n")
+                receipt_metrics(&gw).await
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -124,6 +119,16 @@ async fn every_actor_kind_panics_once_under_load_and_nothing_is_lost() {
         );
     }
     assert!(gw.log().contains("actor failed; restarting"));
+}
+
+/// The gateway's DLR, receipt and stage metrics, for a failure message.
+async fn receipt_metrics(gw: &sendium_integration_tests::GatewayProcess) -> String {
+    let (_, metrics) = gw.admin_get("/metrics").await;
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#') && (l.contains("dlr") || l.contains("receipt") || l.contains("stage")))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The pending store's writer (the Ingress's committer task) panics after a commit,
@@ -180,4 +185,63 @@ async fn a_panicking_pending_writer_restarts_the_ingress() {
         .await,
         "receipt for the last acknowledged submission"
     );
+}
+
+/// The DLR correlator panics right after it started committing a step. The step's
+/// report (the deliveries it claimed, the handoffs and provider receipts it stored) and
+/// the results of deliveries the old correlator had under way reach the restarted one.
+/// Lost, the claimed receipts would wait for their lease to lapse, and the delivered
+/// ones would go out again after it. So every receipt arrives well before the lease
+/// ends, none arrives twice after it, and every provider receipt is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_correlator_restarted_mid_step_takes_over_the_step() {
+    const LEASE: Duration = Duration::from_secs(10);
+    let smsc = smsc().await;
+    let config = format!(
+        "[dlr]\nbackend = \"memory\"\ncallback-timeout = \"5s\"\nclaim-lease = \"10s\"\n{}",
+        memory_config()
+    );
+    let gw = sendium_integration_tests::GatewayProcess::builder(&config)
+        .smsc_port(smsc.port())
+        .env("SENDIUM_FAILPOINT", "dlr-step-started=panic@20")
+        .start()
+        .await;
+    let esme = TestEsme::bind(gw.smpp_addr(), "esme1", "secret", BindKind::Transceiver)
+        .await
+        .unwrap();
+    let mut acked: HashSet<String> = HashSet::new();
+    for round in 0..10 {
+        let specs: Vec<SubmitSpec> = (0..100)
+            .map(|i| SubmitSpec::gsm("1", &format!("4492{round:02}{i:04}"), "correlator panic").dlr())
+            .collect();
+        acked.extend(submit_all_ok(&esme, &specs).await);
+    }
+    let submitted = tokio::time::Instant::now();
+    let ids = |esme: &TestEsme| -> HashSet<String> {
+        esme.receipts()
+            .iter()
+            .filter_map(|r| r.message_id().map(str::to_string))
+            .collect()
+    };
+    let all = eventually(LEASE - Duration::from_secs(2), || acked.is_subset(&ids(&esme))).await;
+    if !all {
+        panic!(
+            "{} acknowledged messages got no receipt before the lease ended; smsc {:?}\n{}",
+            acked.difference(&ids(&esme)).count(),
+            smsc.stats(),
+            receipt_metrics(&gw).await
+        );
+    }
+    tokio::time::sleep_until(submitted + LEASE + Duration::from_secs(2)).await;
+    one_receipt_per_id(&esme.receipts(), &acked);
+    let answered = eventually(WAIT, || {
+        let s = smsc.stats();
+        s.receipts_acked + s.receipts_nacked == s.receipts_sent
+    })
+    .await;
+    assert!(answered, "every provider receipt answered: {:?}", smsc.stats());
+    let (_, actors) = gw.admin_get("/admin/actors").await;
+    let actors: Vec<Value> = serde_json::from_str(&actors).unwrap();
+    let dlr = actors.iter().find(|a| a["kind"] == "dlr-correlator").unwrap();
+    assert_eq!(dlr["restarts"].as_u64(), Some(1), "{dlr}");
 }

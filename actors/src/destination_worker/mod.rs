@@ -412,8 +412,8 @@ impl WorkerState {
                     parts: arrived.parts,
                     acks: Some(ReceiptAcks::new(client.acker(), arrived.acks)),
                 };
-                // Acknowledged to the provider once stored; dropped unacknowledged (the
-                // provider sends them again) if the correlator is not running.
+                // Acknowledged to the provider once stored; answered with a temporary
+                // error (the provider sends them again) if the correlator is not running.
                 self.shared.dir.dlr.send(crate::dlr_correlator::DlrMsg::Inbound(batch));
             }
             // Acknowledged at once, as every intermediate receipt is: stored as type 4
@@ -433,8 +433,8 @@ impl WorkerState {
                     receipts,
                     acks: Some(ReceiptAcks::new(client.acker(), acks)),
                 };
-                // If the correlator is not running the batch is dropped unacknowledged
-                // and the provider sends the receipts again.
+                // If the correlator is not running the batch is answered with a
+                // temporary error and the provider sends the receipts again.
                 self.shared.send_receipts(batch);
             }
         }

@@ -15,6 +15,7 @@
 //! next step.
 
 pub mod deliver;
+mod handover;
 pub mod kannel;
 
 use std::collections::HashMap;
@@ -35,18 +36,21 @@ use sendium_storage::{
 use crate::context::Shared;
 use crate::inbound::MoEvent;
 use crate::router::{BranchKey, RouterMsg};
+use handover::Completion;
+pub use handover::{Handover, Report};
 
 /// Provider deliver_sm acknowledgements, sent once the receipts are stored.
 ///
 /// Holds an [`Acker`], not a client handle: acknowledgements pending for a crashed
 /// worker's sessions must not keep those sessions alive.
 ///
-/// Dropped unanswered (the correlator died holding them), they answer with a temporary
-/// error, so the provider keeps the receipts and sends them again.
+/// Dropped unanswered (sent while no correlator was running, or left in the mailbox of
+/// one that panicked), they answer with a temporary error, so the provider keeps the
+/// receipts and sends them again. Unanswered, a deliver_sm would hold a slot of the
+/// provider's window until its response timer ran out.
 /// For an HTTP provider's posted receipts the answer is the HTTP response, waiting on a
-/// oneshot: `true` once stored, `false` (or the sender dropped) for a 503 the provider
-/// retries.
-pub struct ReceiptAcks(AckTo);
+/// oneshot: `true` once stored, `false` for a 503 the provider retries.
+pub struct ReceiptAcks(Option<AckTo>);
 
 enum AckTo {
     Smpp { client: Acker, acks: Vec<DeliverAck> },
@@ -59,30 +63,41 @@ const TEMPORARY_ERROR: u32 = 0x64;
 
 impl ReceiptAcks {
     pub fn new(client: Acker, acks: Vec<DeliverAck>) -> Self {
-        Self(AckTo::Smpp { client, acks })
+        Self(Some(AckTo::Smpp { client, acks }))
     }
 
     /// The answer to an HTTP request that posted receipts.
     pub fn http(answer: tokio::sync::oneshot::Sender<bool>) -> Self {
-        Self(AckTo::Http(answer))
+        Self(Some(AckTo::Http(answer)))
     }
 
-    pub fn ok(self) {
-        match self.0 {
-            AckTo::Smpp { client, acks } => client.ack(acks.into_iter().map(|a| (a, 0)).collect()),
-            AckTo::Http(answer) => {
-                let _ = answer.send(true);
-            }
-        }
+    /// The receipts are stored.
+    pub fn ok(mut self) {
+        self.answer(true);
     }
 
-    pub fn fail(self) {
-        match self.0 {
-            AckTo::Smpp { client, acks } => client.ack(acks.into_iter().map(|a| (a, TEMPORARY_ERROR)).collect()),
-            AckTo::Http(answer) => {
-                let _ = answer.send(false);
+    /// The receipts were not stored: the provider sends them again.
+    pub fn fail(mut self) {
+        self.answer(false);
+    }
+
+    fn answer(&mut self, stored: bool) {
+        match self.0.take() {
+            Some(AckTo::Smpp { client, acks }) => {
+                let status = if stored { 0 } else { TEMPORARY_ERROR };
+                client.ack(acks.into_iter().map(|a| (a, status)).collect());
             }
+            Some(AckTo::Http(answer)) => {
+                let _ = answer.send(stored);
+            }
+            None => {}
         }
+    }
+}
+
+impl Drop for ReceiptAcks {
+    fn drop(&mut self) {
+        self.answer(false);
     }
 }
 
@@ -117,10 +132,9 @@ pub enum DlrMsg {
     DeliverDue,
     /// An account bound a receiving session: its held receipts are due now.
     AccountBound(String),
-    /// Results of delivery attempts (from delivery tasks).
-    Delivered(Vec<DeliveryFinish>),
-    /// A batched write step finished (from its write task).
-    Applied(Box<AppliedStep>),
+    /// A batched write step finished (from its write task), or delivery attempts did
+    /// (from delivery tasks).
+    Completed(Report),
     Tick,
     Status(RpcReplyPort<DlrStatus>),
 }
@@ -140,6 +154,8 @@ pub struct DlrArgs {
     pub claim_lease: Duration,
     /// Where HTTP callbacks may connect.
     pub callback_targets: CallbackTargets,
+    /// Reports an earlier incarnation did not read (the same one for every incarnation).
+    pub handover: Arc<Handover>,
 }
 
 pub struct DlrState {
@@ -184,6 +200,8 @@ pub struct DlrState {
     held_receipts: Vec<ReceiptBatch>,
     /// Intermediate receipts for ids in `writing_ids`, likewise (with their tries).
     held_intermediate: Vec<(IntermediateReceipt, u8)>,
+    /// Reports of tasks an earlier incarnation started and did not read.
+    handover: Arc<Handover>,
 }
 
 /// A batched write step and what to do with its outcome. The context travels with
@@ -496,6 +514,7 @@ impl DlrState {
         let store = self.store.clone();
         let shared = self.shared.clone();
         let incarnation = self.incarnation;
+        let handover = self.handover.clone();
         // Progress reports the step may create are not all claimed in the write (the
         // PostgreSQL store leaves them due): a claim round after it sends them.
         let progress = !write.intermediate.is_empty() || write.handoffs.iter().any(kannel::owes_accepted);
@@ -504,7 +523,7 @@ impl DlrState {
             // plus the lease, which is what the callback deadline is counted from.
             let claimed_at = std::time::Instant::now();
             let outcome = store.apply(write).await;
-            shared.dir.dlr.send(DlrMsg::Applied(Box::new(AppliedStep {
+            let step = Box::new(AppliedStep {
                 handed_off,
                 receipt_batches,
                 inbound_acks,
@@ -518,8 +537,41 @@ impl DlrState {
                 progress,
                 intermediate,
                 outcome,
-            })));
+            });
+            shared
+                .dir
+                .dlr
+                .send(DlrMsg::Completed(Report::new(Completion::Applied(step), &handover)));
         });
+        // With `=panic`: the correlator dies while its step is being committed.
+        failpoint::hit("dlr-step-started");
+    }
+
+    fn completed(&mut self, done: Completion) {
+        match done {
+            Completion::Applied(step) => self.applied(*step),
+            Completion::Delivered { incarnation, results } => {
+                if incarnation == self.incarnation {
+                    self.in_flight = self.in_flight.saturating_sub(results.len());
+                }
+                self.queue_finishes(results);
+            }
+        }
+    }
+
+    /// Take over the reports parked by tasks of earlier incarnations.
+    fn take_over(&mut self) {
+        let parked = self.handover.take();
+        if parked.is_empty() {
+            return;
+        }
+        tracing::info!(
+            reports = parked.len(),
+            "took over the reports of a restarted correlator's tasks"
+        );
+        for done in parked {
+            self.completed(done);
+        }
     }
 
     fn applied(&mut self, applied: AppliedStep) {
@@ -810,12 +862,15 @@ impl DlrState {
             self.in_flight -= parked.len();
             self.queue_finishes(parked);
         }
+        let incarnation = self.incarnation;
         for (account, deliveries) in smpp {
             let shared = self.shared.clone();
+            let handover = self.handover.clone();
             tokio::spawn(async move {
                 let shared_store = shared.partitions.is_some();
                 let results = deliver::smpp(&shared.sessions, &account, &deliveries, shared_store).await;
-                shared.dir.dlr.send(DlrMsg::Delivered(results));
+                let done = Completion::Delivered { incarnation, results };
+                shared.dir.dlr.send(DlrMsg::Completed(Report::new(done, &handover)));
             });
         }
         if !http.is_empty() {
@@ -823,6 +878,7 @@ impl DlrState {
             let client = self.http.clone();
             let inbound_client = self.http_inbound.clone();
             let slots = self.http_slots.clone();
+            let handover = self.handover.clone();
             // A callback may start only while its claim has time left for a whole attempt:
             // a round of many slow endpoints can outlast the lease, and a lapsed claim may
             // already be another round's (a second, concurrent delivery). Those go back
@@ -856,8 +912,9 @@ impl DlrState {
                     .buffer_unordered(HTTP_CONCURRENCY)
                     // Results are recorded as they come, not when the slowest is done.
                     .ready_chunks(HTTP_CONCURRENCY);
-                while let Some(chunk) = results.next().await {
-                    shared.dir.dlr.send(DlrMsg::Delivered(chunk));
+                while let Some(results) = results.next().await {
+                    let done = Completion::Delivered { incarnation, results };
+                    shared.dir.dlr.send(DlrMsg::Completed(Report::new(done, &handover)));
                 }
             });
         }
@@ -881,6 +938,8 @@ impl DlrState {
 
     async fn tick(&mut self) {
         self.ticks += 1;
+        // A report of the previous incarnation may be parked after this one started.
+        self.take_over();
         // The tick runs a delivery round itself, so a lost DeliverDue never stalls receipts.
         self.deliver_due().await;
         if self.ticks.is_multiple_of(10) {
@@ -946,6 +1005,7 @@ impl Actor for DlrCorrelator {
             writing_ids: IdMap::default(),
             held_receipts: Vec::new(),
             held_intermediate: Vec::new(),
+            handover: args.handover,
             lease: args.claim_lease,
             callback_timeout: args.callback_timeout,
             http_slots: Arc::new(tokio::sync::Semaphore::new(HTTP_CONCURRENCY)),
@@ -953,8 +1013,10 @@ impl Actor for DlrCorrelator {
     }
 
     async fn post_start(&self, _myself: ActorRef<Self::Msg>, state: &mut DlrState) -> Result<(), ActorProcessingErr> {
-        // Claims of a previous incarnation lapse by their lease; anything due goes now,
-        // and receipts held for accounts bound meanwhile are due too.
+        // What the previous incarnation's tasks reported after it stopped is taken over;
+        // other claims of it lapse by their lease. Anything due goes now, and receipts
+        // held for accounts bound meanwhile are due too.
+        state.take_over();
         state.wake_bound_accounts().await;
         state.schedule_delivery();
         Ok(())
@@ -982,11 +1044,11 @@ impl Actor for DlrCorrelator {
                 Ok(_) => {}
                 Err(e) => state.shared.health.dlr.failed("dlr", &e),
             },
-            DlrMsg::Delivered(results) => {
-                state.in_flight = state.in_flight.saturating_sub(results.len());
-                state.queue_finishes(results);
+            DlrMsg::Completed(report) => {
+                if let Some(done) = report.open() {
+                    state.completed(done);
+                }
             }
-            DlrMsg::Applied(applied) => state.applied(*applied),
             DlrMsg::Tick => state.tick().await,
             DlrMsg::Status(reply) => {
                 let store = state.store.stats().await.ok();
@@ -998,5 +1060,20 @@ impl Actor for DlrCorrelator {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn receipt_acks_dropped_unanswered_ask_the_provider_to_resend() {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        drop(ReceiptAcks::http(tx));
+        assert_eq!(rx.await, Ok(false));
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        ReceiptAcks::http(tx).ok();
+        assert_eq!(rx.await, Ok(true));
     }
 }
