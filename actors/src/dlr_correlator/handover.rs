@@ -16,7 +16,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use sendium_storage::DeliveryFinish;
 
-use super::AppliedStep;
+use super::steps::AppliedStep;
 
 /// What a task reports back.
 pub(super) enum Completion {
