@@ -33,7 +33,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use sendium_protocols::callback::CallbackTargets;
 use sendium_storage::failpoint;
-use sendium_storage::ids::IdMap;
+use sendium_storage::ids::{IdMap, IdSet};
 use sendium_storage::{
     DeliveryId, DlrCapabilities, DlrStats, DlrStore, Handoff, InboundPart, IntermediateReceipt, ProviderReceipt,
     RoutedInbound, Timestamp,
@@ -112,9 +112,9 @@ pub struct DlrState {
     /// so the callback address restrictions do not apply.
     http_inbound: deliver::CallbackClient,
     /// Inbound deliveries in flight, with their route (for counts by route).
-    inbound_in_flight: HashMap<DeliveryId, String>,
+    inbound_in_flight: IdMap<DeliveryId, String>,
     /// Multipart groups queued or being written (not asked for again meanwhile).
-    groups_writing: std::collections::HashSet<u64>,
+    groups_writing: IdSet<u64>,
     in_flight: usize,
     deliver_scheduled: bool,
     ticks: u64,
@@ -222,8 +222,8 @@ impl Actor for DlrCorrelator {
             store: args.store,
             http,
             http_inbound,
-            inbound_in_flight: HashMap::new(),
-            groups_writing: std::collections::HashSet::new(),
+            inbound_in_flight: IdMap::default(),
+            groups_writing: IdSet::default(),
             in_flight: 0,
             deliver_scheduled: false,
             ticks: 0,

@@ -1,9 +1,9 @@
 //! Delivery rounds: due receipts (and inbound messages) are claimed from the store and
 //! sent on their way, to SMPP sessions of their account or as HTTP callbacks.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
+use sendium_storage::ids::IdMap;
 use sendium_storage::{ClaimScope, Delivery, DeliveryContent, DeliveryFinish, DeliveryResult, ReplyPath, Timestamp};
 
 use super::handover::{Completion, Report};
@@ -93,7 +93,8 @@ impl DlrState {
         }
         let claims = claimed.len();
         self.in_flight += claims;
-        let mut smpp: HashMap<String, Vec<Delivery>> = HashMap::new();
+        // By account: names from the configuration.
+        let mut smpp: IdMap<String, Vec<Delivery>> = IdMap::default();
         let mut http = Vec::new();
         let mut parked = Vec::new();
         for d in claimed {
