@@ -91,7 +91,7 @@ async fn every_actor_kind_panics_once_under_load_and_nothing_is_lost() {
                 "{} acknowledged messages got no receipt; smsc {:?}\n{}",
                 acked.keys().filter(|id| !ids.contains(*id)).count(),
                 smsc.stats(),
-                receipt_metrics(&gw).await
+                dlr_metrics(&gw).await
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -119,16 +119,6 @@ async fn every_actor_kind_panics_once_under_load_and_nothing_is_lost() {
         );
     }
     assert!(gw.log().contains("actor failed; restarting"));
-}
-
-/// The gateway's DLR, receipt and stage metrics, for a failure message.
-async fn receipt_metrics(gw: &sendium_integration_tests::GatewayProcess) -> String {
-    let (_, metrics) = gw.admin_get("/metrics").await;
-    metrics
-        .lines()
-        .filter(|l| !l.starts_with('#') && (l.contains("dlr") || l.contains("receipt") || l.contains("stage")))
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// The pending store's writer (the Ingress's committer task) panics after a commit,
@@ -229,7 +219,7 @@ async fn a_correlator_restarted_mid_step_takes_over_the_step() {
             "{} acknowledged messages got no receipt before the lease ended; smsc {:?}\n{}",
             acked.difference(&ids(&esme)).count(),
             smsc.stats(),
-            receipt_metrics(&gw).await
+            dlr_metrics(&gw).await
         );
     }
     tokio::time::sleep_until(submitted + LEASE + Duration::from_secs(2)).await;

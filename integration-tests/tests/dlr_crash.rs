@@ -86,16 +86,6 @@ fn receipt_counts(esme: &TestEsme) -> HashMap<String, usize> {
     c
 }
 
-/// The gateway's DLR and stage metrics, for a failure message.
-async fn dlr_metrics(gw: &GatewayProcess) -> String {
-    let (_, metrics) = gw.admin_get("/metrics").await;
-    metrics
-        .lines()
-        .filter(|l| !l.starts_with('#') && (l.contains("dlr") || l.contains("receipt") || l.contains("stage")))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 async fn killed_at(dlr: &str, failpoint: &str) {
     let smsc = TestSmsc::start(SmscConfig {
         receipt_delay: Duration::from_millis(200),

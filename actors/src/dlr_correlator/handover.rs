@@ -2,10 +2,10 @@
 //!
 //! A step's commit and a round of deliveries run in tasks of their own and report back
 //! by message. When the correlator that started them panics, a report can find no
-//! correlator (the supervisor starts the next one after a pause) or die unread in the
-//! old mailbox. Lost, a step would leave the deliveries it claimed unsent until their
-//! lease lapsed (a minute by default), the Router without word of its handoffs, and
-//! its provider receipts unanswered; lost delivery results would send receipts twice.
+//! correlator (between the old one's death and the next one's start) or die unread in
+//! the old mailbox. Lost, a step would leave the deliveries it claimed unsent until
+//! their lease lapsed (a minute by default), and its handoffs and provider receipts
+//! would have to be sent again; lost delivery results would send receipts twice.
 //!
 //! So each report travels as a [`Report`]: dropped unread, it parks what it carries in
 //! the [`Handover`] the supervisor keeps across restarts, and the next incarnation takes

@@ -121,6 +121,16 @@ pub fn metric(text: &str, name: &str, labels: &str) -> f64 {
         .sum()
 }
 
+/// The gateway's DLR, receipt and stage metrics, for a failure message.
+pub async fn dlr_metrics(gw: &GatewayProcess) -> String {
+    let (_, metrics) = gw.admin_get("/metrics").await;
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#') && (l.contains("dlr") || l.contains("receipt") || l.contains("stage")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Wait until a metric satisfies `ok` (scraping `/metrics`).
 pub async fn wait_metric(gw: &GatewayProcess, name: &str, labels: &str, ok: impl Fn(f64) -> bool) -> bool {
     let deadline = tokio::time::Instant::now() + WAIT;
