@@ -178,13 +178,32 @@ fn build(file: Option<(&str, &str)>, env: Option<HashMap<String, String>>) -> Re
     Ok(cfg)
 }
 
+/// The TOML parser's message without the excerpt of the file it quotes.
+///
+/// The parser shows the offending line (`3 | password = "s3cr…`) under a caret; on a
+/// line holding a password, API key or database URL that excerpt would carry the secret
+/// into the startup error and into the log of a refused reload. Line and column, and what
+/// was wrong, are kept: "TOML parse error at line 3, column 19: invalid basic string".
+fn without_quoted_source(message: &str) -> String {
+    let is_excerpt = |line: &str| {
+        let rest = line.trim_start().trim_start_matches(|c: char| c.is_ascii_digit());
+        rest.trim_start().starts_with('|')
+    };
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !is_excerpt(line))
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
 /// Turns a `config` error into a [`ConfigError`] that names the full key.
 fn translate(err: config::ConfigError, origin: &str) -> ConfigError {
     use config::ConfigError as C;
     match err {
         C::FileParse { uri, cause } => ConfigError::Syntax {
             origin: uri.unwrap_or_else(|| origin.to_owned()),
-            message: cause.to_string().trim_end().to_owned(),
+            message: without_quoted_source(&cause.to_string()),
         },
         C::NotFound(key) => ConfigError::MissingKey {
             key: normalize_key(&key),
@@ -669,6 +688,22 @@ copy-to = []
         let e = load_str("[sms\n").unwrap_err();
         assert!(matches!(e, ConfigError::Syntax { .. }), "{e}");
         assert!(e.to_string().starts_with("cannot parse configuration: "), "{e}");
+    }
+
+    #[test]
+    fn a_syntax_error_on_a_secrets_line_does_not_quote_it() {
+        for text in [
+            "[[smpp.accounts]]\nsystem-id = \"esme1\"\npassword = \"s3cr3t\n",
+            "[[smpp.accounts]]\nsystem-id = \"esme1\"\npassword = \"s3cr3t\" x\n",
+            "[storage.postgresql]\nurl = \"postgres://sendium:s3cr3t@db/sendium\" = 1\n",
+        ] {
+            let e = load_str(text).unwrap_err();
+            let shown = e.to_string();
+            assert!(matches!(e, ConfigError::Syntax { .. }), "{shown}");
+            assert!(!shown.contains("s3cr3t"), "{shown}");
+            assert!(shown.contains("line 3") || shown.contains("line 2"), "{shown}");
+            assert!(!shown.contains('\n'), "{shown}");
+        }
     }
 
     #[test]
