@@ -112,7 +112,9 @@ pub enum RelayError {
         #[source]
         source: sqlx::Error,
     },
-    #[error("outbox table {table}: outcome for row {id}, which this delivery did not read")]
+    /// An outcome for a row the delivery did not read (an internal error). The row's id is
+    /// kept for the caller, out of the message: errors are logged, and row ids are per message.
+    #[error("outbox table {table}: an outcome for a row this delivery did not read")]
     UnknownRow { table: String, id: i64 },
     #[error("outbox table {table}: {reason}")]
     Source { table: String, reason: String },

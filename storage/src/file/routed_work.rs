@@ -26,7 +26,7 @@ use super::engine::journaled::{ChangedKeys, JournaledFile, JournaledStore, Stage
 use crate::backend::{Backend, StageCapabilities};
 use crate::envelope::{self, RecordKind};
 use crate::error::{BackendFailure, RoutedWorkError};
-use crate::ids::{MessageId, UnitId};
+use crate::ids::UnitId;
 use crate::memory::routed_work::{Applied, RoutedWorkState, open_count};
 use crate::routed_work::{BranchDone, BranchMove, RoutedUnit, RoutedWorkStats, RoutedWorkStore, RoutedWrite};
 
@@ -89,7 +89,7 @@ impl FileRoutedWorkStore {
             .read_file(|txn| {
                 let mut ids = Vec::new();
                 for item in txn.open_table(UNITS)?.iter()? {
-                    ids.push(MessageId::from_bytes(*item?.0.value()));
+                    ids.push(UnitId::from_bytes(*item?.0.value()));
                 }
                 Ok(ids)
             })
@@ -101,17 +101,17 @@ fn init(txn: &WriteTransaction) -> Result<(), Fail> {
     check_layout(txn, LAYOUT)?;
     let units = txn.open_table(UNITS)?;
     for entry in [units.first()?, units.last()?].into_iter().flatten() {
-        decode(MessageId::from_bytes(*entry.0.value()), entry.1.value())?;
+        decode(entry.1.value())?;
     }
     Ok(())
 }
 
-fn decode(id: UnitId, bytes: &[u8]) -> Result<RoutedUnit, Fail> {
-    envelope::decode(RecordKind::RoutedUnit, bytes).map_err(|e| Fail::record("units", id, e))
+fn decode(bytes: &[u8]) -> Result<RoutedUnit, Fail> {
+    envelope::decode(RecordKind::RoutedUnit, bytes).map_err(|e| Fail::message_record("units", e))
 }
 
 fn encode(unit: &RoutedUnit) -> Result<Vec<u8>, Fail> {
-    envelope::encode(RecordKind::RoutedUnit, unit).map_err(|e| Fail::record("units", unit.id, e))
+    envelope::encode(RecordKind::RoutedUnit, unit).map_err(|e| Fail::message_record("units", e))
 }
 
 /// The stage's state in memory (see [`super::engine::journaled`]): the units, and which
@@ -162,8 +162,8 @@ impl StageState for RoutedWorkFile {
         let table = txn.open_table(UNITS)?;
         let mut state = Self::default();
         for item in table.iter()? {
-            let (k, v) = item?;
-            let unit = decode(MessageId::from_bytes(*k.value()), v.value())?;
+            let (_, v) = item?;
+            let unit = decode(v.value())?;
             state.work.open_branches += open_count(&unit);
             state.changed.loaded(unit.id);
             state.work.units.insert(unit.id, unit);
@@ -272,6 +272,7 @@ impl RoutedWorkStore for FileRoutedWorkStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::MessageId;
     use crate::envelope::tests::same_bytes_as_ciborium;
     use crate::routed_work::BranchOutcome;
 

@@ -130,13 +130,13 @@ fn init(txn: &WriteTransaction) -> Result<(), Fail> {
     let staged = txn.open_table(STAGED)?;
     txn.open_table(STAGED_IDS)?;
     for entry in [staged.first()?, staged.last()?].into_iter().flatten() {
-        decode(entry.0.value(), entry.1.value())?;
+        decode(entry.1.value())?;
     }
     Ok(())
 }
 
-fn decode(seq: u64, bytes: &[u8]) -> Result<StagedRecord, Fail> {
-    envelope::decode(RecordKind::StagedUnit, bytes).map_err(|e| Fail::record("staged", seq, e))
+fn decode(bytes: &[u8]) -> Result<StagedRecord, Fail> {
+    envelope::decode(RecordKind::StagedUnit, bytes).map_err(|e| Fail::message_record("staged", e))
 }
 
 /// The stage's state in memory (see [`super::engine::journaled`]): the staged units and
@@ -181,7 +181,7 @@ impl StageState for RouterQueueFile {
         for item in txn.open_table(STAGED)?.iter()? {
             let (k, v) = item?;
             let seq = ReadySeq(k.value());
-            let id = decode(seq.0, v.value())?.id;
+            let id = decode(v.value())?.id;
             state.queue.by_seq.insert(seq, id);
             state.queue.by_id.insert(id, seq);
             state.changed.loaded(seq);
@@ -225,7 +225,7 @@ impl StageState for RouterQueueFile {
                    id: UnitId|
          -> Result<(), Fail> {
             let bytes = envelope::encode(RecordKind::StagedUnit, &StagedRecord { id })
-                .map_err(|e| Fail::record("staged", seq.0, e))?;
+                .map_err(|e| Fail::message_record("staged", e))?;
             staged.insert(seq.0, bytes.as_slice())?;
             ids.insert(&id.to_bytes(), seq.0)?;
             Ok(())

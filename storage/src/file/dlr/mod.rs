@@ -381,7 +381,7 @@ impl Inner {
             let meta = txn.open_table(META)?;
             let deliveries = txn.open_table(DELIVERIES)?;
             let oldest = match deliveries.first()? {
-                Some((k, v)) => Some(decode_delivery(k.value(), v.value())?.1.created_at),
+                Some((_, v)) => Some(decode_delivery(v.value())?.1.created_at),
                 None => None,
             };
             Ok(DlrStats {
@@ -406,10 +406,10 @@ impl Inner {
                 let Some(v) = groups.get(no)? else {
                     return Err(Fail::Invalid {
                         table: "inbound_due",
-                        detail: format!("group {no} is due but not held"),
+                        detail: "an inbound group is due but not held".to_string(),
                     });
                 };
-                out.push(decode_group(no, v.value())?.into_group(no));
+                out.push(decode_group(v.value())?.into_group(no));
             }
             Ok(out)
         })

@@ -62,13 +62,13 @@ pub(crate) fn init(txn: &WriteTransaction) -> Result<(), Fail> {
     inbound::init(txn)?;
     let meta = txn.open_table(META)?;
     for entry in [tracks.first()?, tracks.last()?].into_iter().flatten() {
-        decode_track(entry.0.value(), entry.1.value())?;
+        decode_track(entry.1.value())?;
     }
     for entry in [orphans.first()?, orphans.last()?].into_iter().flatten() {
-        decode_orphan(entry.0.value(), entry.1.value())?;
+        decode_orphan(entry.1.value())?;
     }
     for entry in [deliveries.first()?, deliveries.last()?].into_iter().flatten() {
-        decode_delivery(entry.0.value(), entry.1.value())?;
+        decode_delivery(entry.1.value())?;
     }
     let same_len = |what: &str, a: u64, b: u64| {
         if a == b {
@@ -98,29 +98,29 @@ pub(crate) fn init(txn: &WriteTransaction) -> Result<(), Fail> {
     {
         return Err(Fail::Invalid {
             table: "deliveries",
-            detail: format!("delivery id {} is beyond the stored delivery counter", k.value()),
+            detail: "a delivery id is beyond the stored delivery counter".to_string(),
         });
     }
     Ok(())
 }
 
-pub(crate) fn decode_track(key: &TrackKey, bytes: &[u8]) -> Result<TrackRecord, Fail> {
-    envelope::decode(RecordKind::DlrTrack, bytes).map_err(|e| Fail::record("tracks", track_name(key), e))
+pub(crate) fn decode_track(bytes: &[u8]) -> Result<TrackRecord, Fail> {
+    envelope::decode(RecordKind::DlrTrack, bytes).map_err(|e| Fail::message_record("tracks", e))
 }
 
-fn decode_orphan(key: &[u8], bytes: &[u8]) -> Result<OrphanRecord, Fail> {
-    envelope::decode(RecordKind::DlrOrphan, bytes).map_err(|e| Fail::record("orphans", corr_name(key), e))
+fn decode_orphan(bytes: &[u8]) -> Result<OrphanRecord, Fail> {
+    envelope::decode(RecordKind::DlrOrphan, bytes).map_err(|e| Fail::message_record("orphans", e))
 }
 
 /// Decode a whole `deliveries` value: its header, SMPP account and record.
-pub(crate) fn decode_delivery(id: u64, value: &[u8]) -> Result<(DeliveryHeader, DeliveryRecord), Fail> {
-    let v = delivery_parts(id, value)?;
+pub(crate) fn decode_delivery(value: &[u8]) -> Result<(DeliveryHeader, DeliveryRecord), Fail> {
+    let v = delivery_parts(value)?;
     let rec: DeliveryRecord =
-        envelope::decode(RecordKind::DlrDelivery, v.record).map_err(|e| Fail::record("deliveries", id, e))?;
+        envelope::decode(RecordKind::DlrDelivery, v.record).map_err(|e| Fail::message_record("deliveries", e))?;
     if rec.content().is_none() {
         return Err(Fail::Invalid {
             table: "deliveries",
-            detail: format!("key {id}: a delivery carries one receipt, inbound message or progress report"),
+            detail: "a delivery carries no receipt, inbound message or progress report".to_string(),
         });
     }
     Ok((v.header, rec))
@@ -130,7 +130,7 @@ pub(crate) fn decode_delivery(id: u64, value: &[u8]) -> Result<(DeliveryHeader, 
 fn delivery_of(id: u64, attempt: u32, rec: DeliveryRecord) -> Result<Delivery, Fail> {
     let content = rec.content().ok_or_else(|| Fail::Invalid {
         table: "deliveries",
-        detail: format!("key {id}: a delivery carries one receipt, inbound message or progress report"),
+        detail: "a delivery carries no receipt, inbound message or progress report".to_string(),
     })?;
     Ok(Delivery {
         id: DeliveryId(id),
@@ -143,10 +143,10 @@ fn delivery_of(id: u64, attempt: u32, rec: DeliveryRecord) -> Result<Delivery, F
 }
 
 /// Parse a `deliveries` value's header; a malformed one is corruption.
-fn delivery_parts(id: u64, value: &[u8]) -> Result<super::records::DeliveryValue<'_>, Fail> {
+fn delivery_parts(value: &[u8]) -> Result<super::records::DeliveryValue<'_>, Fail> {
     parse_delivery(value).ok_or_else(|| Fail::Invalid {
         table: "deliveries",
-        detail: format!("key {id}: malformed delivery header"),
+        detail: "malformed delivery header".to_string(),
     })
 }
 
@@ -255,7 +255,7 @@ impl<'t> Tx<'t> {
     pub(crate) fn flush(mut self) -> Result<bool, Fail> {
         for (key, cached) in self.cache.drain() {
             if let (true, Some(rec)) = (cached.dirty, &cached.rec) {
-                let bytes = encode(RecordKind::DlrTrack, "tracks", track_name(&key), rec)?;
+                let bytes = encode(RecordKind::DlrTrack, "tracks", rec)?;
                 self.tracks.insert(&key, bytes.as_slice())?;
                 self.changed = true;
             }
@@ -278,7 +278,7 @@ impl<'t> Tx<'t> {
     fn load(&mut self, key: &TrackKey) -> Result<(), Fail> {
         if !self.cache.contains_key(key) {
             let rec = match self.tracks.get(key)? {
-                Some(v) => Some(decode_track(key, v.value())?),
+                Some(v) => Some(decode_track(v.value())?),
                 None => None,
             };
             self.cache.insert(*key, Cached { rec, dirty: false });
@@ -302,12 +302,12 @@ impl<'t> Tx<'t> {
             return Ok(false);
         }
         let rec = fresh();
-        let bytes = encode(RecordKind::DlrTrack, "tracks", track_name(key), &rec)?;
+        let bytes = encode(RecordKind::DlrTrack, "tracks", &rec)?;
         let old = self.tracks.insert(key, bytes.as_slice())?.map(|v| v.value().to_vec());
         self.changed = true;
         if let Some(old) = old {
             self.tracks.insert(key, old.as_slice())?;
-            let stored = decode_track(key, &old)?;
+            let stored = decode_track(&old)?;
             self.cache.insert(
                 *key,
                 Cached {
@@ -567,19 +567,14 @@ impl<'t> Tx<'t> {
     /// Keep an uncorrelated receipt; a newer one for the same id replaces it (as memory).
     fn add_orphan(&mut self, ck: &[u8], outcome: StoredOutcome, expires_at: Timestamp) -> Result<(), Fail> {
         let old = match self.orphans.get(ck)? {
-            Some(v) => Some(decode_orphan(ck, v.value())?),
+            Some(v) => Some(decode_orphan(v.value())?),
             None => None,
         };
         if let Some(old) = old {
             self.orphan_expiry
                 .remove(orphan_expiry_key(old.expires_at, ck).as_slice())?;
         }
-        let bytes = encode(
-            RecordKind::DlrOrphan,
-            "orphans",
-            corr_name(ck),
-            &OrphanRecord { outcome, expires_at },
-        )?;
+        let bytes = encode(RecordKind::DlrOrphan, "orphans", &OrphanRecord { outcome, expires_at })?;
         self.orphans.insert(ck, bytes.as_slice())?;
         self.orphan_expiry
             .insert(orphan_expiry_key(expires_at, ck).as_slice(), ())?;
@@ -593,7 +588,7 @@ impl<'t> Tx<'t> {
             return Ok(None);
         }
         let rec = match self.orphans.remove(ck)? {
-            Some(v) => decode_orphan(ck, v.value())?,
+            Some(v) => decode_orphan(v.value())?,
             None => return Ok(None),
         };
         self.orphan_expiry
@@ -632,7 +627,7 @@ impl<'t> Tx<'t> {
         };
         let claimed = lease_end.is_some() && self.claim.is_some();
         let rec = DeliveryRecord::new(target, content, now, expires_at);
-        let record = encode(RecordKind::DlrDelivery, "deliveries", id, &rec)?;
+        let record = encode(RecordKind::DlrDelivery, "deliveries", &rec)?;
         let account = smpp.then_some(rec.target.account.as_str());
         self.deliveries
             .insert(id, delivery_value(header, account, &record).as_slice())?;
@@ -663,11 +658,11 @@ impl<'t> Tx<'t> {
             };
             let mut value = guard.value().to_vec();
             let (old, account) = {
-                let p = delivery_parts(id, &value)?;
+                let p = delivery_parts(&value)?;
                 (p.header, p.smpp_account.map(str::to_string))
             };
             let rec = if with_record {
-                Some(decode_delivery(id, &value)?.1)
+                Some(decode_delivery(&value)?.1)
             } else {
                 None
             };
@@ -700,7 +695,7 @@ impl<'t> Tx<'t> {
                 return Ok(false);
             };
             let bytes = v.value();
-            let p = delivery_parts(id, bytes)?;
+            let p = delivery_parts(bytes)?;
             if keep(&p.header) {
                 // Rare (a stale result): put it back as it was.
                 let bytes = bytes.to_vec();
@@ -741,7 +736,7 @@ impl<'t> Tx<'t> {
                 let Some(value) = self.deliveries.get(id)? else {
                     continue;
                 };
-                if !scope.takes(delivery_parts(id, value.value())?.smpp_account) {
+                if !scope.takes(delivery_parts(value.value())?.smpp_account) {
                     continue;
                 }
             }
@@ -761,7 +756,7 @@ impl<'t> Tx<'t> {
             let Some((header, Some(rec))) = claimed else {
                 return Err(Fail::Invalid {
                     table: "due",
-                    detail: format!("delivery {id} is due but has no record"),
+                    detail: "a delivery is due but has no record".to_string(),
                 });
             };
             out.push(delivery_of(id, header.attempt, rec)?);
@@ -871,7 +866,7 @@ impl<'t> Tx<'t> {
             self.changed = true;
             let tk = track_of_expiry_key(&ek);
             let rec = match self.tracks.remove(&tk)? {
-                Some(v) => decode_track(&tk, v.value())?,
+                Some(v) => decode_track(v.value())?,
                 None => continue,
             };
             for (d, k) in rec.correlated() {
@@ -896,7 +891,7 @@ impl<'t> Tx<'t> {
         for item in self.deliveries.iter()?.take(limit) {
             let (k, v) = item?;
             let id = k.value();
-            if delivery_parts(id, v.value())?.header.expires_at > now {
+            if delivery_parts(v.value())?.header.expires_at > now {
                 break;
             }
             ids.push(id);
@@ -925,7 +920,7 @@ impl<'t> Tx<'t> {
             };
             let at = Timestamp(u64::from_be_bytes(*at));
             let expired = match self.orphans.get(ck)? {
-                Some(v) => decode_orphan(ck, v.value())?.expires_at == at,
+                Some(v) => decode_orphan(v.value())?.expires_at == at,
                 None => false,
             };
             if expired {

@@ -112,10 +112,11 @@ pub(crate) const LAYOUT_KEY: &str = "layout";
 #[derive(Debug)]
 pub(crate) enum Fail {
     Db(redb::Error),
-    /// A stored value that does not decode: names the table and key.
+    /// A stored value that does not decode: names the table, and the key when it does
+    /// not identify a message (see [`Fail::message_record`]).
     Record {
         table: &'static str,
-        key: String,
+        key: Option<String>,
         err: EnvelopeError,
     },
     /// A structural check failed.
@@ -152,23 +153,31 @@ from_redb!(
 );
 
 impl Fail {
+    /// A record whose key names no message (a journal frame, an account), named in the error.
     pub(crate) fn record(table: &'static str, key: impl std::fmt::Display, err: EnvelopeError) -> Self {
         Fail::Record {
             table,
-            key: key.to_string(),
+            key: Some(key.to_string()),
             err,
         }
     }
+
+    /// A record of one message (its unit, branch, delivery, sequence number or multipart
+    /// reference): the error names only the table. Store errors are logged and shown on
+    /// `/readyz`, and per-message identifiers stay out of logs.
+    pub(crate) fn message_record(table: &'static str, err: EnvelopeError) -> Self {
+        Fail::Record { table, key: None, err }
+    }
 }
 
-/// Encode a record of `table` (its key named in an error) as an envelope of `kind`.
+/// Encode one message's record of `table` as an envelope of `kind` (an error names the
+/// table only, see [`Fail::message_record`]).
 pub(crate) fn encode<T: serde::Serialize>(
     kind: crate::envelope::RecordKind,
     table: &'static str,
-    key: impl std::fmt::Display,
     v: &T,
 ) -> Result<Vec<u8>, Fail> {
-    crate::envelope::encode(kind, v).map_err(|e| Fail::record(table, key, e))
+    crate::envelope::encode(kind, v).map_err(|e| Fail::message_record(table, e))
 }
 
 /// What kind of failure a redb error is.
@@ -364,7 +373,12 @@ impl StoreFile {
                 }
                 BackendFailure::new(kind, self.location.clone(), err)
             }
-            Fail::Record { table, key, err } => err.at(format!("{} table {table} key {key}", self.location)),
+            Fail::Record {
+                table,
+                key: Some(key),
+                err,
+            } => err.at(format!("{} table {table} key {key}", self.location)),
+            Fail::Record { table, key: None, err } => err.at(format!("{} table {table}", self.location)),
             Fail::Invalid { table, detail } => {
                 BackendFailure::new(FailureKind::Corrupt, format!("{} table {table}", self.location), detail)
             }

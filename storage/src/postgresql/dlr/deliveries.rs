@@ -29,9 +29,9 @@ impl PostgresDlrStore {
         let attempt: i32 = row.try_get("attempt")?;
         let target: String = row.try_get("target")?;
         let stored: StoredTarget = serde_json::from_str(&target)
-            .map_err(|e| self.corrupt(format_args!("delivery {id}: receipt target: {e}")))?;
+            .map_err(|e| self.corrupt(format_args!("a delivery's receipt target: {e}")))?;
         let located = |(kind, detail): (_, String)| {
-            OpError::Failure(self.loc.failure(kind, format_args!("delivery {id}: {detail}")))
+            OpError::Failure(self.loc.failure(kind, format_args!("a delivery: {detail}")))
         };
         let target = stored.into_target().map_err(located)?;
         let inbound: Option<String> = row.try_get("inbound")?;
@@ -48,7 +48,7 @@ impl PostgresDlrStore {
                 let code: Option<i16> = row.try_get("state")?;
                 let state = code
                     .and_then(state_of)
-                    .ok_or_else(|| self.corrupt(format_args!("delivery {id}: state {code:?}")))?;
+                    .ok_or_else(|| self.corrupt(format_args!("a delivery's state {code:?}")))?;
                 DeliveryContent::Receipt(ReceiptOutcome {
                     state,
                     error: row.try_get::<Option<String>, _>("error")?.unwrap_or_default(),

@@ -76,8 +76,8 @@ fn header_of(store: &PostgresDlrStore, row: &PgRow) -> Result<InboundGroup, OpEr
         source: row.try_get("source")?,
         destination: row.try_get("destination")?,
         reference: u16::try_from(int("reference")?)
-            .map_err(|_| store.corrupt(format_args!("inbound group {no}: reference")))?,
-        total: u8::try_from(int("total")?).map_err(|_| store.corrupt(format_args!("inbound group {no}: total")))?,
+            .map_err(|_| store.corrupt(format_args!("an inbound group's reference")))?,
+        total: u8::try_from(int("total")?).map_err(|_| store.corrupt(format_args!("an inbound group's part count")))?,
     };
     Ok(InboundGroup {
         no,
@@ -90,16 +90,11 @@ fn header_of(store: &PostgresDlrStore, row: &PgRow) -> Result<InboundGroup, OpEr
 
 /// A part of `group`, from a row of `seq, part_deadline, message, payload`.
 fn part_of(store: &PostgresDlrStore, row: &PgRow, group: &InboundGroup) -> Result<InboundPart, OpError> {
-    let no = group.no;
     let seq = u8::try_from(row.try_get::<i32, _>("seq")?)
-        .map_err(|_| store.corrupt(format_args!("inbound group {no}: part position")))?;
+        .map_err(|_| store.corrupt(format_args!("an inbound group part's position")))?;
     let json: String = row.try_get("message")?;
     let message = StoredInbound::decode(&json, row.try_get("payload")?).map_err(|(kind, detail)| {
-        OpError::Failure(
-            store
-                .loc
-                .failure(kind, format_args!("inbound group {no}, part {seq}: {detail}")),
-        )
+        OpError::Failure(store.loc.failure(kind, format_args!("an inbound group part: {detail}")))
     })?;
     Ok(InboundPart {
         key: group.key.clone(),

@@ -36,7 +36,7 @@ pub(super) fn init(txn: &WriteTransaction) -> Result<(), Fail> {
     let due = txn.open_table(INBOUND_DUE)?;
     let meta = txn.open_table(META)?;
     for entry in [groups.first()?, groups.last()?].into_iter().flatten() {
-        decode_group(entry.0.value(), entry.1.value())?;
+        decode_group(entry.1.value())?;
     }
     let invalid = |detail: String| Fail::Invalid { table: "meta", detail };
     if groups.len()? != due.len()? {
@@ -58,14 +58,14 @@ pub(super) fn init(txn: &WriteTransaction) -> Result<(), Fail> {
     {
         return Err(Fail::Invalid {
             table: "inbound_groups",
-            detail: format!("group {} is beyond the stored group counter", k.value()),
+            detail: "an inbound group number is beyond the stored group counter".to_string(),
         });
     }
     Ok(())
 }
 
-pub(crate) fn decode_group(no: u64, bytes: &[u8]) -> Result<GroupRecord, Fail> {
-    envelope::decode(RecordKind::DlrInboundGroup, bytes).map_err(|e| Fail::record("inbound_groups", no, e))
+pub(crate) fn decode_group(bytes: &[u8]) -> Result<GroupRecord, Fail> {
+    envelope::decode(RecordKind::DlrInboundGroup, bytes).map_err(|e| Fail::message_record("inbound_groups", e))
 }
 
 /// When a stored group is due (see [`InboundGroup::due_at`]).
@@ -90,7 +90,7 @@ pub(crate) struct InboundTables<'t> {
 impl<'t> InboundTables<'t> {
     fn load(&self, no: u64) -> Result<Option<GroupRecord>, Fail> {
         match self.groups.get(no)? {
-            Some(v) => Ok(Some(decode_group(no, v.value())?)),
+            Some(v) => Ok(Some(decode_group(v.value())?)),
             None => Ok(None),
         }
     }
@@ -103,7 +103,7 @@ impl<'t> InboundTables<'t> {
             Some(rec) => Ok(Some(rec.into_group(no))),
             None => Err(Fail::Invalid {
                 table: "inbound_open",
-                detail: format!("a key's open group {no} is not held"),
+                detail: "a key's open group is not held".to_string(),
             }),
         }
     }
@@ -111,7 +111,7 @@ impl<'t> InboundTables<'t> {
     /// Remove a group and its index entries; `None` when it is not held.
     fn remove(&mut self, no: u64) -> Result<Option<GroupRecord>, Fail> {
         let rec = match self.groups.remove(no)? {
-            Some(v) => decode_group(no, v.value())?,
+            Some(v) => decode_group(v.value())?,
             None => return Ok(None),
         };
         self.due.remove(&due_key(due_of(&rec), no))?;
@@ -193,7 +193,6 @@ impl<'t> Tx<'t> {
             let bytes = encode(
                 RecordKind::DlrInboundGroup,
                 "inbound_groups",
-                no,
                 &GroupRecord::from(g.group),
             )?;
             t.groups.insert(no, bytes.as_slice())?;
