@@ -547,15 +547,20 @@ async fn provider_receipts(
     req: Request,
 ) -> Response {
     let (parts, body) = req.into_parts();
-    let body = match tokio::time::timeout(state.body_timeout, axum::body::to_bytes(body, state.max_body_bytes)).await {
-        Ok(Ok(b)) => b,
-        Ok(Err(_)) => return StatusCode::PAYLOAD_TOO_LARGE.into_response(),
-        Err(_) => return StatusCode::REQUEST_TIMEOUT.into_response(),
+    let status = match tokio::time::timeout(state.body_timeout, axum::body::to_bytes(body, state.max_body_bytes)).await
+    {
+        Ok(Ok(body)) => {
+            state
+                .handler
+                .provider_receipts(&destination, &parts.headers, body)
+                .await
+        }
+        Ok(Err(_)) => StatusCode::PAYLOAD_TOO_LARGE,
+        Err(_) => {
+            metrics::counter!("sendium_http_timeouts_total", "what" => "body").increment(1);
+            StatusCode::REQUEST_TIMEOUT
+        }
     };
-    let status = state
-        .handler
-        .provider_receipts(&destination, &parts.headers, body)
-        .await;
     metrics::counter!("sendium_provider_receipt_requests_total", "status" => status.as_str().to_owned()).increment(1);
     status.into_response()
 }

@@ -299,11 +299,11 @@ async fn admit_request(shared: &Shared, records: Vec<PendingRecord>, in_order: b
         in_order,
         reply: tx,
     })) {
-        return vec![Admission::Refused(Refusal::Unavailable); n];
+        return unavailable(n);
     }
     let answers = match tokio::time::timeout(ADMIT_TIMEOUT, rx).await {
         Ok(Ok(answers)) if answers.len() == n => answers,
-        _ => vec![Admission::Refused(Refusal::Unavailable); n],
+        _ => unavailable(n),
     };
     // One observation per submission, not per batch: a stall that holds a batch of 50
     // back is 50 late answers, and the histogram must weigh it so to match what ESMEs see.
@@ -313,6 +313,14 @@ async fn admit_request(shared: &Shared, records: Vec<PendingRecord>, in_order: b
 
 /// Longest a client waits for admission before being told to retry.
 const ADMIT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `n` refusals for a request the pending writer never answered (the Ingress not
+/// running, or no answer within [`ADMIT_TIMEOUT`]), counted as the writer counts its own.
+fn unavailable(n: usize) -> Vec<Admission> {
+    let refusal = Refusal::Unavailable;
+    metrics::counter!("sendium_admissions_refused_total", "reason" => refusal.as_str()).increment(n as u64);
+    vec![Admission::Refused(refusal); n]
+}
 
 #[cfg(test)]
 mod tests {

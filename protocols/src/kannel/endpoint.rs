@@ -60,6 +60,7 @@ async fn params(state: &Ingress, req: Request) -> Result<Params, Answer> {
                     });
                 }
                 Err(_) => {
+                    metrics::counter!("sendium_http_timeouts_total", "what" => "body").increment(1);
                     return Err(Answer {
                         status: 408,
                         text: "The body did not arrive in time, rejected".into(),
