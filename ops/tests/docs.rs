@@ -41,3 +41,27 @@ fn unknown_commands_are_usage_errors() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("usage:"));
 }
+
+/// The README's configuration reference, as printed (its commented lines stay comments),
+/// loads and passes validation: a key renamed or a default changed in code, and not in
+/// the README, fails here.
+#[test]
+fn the_configuration_reference_in_the_readme_loads_as_written() {
+    let readme = readme();
+    let section = readme
+        .split("## Configuration reference")
+        .nth(1)
+        .expect("a Configuration reference section");
+    let toml = section
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|block| block.split("\n```").next())
+        .expect("a toml block in the Configuration reference");
+    let env = [
+        ("PROVIDER_API_KEY".to_string(), "k".to_string()),
+        ("PROVIDER_RECEIPT_SECRET".to_string(), "s".to_string()),
+    ];
+    if let Err(e) = sendium_profiles::load_str_with_env(toml, env) {
+        panic!("the README's configuration reference does not load: {e}");
+    }
+}

@@ -931,10 +931,10 @@ pub struct LogConfig {
 fn default_destination_window() -> u32 {
     50
 }
-fn default_dlr_delay_ms() -> u64 {
+pub(crate) fn default_dlr_delay_ms() -> u64 {
     100
 }
-fn default_enquire_link_interval() -> Duration {
+pub(crate) fn default_enquire_link_interval() -> Duration {
     Duration::from_secs(30)
 }
 fn default_response_timeout() -> Duration {

@@ -14,8 +14,8 @@ use std::time::Duration;
 use crate::error::ConfigError;
 use crate::model::http::{PLACEHOLDERS, is_json_pointer, parse_template};
 use crate::model::{
-    Config, DestinationConfig, DestinationKind, DlrBackend, HttpMethod, MAX_ROUTE_PRIORITY, OnReceiptRequest, Secret,
-    StageBackend,
+    BindMode, Config, DestinationConfig, DestinationKind, DlrBackend, HttpMethod, MAX_ROUTE_PRIORITY, OnReceiptRequest,
+    Secret, StageBackend,
 };
 use crate::profile::check_supported;
 
@@ -478,6 +478,12 @@ impl Validator {
             } else {
                 self.no_http_keys(&key, d);
             }
+            if d.kind != DestinationKind::Smpp {
+                self.no_smpp_keys(&key, d);
+            }
+            if d.kind != DestinationKind::Simulator && d.dlr_delay_ms != crate::model::default_dlr_delay_ms() {
+                self.invalid(format!("{key}.dlr-delay-ms"), "applies to kind = \"simulator\" only");
+            }
             self.at_least(&format!("{key}.window"), d.window, 1);
             self.nonzero(&format!("{key}.enquire-link-interval"), d.enquire_link_interval);
             self.nonzero(&format!("{key}.response-timeout"), d.response_timeout);
@@ -572,6 +578,28 @@ impl Validator {
                     format!("{key}.receipt-status"),
                     Some("required with receipt-secret: the provider's status words".to_owned()),
                 );
+            }
+        }
+    }
+
+    /// Keys of the SMPP client on another kind would be silently ignored; refuse them
+    /// instead. Keys with a default count as given when they differ from it.
+    fn no_smpp_keys(&mut self, key: &str, d: &DestinationConfig) {
+        let given = [
+            ("host", d.host.is_some()),
+            ("port", d.port.is_some()),
+            ("system-id", d.system_id.is_some()),
+            ("password", !d.password.expose().is_empty()),
+            ("system-type", !d.system_type.is_empty()),
+            ("bind", d.bind != BindMode::default()),
+            (
+                "enquire-link-interval",
+                d.enquire_link_interval != crate::model::default_enquire_link_interval(),
+            ),
+        ];
+        for (name, set) in given {
+            if set {
+                self.invalid(format!("{key}.{name}"), "applies to kind = \"smpp\" only");
             }
         }
     }
@@ -1002,6 +1030,45 @@ system-id = "sendium"
             one("[[destinations]]\nname = \"s\"\nkind = \"simulator\"\nurl = \"http://x\"")
                 .contains("applies to kind = \"http\" only")
         );
+    }
+
+    #[test]
+    fn keys_of_another_destination_kind_are_refused_not_ignored() {
+        let sim = "[[destinations]]\nname = \"s\"\nkind = \"simulator\"\n";
+        for (extra, key) in [
+            ("host = \"smsc.example\"", "destinations[2].host"),
+            ("port = 2775", "destinations[2].port"),
+            ("system-id = \"x\"", "destinations[2].system-id"),
+            ("password = \"p\"", "destinations[2].password"),
+            ("system-type = \"t\"", "destinations[2].system-type"),
+            ("bind = \"transmitter+receiver\"", "destinations[2].bind"),
+            (
+                "enquire-link-interval = \"5s\"",
+                "destinations[2].enquire-link-interval",
+            ),
+        ] {
+            let e = one(&format!("{sim}{extra}"));
+            assert!(
+                e.contains(key) && e.contains("applies to kind = \"smpp\" only"),
+                "{extra}: {e}"
+            );
+            let e = one(&format!("{HTTP}{extra}"));
+            assert!(e.contains(key) && e.contains("kind = \"smpp\" only"), "{extra}: {e}");
+        }
+        let e = one(&format!("{HTTP}tls-ca = \"/etc/ca.pem\""));
+        assert!(
+            e.contains("destinations[2].tls-ca") && e.contains("only for kind = \"smpp\""),
+            "{e}"
+        );
+        let smpp = "[[destinations]]\nname = \"c\"\nkind = \"smpp\"\nhost = \"h\"\nport = 1\nsystem-id = \"x\"\n";
+        let e = one(&format!("{smpp}dlr-delay-ms = 5"));
+        assert!(
+            e.contains("destinations[2].dlr-delay-ms") && e.contains("kind = \"simulator\" only"),
+            "{e}"
+        );
+        // Their defaults, given or not, are no problem; nor are the keys every kind uses.
+        assert!(problems(&format!("{sim}dlr-delay-ms = 5\nwindow = 10\nbind = \"transceiver\"")).is_empty());
+        assert!(problems(&format!("{HTTP}window = 10\nmax-tps = 5\nresponse-timeout = \"5s\"")).is_empty());
     }
 
     #[test]

@@ -61,6 +61,11 @@ impl Validator {
                         "only for kind = \"smpp\" (an HTTP destination uses TLS by its https:// url)",
                     );
                 }
+                for (name, set) in extras {
+                    if set {
+                        self.invalid(format!("{key}.{name}"), "only for kind = \"smpp\"");
+                    }
+                }
                 continue;
             }
             if !d.tls {
