@@ -302,16 +302,32 @@ fn normalize_key(key: &str) -> String {
     out
 }
 
-/// Speaks TOML rather than serde: `a table`, `an array`.
+/// Speaks TOML rather than serde: `a table`, `an array`. A value that came with the
+/// type (`string "…"`, `` 64-bit integer `5` ``) is dropped: the key may be a password,
+/// an API key or a URL with credentials, and the type is what the operator needs to see.
 fn type_name(serde_name: &str) -> String {
     let s = serde_name.trim();
     if s.starts_with("struct ") || s == "a map" || s == "map" {
-        "a table".to_owned()
-    } else if s == "a sequence" || s == "sequence" {
-        "an array".to_owned()
-    } else {
-        s.to_owned()
+        return "a table".to_owned();
     }
+    if s == "a sequence" || s == "sequence" {
+        return "an array".to_owned();
+    }
+    let Some(at) = s.find(['`', '"']) else {
+        return s.to_owned();
+    };
+    let word = s[..at].trim();
+    let named = [
+        ("integer", "an integer"),
+        ("floating point", "a floating point number"),
+        ("string", "a string"),
+        ("boolean", "a boolean"),
+        ("char", "a character"),
+    ];
+    named
+        .iter()
+        .find(|(part, _)| word.contains(part))
+        .map_or_else(|| word.to_owned(), |(_, name)| (*name).to_owned())
 }
 
 #[cfg(test)]
@@ -637,16 +653,35 @@ copy-to = []
     fn wrong_types() {
         assert_eq!(
             err("sms = \"memory\"\n"),
-            "invalid type for sms: expected a table, found string \"memory\""
+            "invalid type for sms: expected a table, found a string"
         );
         assert_eq!(
             err("[[routes]]\nname = \"r\"\nto = \"a\"\n"),
-            "invalid type for routes[0].to: expected an array, found string \"a\""
+            "invalid type for routes[0].to: expected an array, found a string"
         );
         assert_eq!(
             err("[admin]\nlisten = [\"127.0.0.1:1\"]\n"),
             "invalid type for admin.listen: expected a string, found an array"
         );
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_is_not_quoted() {
+        for (toml, key) in [
+            ("[http]\napi-keys = \"sk_live_s3cr3t\"\n", "http.api-keys"),
+            (
+                "[[destinations]]\nname = \"h\"\nkind = \"http\"\nurl = \"https://x\"\nheaders = \"Bearer s3cr3t\"\n",
+                "destinations[0].headers",
+            ),
+        ] {
+            let e = err(toml);
+            assert!(e.contains(key), "{e}");
+            assert!(!e.contains("s3cr3t"), "{e}");
+        }
+        let e = load_with_env(None, env(&[("SENDIUM__HTTP__API_KEYS", "sk_live_s3cr3t")]))
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("s3cr3t"), "{e}");
     }
 
     #[test]

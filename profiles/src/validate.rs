@@ -509,7 +509,8 @@ impl Validator {
             None => self.missing(format!("{key}.url"), Some("required for kind = \"http\"".to_owned())),
             Some(u) => {
                 if !is_web_url(u) {
-                    self.value(format!("{key}.url"), format!("{u:?}"), "an http:// or https:// URL");
+                    // Not echoed: a URL may carry a user and password.
+                    self.invalid(format!("{key}.url"), "must be an http:// or https:// URL");
                 }
             }
         }
@@ -774,7 +775,8 @@ impl Validator {
                 }
                 (None, Some(u)) => {
                     if !is_web_url(u) {
-                        self.value(format!("{key}.to-url"), format!("{u:?}"), "an http:// or https:// URL");
+                        // Not echoed: a URL may carry a user and password.
+                        self.invalid(format!("{key}.to-url"), "must be an http:// or https:// URL");
                     }
                 }
             }
@@ -1030,6 +1032,16 @@ system-id = "sendium"
             one("[[destinations]]\nname = \"s\"\nkind = \"simulator\"\nurl = \"http://x\"")
                 .contains("applies to kind = \"http\" only")
         );
+    }
+
+    #[test]
+    fn a_malformed_url_is_refused_without_echoing_it() {
+        let e = one("[[destinations]]\nname = \"h\"\nkind = \"http\"\nurl = \"htps://user:s3cr3t@api.example/sms\"\n");
+        assert!(
+            e.contains("destinations[2].url") && e.contains("http:// or https://"),
+            "{e}"
+        );
+        assert!(!e.contains("s3cr3t"), "{e}");
     }
 
     #[test]

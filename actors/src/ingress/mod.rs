@@ -303,7 +303,10 @@ async fn admit_request(shared: &Shared, records: Vec<PendingRecord>, in_order: b
     }
     let answers = match tokio::time::timeout(ADMIT_TIMEOUT, rx).await {
         Ok(Ok(answers)) if answers.len() == n => answers,
-        _ => unavailable(n),
+        // The writer is gone with the request: nobody else will count it.
+        Ok(Err(_)) => unavailable(n),
+        // The writer still has the request and counts what its commit decides.
+        _ => vec![Admission::Refused(Refusal::Unavailable); n],
     };
     // One observation per submission, not per batch: a stall that holds a batch of 50
     // back is 50 late answers, and the histogram must weigh it so to match what ESMEs see.
@@ -314,8 +317,8 @@ async fn admit_request(shared: &Shared, records: Vec<PendingRecord>, in_order: b
 /// Longest a client waits for admission before being told to retry.
 const ADMIT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// `n` refusals for a request the pending writer never answered (the Ingress not
-/// running, or no answer within [`ADMIT_TIMEOUT`]), counted as the writer counts its own.
+/// `n` refusals for a request the pending writer will never answer (the Ingress not
+/// running, or the writer gone with it), counted as the writer counts its own.
 fn unavailable(n: usize) -> Vec<Admission> {
     let refusal = Refusal::Unavailable;
     metrics::counter!("sendium_admissions_refused_total", "reason" => refusal.as_str()).increment(n as u64);

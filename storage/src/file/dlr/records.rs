@@ -459,25 +459,6 @@ pub(crate) fn track_unit(key: &TrackKey) -> UnitId {
     MessageId::from_bytes(id)
 }
 
-/// For error messages: `unit/branch`, formatted only when one is written.
-pub(crate) fn track_name(key: &TrackKey) -> TrackName<'_> {
-    TrackName(key)
-}
-
-/// See [`track_name`].
-pub(crate) struct TrackName<'a>(&'a TrackKey);
-
-impl std::fmt::Display for TrackName<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}/{}",
-            track_unit(self.0),
-            u16::from_be_bytes([self.0[16], self.0[17]])
-        )
-    }
-}
-
 /// `track_expiry` key: expiry (ms, big-endian) then the track key, so the first keys are
 /// the tracks that expire first.
 pub(crate) fn track_expiry_key(expires_at: Timestamp, key: &TrackKey) -> [u8; 26] {
@@ -502,17 +483,6 @@ pub(crate) fn corr_key(destination: &str, provider_key: &str) -> Vec<u8> {
     k.extend_from_slice(destination.as_bytes());
     k.extend_from_slice(provider_key.as_bytes());
     k
-}
-
-/// For error messages: `destination/provider id` (lossy).
-pub(crate) fn corr_name(key: &[u8]) -> String {
-    let len = key
-        .get(..4)
-        .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
-        .unwrap_or(0);
-    let dest = key.get(4..4 + len).unwrap_or_default();
-    let id = key.get(4 + len..).unwrap_or_default();
-    format!("{}/{}", String::from_utf8_lossy(dest), String::from_utf8_lossy(id))
 }
 
 /// `orphan_expiry` key: expiry (ms, big-endian) then the orphan's [`corr_key`].
@@ -840,14 +810,12 @@ pub(crate) mod tests {
         let unit = MessageId::generate();
         let k = track_key(unit, 513);
         assert_eq!(track_unit(&k), unit);
-        assert_eq!(track_name(&k).to_string(), format!("{unit}/513"));
         let e = track_expiry_key(Timestamp(10), &k);
         assert_eq!(track_of_expiry_key(&e), k);
         assert!(track_expiry_key(Timestamp(9), &[0xff; 18]) < e);
         assert!(due_key(Timestamp(1), u64::MAX) < due_key(Timestamp(2), 0));
         assert_eq!(due_key_id(&due_key(Timestamp(3), 4)), 4);
         assert_ne!(corr_key("a", "bc"), corr_key("ab", "c"));
-        assert_eq!(corr_name(&corr_key("up", "0A1B")), "up/0A1B");
         assert!(orphan_expiry_key(Timestamp(1), &[0xff]) < orphan_expiry_key(Timestamp(2), &[0]));
         for (h, account) in [
             (

@@ -11,8 +11,8 @@ use redb::{ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransacti
 
 use super::records::{
     DeliveryHeader, DeliveryRecord, OrphanRecord, PartState, StoredOutcome, StoredTarget, TrackKey, TrackRecord,
-    corr_key, corr_name, delivery_value, due_key, due_key_id, orphan_expiry_key, parse_delivery, track_expiry_key,
-    track_key, track_name, track_of_expiry_key, track_unit,
+    corr_key, delivery_value, due_key, due_key_id, orphan_expiry_key, parse_delivery, track_expiry_key, track_key,
+    track_of_expiry_key, track_unit,
 };
 use super::redo::{Logged, Redo, TableId};
 use crate::dlr::{
@@ -529,11 +529,11 @@ impl<'t> Tx<'t> {
         for (i, k) in r.keys.iter().enumerate() {
             let ck = corr_key(&r.destination, k);
             if let Some(v) = self.corr.get(ck.as_slice())? {
-                found = Some((*v.value(), i, ck));
+                found = Some((*v.value(), i));
                 break;
             }
         }
-        let Some((tk, i, ck)) = found else {
+        let Some((tk, i)) = found else {
             if let Some(k) = r.keys.first() {
                 let expires_at = now.saturating_add(self.retention.orphan_retention);
                 self.add_orphan(&corr_key(&r.destination, k), r.outcome.into(), expires_at)?;
@@ -544,11 +544,7 @@ impl<'t> Tx<'t> {
         if !matches!(self.cached(&tk), Some(Cached { rec: Some(_), .. })) {
             return Err(Fail::Invalid {
                 table: "correlations",
-                detail: format!(
-                    "correlation {} points at branch {}, which has no track",
-                    corr_name(&ck),
-                    track_name(&tk)
-                ),
+                detail: "a correlation points at a branch that has no track".to_string(),
             });
         }
         let unit = track_unit(&tk);
