@@ -304,3 +304,36 @@ async fn a_copy_goes_to_an_http_destination_beside_the_smpp_branch() {
     assert_eq!(smsc.submits().len(), 1);
     assert_eq!(esme.receipts().len(), 1, "the copy owes the ESME no receipt");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destination_up_follows_whether_the_provider_can_be_reached() {
+    let provider = FakeProvider::start().await;
+    // A port nothing listens on.
+    let closed_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = config(
+        &[
+            http_destination("h", "h_port", ""),
+            http_destination("gone", "gone_port", ""),
+        ],
+        "\n[[routes]]\nname = \"default\"\nto = [\"h\"]\n",
+    );
+    let mut b = GatewayProcess::builder(&config)
+        .env("SENDIUM_TEST_PROVIDER_KEY", API_KEY)
+        .var("h_port", &provider.addr().port().to_string())
+        .var("gone_port", &closed_port.to_string());
+    for p in ["to", "text", "id", "coding", "SENDIUM_TEST_PROVIDER_KEY"] {
+        b = b.var(p, &format!("{{{p}}}"));
+    }
+    let gw = b.start().await;
+    assert!(wait_metric(&gw, "sendium_destination_up", "destination=\"h\"", |v| v == 1.0).await);
+    let (_, text) = gw.admin_get("/metrics").await;
+    assert!(
+        text.lines()
+            .any(|l| l == "sendium_destination_up{destination=\"gone\"} 0"),
+        "{text}"
+    );
+}

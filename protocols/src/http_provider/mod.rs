@@ -9,6 +9,8 @@
 //! down after [`DOWN_AFTER`] requests in a row failed to connect (nothing reached the
 //! provider); while down it probes with a TCP connect after the reconnect backoff. An
 //! HTTP answer of any status, or a timeout, says the provider is reachable.
+//! `sendium_destination_up` (label `destination`) is 1 while it is up, as for an SMPP
+//! destination's transmitting session.
 
 pub mod outcome;
 pub mod receipts;
@@ -143,6 +145,8 @@ struct Task {
     cfg: Arc<HttpProviderConfig>,
     sink: Arc<dyn ClientEvents>,
     up: Arc<AtomicBool>,
+    /// `sendium_destination_up`, following `up`.
+    up_gauge: metrics::Gauge,
     results: Arc<ResultCounts>,
     rx: mpsc::UnboundedReceiver<Vec<(u64, HttpSubmit)>>,
     cancel: CancellationToken,
@@ -162,10 +166,13 @@ impl Task {
         cancel: CancellationToken,
     ) -> Self {
         let backoff = cfg.reconnect_min;
+        let up_gauge = metrics::gauge!("sendium_destination_up", "destination" => cfg.name.clone());
+        up_gauge.set(if up.load(Ordering::Acquire) { 1.0 } else { 0.0 });
         Task {
             cfg: Arc::new(cfg),
             sink,
             up,
+            up_gauge,
             results,
             rx,
             cancel,
@@ -277,6 +284,7 @@ impl Task {
         }
         self.failures_in_a_row += 1;
         if self.failures_in_a_row >= DOWN_AFTER && self.up.swap(false, Ordering::AcqRel) {
+            self.up_gauge.set(0.0);
             self.sink.on_events(vec![ClientEvent::Down {
                 reason: format!("{DOWN_AFTER} requests in a row could not connect"),
             }]);
@@ -297,6 +305,7 @@ impl Task {
             self.failures_in_a_row = 0;
             self.backoff = self.cfg.reconnect_min;
             if !self.up.swap(true, Ordering::AcqRel) {
+                self.up_gauge.set(1.0);
                 self.sink.on_events(vec![ClientEvent::Up]);
             }
             None
