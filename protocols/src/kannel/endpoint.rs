@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::sendsms::{self, Answer, Params};
 use crate::auth_guard::Verdict;
-use crate::http::{HttpOutcome, Ingress};
+use crate::http::{BodyError, HttpOutcome, Ingress};
 
 /// The answer as Kannel's smsbox sends it: plain text in a `text/html` body, not cached.
 fn reply(a: Answer) -> Response {
@@ -50,23 +50,21 @@ async fn params(state: &Ingress, req: Request) -> Result<Params, Answer> {
                 text: "Unsupported content-type, rejected".into(),
             });
         }
-        let body =
-            match tokio::time::timeout(state.body_timeout, axum::body::to_bytes(body, state.max_body_bytes)).await {
-                Ok(Ok(b)) => b,
-                Ok(Err(_)) => {
-                    return Err(Answer {
-                        status: 413,
-                        text: format!("The body is larger than {} bytes, rejected", state.max_body_bytes),
-                    });
-                }
-                Err(_) => {
-                    metrics::counter!("sendium_http_timeouts_total", "what" => "body").increment(1);
-                    return Err(Answer {
-                        status: 408,
-                        text: "The body did not arrive in time, rejected".into(),
-                    });
-                }
-            };
+        let body = match state.read_body(body).await {
+            Ok(b) => b,
+            Err(BodyError::TooLarge) => {
+                return Err(Answer {
+                    status: 413,
+                    text: format!("The body is larger than {} bytes, rejected", state.max_body_bytes),
+                });
+            }
+            Err(BodyError::TooSlow) => {
+                return Err(Answer {
+                    status: 408,
+                    text: "The body did not arrive in time, rejected".into(),
+                });
+            }
+        };
         raw.push(b'&');
         raw.extend_from_slice(&body);
     }
