@@ -38,7 +38,7 @@ use super::{
     gateway_smpp_window, machine_cpu_ticks, metric_sums, own_cpu_ticks, sample_proc, stop_gateway,
 };
 
-/// The profiles the phase runs, in order.
+/// The profiles the phase runs, in order, unless `--http-profile` names others.
 const PROFILES: [&str; 2] = ["memory", "file-file-file+dlr-file"];
 /// The API key of the `bench` account (`max-tps = 0` in the bench's template).
 const API_KEY: &str = "bench-http";
@@ -348,7 +348,7 @@ struct Driven {
 }
 
 impl Bench {
-    /// Both profiles, two rows each. `round` (from 1) chooses which row runs first on a
+    /// Each profile, two rows each. `round` (from 1) chooses which row runs first on a
     /// gateway, so neither always runs on the fresher one.
     pub fn run_http(&self, round: usize) -> Vec<HttpRun> {
         let paths = if round.is_multiple_of(2) {
@@ -356,8 +356,13 @@ impl Bench {
         } else {
             [HttpPath::Plain, HttpPath::Callback]
         };
+        let names: Vec<&'static str> = if self.opts.http_profiles.is_empty() {
+            PROFILES.to_vec()
+        } else {
+            self.opts.http_profiles.iter().map(|p| p.name).collect()
+        };
         let mut runs = Vec::new();
-        for name in PROFILES {
+        for name in names {
             runs.extend(self.http_profile(name, paths));
         }
         runs

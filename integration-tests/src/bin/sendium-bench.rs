@@ -85,7 +85,7 @@ const USAGE: &str = "usage: sendium-bench [--profile NAME]... [--include-unsuppo
                      [--outbox] [--outbox-rows 1000000] [--outbox-partitions 4] [--outbox-batch 1000]
                      [--trickle-rate 1000] [--trickle-seconds 20]
                      [--flood] [--flood-messages 100000] [--flood-pairs 5]
-                     [--http] [--http-messages 200000] [--http-clients 50]
+                     [--http] [--http-messages 200000] [--http-clients 50] [--http-profile NAME]...
                      [--mo] [--mo-messages 100000]
                      [--http-destination] [--http-destination-messages 50000]
 
@@ -109,6 +109,8 @@ from --http-clients keep-alive connections, --http-messages per row, without and
 callback_url (to a sink in the bench), on the memory and file-file-file+dlr-file
 profiles: msgs/s until every message is done (its callback back, or without one its
 submit_sm answered), the gateway's CPU µs per message over that window, 202 p50/p99.
+--http-profile NAME (repeatable; implies --http) runs the HTTP rows on the named
+profiles instead, e.g. file-file-file to tell the DLR store's share from the rest.
 The inbound phase (run by default, or alone with --mo and no --profile): --mo-messages
 deliver_sm from the test SMSC, routed by one [[mo-routes]] entry to a bound receiver,
 on the memory and file-file-file+dlr-file profiles: msgs/s from the first sent to the
@@ -329,6 +331,8 @@ struct Options {
     http: bool,
     http_messages: u64,
     http_clients: usize,
+    /// The HTTP phase's profiles; empty: memory and file-file-file+dlr-file.
+    http_profiles: Vec<&'static Profile>,
     mo: bool,
     mo_messages: u64,
     http_destination: bool,
@@ -369,6 +373,7 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
         // A row takes 4-20 s on the 2-core VM: 200,000 messages at 10,000-50,000 msgs/s.
         http_messages: 200_000,
         http_clients: 50,
+        http_profiles: Vec::new(),
         mo: false,
         mo_messages: 100_000,
         http_destination: false,
@@ -435,6 +440,17 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
             "--http" => o.http = true,
             "--http-messages" => o.http_messages = num(flag, value()?)?,
             "--http-clients" => o.http_clients = num(flag, value()?)?,
+            "--http-profile" => {
+                let name = value()?;
+                let profile = find_profile(&name).ok_or_else(|| {
+                    let names: Vec<&str> = PROFILES.iter().map(|p| p.name).collect();
+                    format!("unknown profile {name:?} (known: {})", names.join(", "))
+                })?;
+                if !o.http_profiles.iter().any(|p| p.name == profile.name) {
+                    o.http_profiles.push(profile);
+                }
+                o.http = true;
+            }
             "--mo" => o.mo = true,
             "--mo-messages" => o.mo_messages = num(flag, value()?)?,
             "--http-destination" => o.http_destination = true,
@@ -2448,6 +2464,16 @@ mod tests {
         assert!(!parse(&["--profile", "memory"]).unwrap().unwrap().http);
         assert!(parse(&["--http=1"]).is_err());
         assert!(parse(&["--http-clients", "0"]).is_err());
+        let o = parse(&["--http-profile", "file-file-file", "--http-profile", "memory"])
+            .unwrap()
+            .unwrap();
+        let names: Vec<&str> = o.http_profiles.iter().map(|p| p.name).collect();
+        assert_eq!(names, ["file-file-file", "memory"]);
+        assert!(
+            o.http && !o.outbox && o.profiles.is_empty(),
+            "--http-profile implies --http alone"
+        );
+        assert!(parse(&["--http-profile", "nonesuch"]).is_err());
     }
 
     fn test_context(command: &str) -> RunContext {
