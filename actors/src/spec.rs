@@ -172,6 +172,10 @@ fn http_provider_config(cfg: &Config, d: &DestinationConfig, window: usize) -> H
         response_timeout: d.response_timeout,
         reconnect_min: d.reconnect_min,
         reconnect_max: d.reconnect_max,
+        trust: crate::tls::http_destination_trust(
+            cfg.destinations.iter().position(|x| x.name == d.name).unwrap_or(0),
+            d,
+        ),
     }
 }
 

@@ -5,6 +5,7 @@
 //! sessions keep the one they shook hands with.
 
 use sendium_profiles::Config;
+use sendium_protocols::http_client::Trust;
 use sendium_protocols::tls::{self, ClientTlsSettings, PreparedServerTls, ServerTls, ServerTlsFiles, TlsError};
 
 /// The server identities of the listeners that speak TLS.
@@ -88,10 +89,24 @@ pub fn destination_settings(i: usize, d: &sendium_profiles::DestinationConfig) -
     })
 }
 
+/// The certificates a `kind = "http"` destination's https:// url is checked against.
+pub fn http_destination_trust(i: usize, d: &sendium_profiles::DestinationConfig) -> Trust {
+    match &d.tls_ca {
+        Some(path) => Trust::CaFile {
+            key: format!("destinations[{i}].tls-ca"),
+            path: path.clone(),
+        },
+        None => Trust::WebPki,
+    }
+}
+
 /// Every TLS destination's CA file is readable and holds certificates, and its server name
 /// is one TLS can verify.
 fn check_destinations(cfg: &Config) -> Result<(), TlsError> {
     for (i, d) in cfg.destinations.iter().enumerate() {
+        if d.kind == sendium_profiles::DestinationKind::Http {
+            http_destination_trust(i, d).check()?;
+        }
         if let Some(settings) = destination_settings(i, d) {
             tls::client_config(&settings)?;
             if tls::server_name(&settings.server_name).is_err() {

@@ -4,7 +4,8 @@
 //! once; a provider answering 500 loses its work to the next destination of the route
 //! after `failover-after`; a 400 ends the message with a REJECTD receipt; `parts =
 //! "whole"` sends a long message in one request, `"split"` one request per SMS part; a
-//! `copy-to` HTTP destination gets its copy beside the SMPP branch.
+//! `copy-to` HTTP destination gets its copy beside the SMPP branch; an `https://` provider
+//! behind a private CA is reached through `tls-ca` and refused without it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -12,7 +13,7 @@ mod support;
 use std::time::Duration;
 
 use sendium_integration_tests::http_provider::{Answer, FakeProvider, Proof, post_receipt};
-use sendium_integration_tests::{Alphabet, BindKind, GatewayProcess, ReceiptState, SubmitSpec, TestEsme};
+use sendium_integration_tests::{Alphabet, BindKind, GatewayProcess, ReceiptState, SubmitSpec, TestEsme, TlsFront};
 use support::*;
 
 const API_KEY: &str = "k-7f3a9c1e55d2";
@@ -335,5 +336,60 @@ async fn destination_up_follows_whether_the_provider_can_be_reached() {
         text.lines()
             .any(|l| l == "sendium_destination_up{destination=\"gone\"} 0"),
         "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_provider_behind_a_private_ca_is_trusted_through_tls_ca_only() {
+    let provider = FakeProvider::start().await;
+    // The provider's certificate, self-signed: no webpki root vouches for it.
+    let dir = tempfile::tempdir().unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+    let (cert, key) = (dir.path().join("provider.pem"), dir.path().join("provider.key"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let front = TlsFront::start(&cert, &key, provider.addr()).await;
+    let https = |name: &str, extra: &str| {
+        http_destination(name, "front_port", extra).replace("url = \"http://", "url = \"https://")
+    };
+    let config = config(
+        &[
+            https("private", &format!("tls-ca = \"{}\"\n", cert.display())),
+            https("public", ""),
+        ],
+        "\n[[routes]]\nname = \"default\"\nto = [\"private\"]\n",
+    );
+    let config = config.replace("{front_port}", &front.addr().port().to_string());
+    let (gw, esme) = start(&config, &[]).await;
+    let resp = esme
+        .submit(&SubmitSpec::gsm("Shop", "447700900123", "over https").dlr())
+        .await
+        .unwrap();
+    assert!(resp.is_ok());
+    assert!(
+        provider.wait_requests(1, WAIT).await,
+        "the provider got nothing through TLS"
+    );
+    assert_eq!(provider.requests()[0].json()["msg"], "over https");
+    assert!(wait_metric(&gw, "sendium_destination_up", "destination=\"private\"", |v| v == 1.0).await);
+    // The same provider without tls-ca: the webpki roots do not vouch for it, so it stays
+    // down, and the log says why.
+    let (_, text) = gw.admin_get("/metrics").await;
+    assert!(
+        text.lines()
+            .any(|l| l == "sendium_destination_up{destination=\"public\"} 0"),
+        "{text}"
+    );
+    let log = gw.log();
+    assert!(
+        log.lines().any(|l| l.contains("HTTP destination cannot be reached")
+            && l.contains("public")
+            && l.contains("UnknownIssuer")),
+        "{log}"
+    );
+    assert_eq!(
+        provider.requests().len(),
+        1,
+        "nothing was sent through the untrusted destination"
     );
 }

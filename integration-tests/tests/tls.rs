@@ -486,6 +486,23 @@ fn check_config_reads_the_tls_files_and_names_the_bad_key() {
         out.contains("destinations[0].tls-ca") && out.contains("only used with tls = true"),
         "{out}"
     );
+
+    // An HTTP destination's https:// url: its CA file is read at startup too.
+    let https = |ca: &Path| {
+        format!(
+            "\n[[destinations]]\nname = \"api\"\nkind = \"http\"\nurl = \"https://localhost:8443/send\"\ntls-ca = \"{}\"\n",
+            ca.display()
+        )
+    };
+    let (ok, out) = check_config(&[smpp.as_str(), &destination, &https(&cert.cert)].concat());
+    assert!(ok, "{out}");
+    assert!(out.contains("destination api over HTTPS, trusts"), "{out}");
+    let (ok, out) = check_config(&[smpp.as_str(), &destination, &https(&dir.path().join("none.pem"))].concat());
+    assert!(!ok);
+    assert!(
+        out.contains("destinations[1].tls-ca") && out.contains("none.pem"),
+        "{out}"
+    );
 }
 
 /// A CA, and client certificates it signs for a subject CN.

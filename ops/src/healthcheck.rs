@@ -112,7 +112,7 @@ pub async fn run(args: &HealthcheckArgs, admin: Option<&AdminConfig>) -> Result<
         .get(&url)
         .send()
         .await
-        .map_err(|e| HealthcheckError::Unhealthy(format!("{url}: {}", error_chain(&e))))?;
+        .map_err(|e| HealthcheckError::Unhealthy(format!("{url}: {}", sendium_protocols::error::chain(&e))))?;
     let status = resp.status();
     let body = resp.text().await.unwrap_or_default();
     if status.is_success() {
@@ -129,18 +129,6 @@ fn reachable(listen: SocketAddr) -> SocketAddr {
         IpAddr::V6(ip) if ip.is_unspecified() => (Ipv6Addr::LOCALHOST, listen.port()).into(),
         _ => listen,
     }
-}
-
-/// An error and its sources on one line (reqwest's own message hides the TLS reason).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 #[cfg(test)]

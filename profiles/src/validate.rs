@@ -1067,11 +1067,23 @@ system-id = "sendium"
             let e = one(&format!("{HTTP}{extra}"));
             assert!(e.contains(key) && e.contains("kind = \"smpp\" only"), "{extra}: {e}");
         }
-        let e = one(&format!("{HTTP}tls-ca = \"/etc/ca.pem\""));
+        // An HTTP destination trusts a private CA for its https:// url; nothing else does.
+        assert!(problems(&format!("{HTTP}tls-ca = \"/etc/ca.pem\"")).is_empty());
+        let plain = HTTP.replace("https://", "http://");
+        let e = one(&format!("{plain}tls-ca = \"/etc/ca.pem\""));
         assert!(
-            e.contains("destinations[2].tls-ca") && e.contains("only for kind = \"smpp\""),
+            e.contains("destinations[2].tls-ca") && e.contains("only used with an https:// url"),
             "{e}"
         );
+        let e = one(&format!("{sim}tls-ca = \"/etc/ca.pem\""));
+        assert!(
+            e.contains("destinations[2].tls-ca") && e.contains("only for kind = \"smpp\" or \"http\""),
+            "{e}"
+        );
+        for extra in ["tls-server-name = \"x.example\"", "tls-insecure-skip-verify = true"] {
+            let e = one(&format!("{HTTP}{extra}"));
+            assert!(e.contains("only for kind = \"smpp\""), "{extra}: {e}");
+        }
         let smpp = "[[destinations]]\nname = \"c\"\nkind = \"smpp\"\nhost = \"h\"\nport = 1\nsystem-id = \"x\"\n";
         let e = one(&format!("{smpp}dlr-delay-ms = 5"));
         assert!(

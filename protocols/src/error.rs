@@ -23,6 +23,19 @@ pub enum Error {
     Receipt(#[from] ReceiptError),
 }
 
+/// `e` and its sources on one line, `: `-separated: the reason a wrapper's own message
+/// hides (a TLS handshake's "invalid peer certificate: UnknownIssuer").
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

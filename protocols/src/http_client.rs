@@ -27,8 +27,11 @@
 //!   rest are connected to (in order) — no second resolution between check and connect.
 //! - **Limits.** One deadline ([`Config::timeout`]) covers resolving, connecting, TLS, the
 //!   request, the answer and its body; the body is read up to [`Config::max_body`].
-//! - **TLS** through rustls with the ring provider and the webpki roots, the server name
-//!   checked, ALPN `http/1.1`.
+//! - **TLS** through rustls with the ring provider, the server name checked, ALPN `http/1.1`.
+//!   The certificate chain is checked against the webpki roots or, with [`Trust::CaFile`],
+//!   against a PEM file's CA certificates only (a provider behind a private CA); that file
+//!   is read again when it changes, checked at each new connection, so a renewed CA needs no
+//!   restart.
 //!
 //! Not followed: redirects (a 3xx is an answer like any other). Not spoken: HTTP/2, proxies,
 //! compression. Nothing here logs: errors name no URL, so a caller cannot leak a query string
@@ -39,10 +42,11 @@ use std::fmt;
 use std::future::{Future, poll_fn};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::pin::{Pin, pin};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Bytes, BytesMut};
 use http::header::{AUTHORIZATION, CONNECTION, CONTENT_LENGTH, HOST, HeaderName, HeaderValue, USER_AGENT};
@@ -368,6 +372,10 @@ pub enum Error {
     Connect(#[source] io::Error),
     #[error("TLS handshake with the target failed")]
     Tls(#[source] io::Error),
+    /// [`Trust::CaFile`]'s file cannot be read or used (it changed since the last
+    /// connection); nothing was connected to.
+    #[error("cannot use the trusted CA certificates")]
+    Trust(#[source] crate::tls::TlsError),
     /// The exchange failed before the answer's head was in: the connection broke, the
     /// answer was not HTTP/1.1, or a new connection closed at once.
     #[error("HTTP exchange with the target failed")]
@@ -392,6 +400,137 @@ pub enum Error {
 pub enum BuildError {
     #[error("cannot set up TLS")]
     Tls(#[source] rustls::Error),
+    #[error("cannot use the trusted CA certificates")]
+    Trust(#[source] crate::tls::TlsError),
+}
+
+/// The certificates a client's TLS connections are checked against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trust {
+    /// The webpki roots (the Mozilla CA list).
+    WebPki,
+    /// Only the CA certificates in this PEM file; `key` names it in errors (the
+    /// configuration key, e.g. `destinations[2].tls-ca`).
+    CaFile { key: String, path: PathBuf },
+}
+
+impl Trust {
+    /// Read and check what this trusts, as a client built with it would: a CA file that
+    /// cannot be read, holds no certificate or one rustls refuses fails.
+    pub fn check(&self) -> Result<(), crate::tls::TlsError> {
+        match self {
+            Trust::WebPki => Ok(()),
+            Trust::CaFile { key, path } => ca_file_connector(key, path).map(drop),
+        }
+    }
+}
+
+/// How new TLS connections are set up.
+enum Connector {
+    Fixed(TlsConnector),
+    /// Built from a CA file, and built again when the file's length or modification time
+    /// differs from what it was built from.
+    CaFile {
+        key: String,
+        path: PathBuf,
+        built: Mutex<(FileStamp, TlsConnector)>,
+    },
+}
+
+/// What tells a changed file from the one read before, without reading it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    len: u64,
+    modified: Option<SystemTime>,
+}
+
+impl FileStamp {
+    fn of(key: &str, path: &std::path::Path) -> Result<FileStamp, crate::tls::TlsError> {
+        let meta = std::fs::metadata(path).map_err(|source| crate::tls::TlsError::Read {
+            key: key.to_owned(),
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(FileStamp {
+            len: meta.len(),
+            modified: meta.modified().ok(),
+        })
+    }
+}
+
+impl Connector {
+    fn new(trust: Trust, extra_roots: Vec<CertificateDer<'static>>) -> Result<Connector, BuildError> {
+        match trust {
+            Trust::WebPki => {
+                let mut roots = rustls::RootCertStore {
+                    roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+                };
+                for cert in extra_roots {
+                    roots.add(cert).map_err(BuildError::Tls)?;
+                }
+                let tls =
+                    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                        .with_safe_default_protocol_versions()
+                        .map_err(BuildError::Tls)?
+                        .with_root_certificates(roots)
+                        .with_no_client_auth();
+                Ok(Connector::Fixed(http1_connector(tls)))
+            }
+            Trust::CaFile { key, path } => {
+                let stamp = FileStamp::of(&key, &path).map_err(BuildError::Trust)?;
+                let connector = ca_file_connector(&key, &path).map_err(BuildError::Trust)?;
+                Ok(Connector::CaFile {
+                    key,
+                    path,
+                    built: Mutex::new((stamp, connector)),
+                })
+            }
+        }
+    }
+
+    /// The connector for a new connection; for a CA file, one that trusts its current
+    /// content. A file that became unreadable fails the connection rather than leaving the
+    /// old certificates trusted.
+    fn current(&self) -> Result<TlsConnector, crate::tls::TlsError> {
+        match self {
+            Connector::Fixed(c) => Ok(c.clone()),
+            Connector::CaFile { key, path, built } => {
+                let stamp = FileStamp::of(key, path)?;
+                {
+                    let built = built.lock();
+                    if built.0 == stamp {
+                        return Ok(built.1.clone());
+                    }
+                }
+                let connector = ca_file_connector(key, path)?;
+                *built.lock() = (stamp, connector.clone());
+                Ok(connector)
+            }
+        }
+    }
+}
+
+fn http1_connector(mut tls: rustls::ClientConfig) -> TlsConnector {
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    TlsConnector::from(Arc::new(tls))
+}
+
+fn ca_file_connector(key: &str, path: &std::path::Path) -> Result<TlsConnector, crate::tls::TlsError> {
+    let rejected = |source| crate::tls::TlsError::Rejected {
+        key: key.to_owned(),
+        path: path.to_owned(),
+        source,
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in crate::tls::load_certificates(key, path)? {
+        roots.add(cert).map_err(rejected)?;
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(rejected)?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(http1_connector(tls))
 }
 
 /// The client; cheap to clone (clones share the pool).
@@ -403,7 +542,7 @@ pub struct HttpClient {
 struct Inner {
     config: Config,
     policy: Arc<dyn AddressPolicy>,
-    tls: TlsConnector,
+    tls: Connector,
     pool: Mutex<Pool>,
 }
 
@@ -419,36 +558,55 @@ struct Pool {
 impl HttpClient {
     /// A client connecting only where `policy` permits.
     pub fn new(config: Config, policy: Arc<dyn AddressPolicy>) -> Result<Self, BuildError> {
-        Self::with_roots(config, policy, Vec::new())
+        Self::with_trust(config, policy, Trust::WebPki)
+    }
+
+    /// `new`, checking TLS servers against `trust`. A CA file that cannot be read or holds
+    /// no certificate fails here.
+    pub fn with_trust(config: Config, policy: Arc<dyn AddressPolicy>, trust: Trust) -> Result<Self, BuildError> {
+        Self::build(config, policy, Connector::new(trust, Vec::new())?)
     }
 
     /// `new`, trusting `extra_roots` besides the webpki roots (tests: a local server's own
     /// certificate).
+    #[cfg(test)]
     fn with_roots(
         config: Config,
         policy: Arc<dyn AddressPolicy>,
         extra_roots: Vec<CertificateDer<'static>>,
     ) -> Result<Self, BuildError> {
-        let mut roots = rustls::RootCertStore {
-            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-        };
-        for cert in extra_roots {
-            roots.add(cert).map_err(BuildError::Tls)?;
-        }
-        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .map_err(BuildError::Tls)?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Self::build(config, policy, Connector::new(Trust::WebPki, extra_roots)?)
+    }
+
+    fn build(config: Config, policy: Arc<dyn AddressPolicy>, tls: Connector) -> Result<Self, BuildError> {
         Ok(HttpClient {
             inner: Arc::new(Inner {
                 config,
                 policy,
-                tls: TlsConnector::from(Arc::new(tls)),
+                tls,
                 pool: Mutex::default(),
             }),
         })
+    }
+
+    /// Open a connection to `target` (resolve, connect, TLS) and pool it for the next
+    /// request, within [`Config::timeout`]: whether requests can go there now, found
+    /// without sending one.
+    pub async fn open(&self, target: &Target) -> Result<(), Error> {
+        let timeout = self.inner.config.timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let open = async {
+            let mut conn = self.inner.connect(target, deadline).await?;
+            if !conn.ready().await {
+                return Err(Error::Closed);
+            }
+            self.inner.checkin(&target.0.origin, conn);
+            Ok(())
+        };
+        match tokio::time::timeout_at(deadline, open).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::Timeout(timeout)),
+        }
     }
 
     /// Send `req` and read its answer, within [`Config::timeout`].
@@ -624,11 +782,17 @@ impl Inner {
                 allowed
             }
         };
+        let tls = match parts.server_name {
+            None => None,
+            Some(_) => Some(self.tls.current().map_err(Error::Trust)?),
+        };
         let tcp = connect_any(&addrs, deadline).await.map_err(Error::Connect)?;
         tcp.set_nodelay(true).map_err(Error::Connect)?;
-        let stream = match &parts.server_name {
-            None => ClientStream::Plain(tcp),
-            Some(name) => ClientStream::Tls(Box::new(self.tls.connect(name.clone(), tcp).await.map_err(Error::Tls)?)),
+        let stream = match (&parts.server_name, tls) {
+            (Some(name), Some(tls)) => {
+                ClientStream::Tls(Box::new(tls.connect(name.clone(), tcp).await.map_err(Error::Tls)?))
+            }
+            _ => ClientStream::Plain(tcp),
         };
         let (sender, driver) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
@@ -1292,12 +1456,9 @@ AyQWWChm6NeKPeyqinyN3IRYoAehRANCAAS9PKNL1eEYuz883X4cVPnh9E5rOLmG
         assert_eq!(server.seen.requests.load(Ordering::SeqCst), 1);
     }
 
-    #[tokio::test]
-    async fn https_to_a_server_of_unknown_issuer_is_refused() {
-        let server = serve_on("127.0.0.1", true, |_| async { answer(200, "ok") }).await;
-        let client = client(Config::default());
-        let target = Target::parse(&format!("https://localhost:{}/", server.addr.port())).unwrap();
-        match client.send(&post(&target, "{}")).await {
+    /// `result` is the TLS handshake refusing the server's certificate as of no trusted issuer.
+    fn assert_unknown_issuer(result: Result<Response, Error>) {
+        match result {
             Err(Error::Tls(e)) => {
                 let cause = e.get_ref().and_then(|c| c.downcast_ref::<rustls::Error>());
                 assert_eq!(
@@ -1310,7 +1471,63 @@ AyQWWChm6NeKPeyqinyN3IRYoAehRANCAAS9PKNL1eEYuz883X4cVPnh9E5rOLmG
             }
             other => panic!("expected a TLS failure, got {other:?}"),
         }
+    }
+
+    #[tokio::test]
+    async fn https_to_a_server_of_unknown_issuer_is_refused() {
+        let server = serve_on("127.0.0.1", true, |_| async { answer(200, "ok") }).await;
+        let client = client(Config::default());
+        let target = Target::parse(&format!("https://localhost:{}/", server.addr.port())).unwrap();
+        assert_unknown_issuer(client.send(&post(&target, "{}")).await);
         assert_eq!(server.seen.requests.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn a_ca_file_is_trusted_instead_of_the_webpki_roots_and_read_again_when_it_changes() {
+        let server = serve_on("127.0.0.1", true, |_| async { answer(200, "ok") }).await;
+        let target = Target::parse(&format!("https://localhost:{}/", server.addr.port())).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, CERT).unwrap();
+        let trust = Trust::CaFile {
+            key: "destinations[0].tls-ca".into(),
+            path: ca.clone(),
+        };
+        trust.check().unwrap();
+        // No idle connections kept: every request opens one, so each sees the file as it is.
+        let config = Config {
+            max_idle_per_origin: 0,
+            ..Config::default()
+        };
+        let client = HttpClient::with_trust(config, Arc::new(AnyAddress), trust.clone()).unwrap();
+        let r = client.send(&post(&target, "{}")).await.unwrap();
+        assert_eq!(r.status, StatusCode::OK);
+        client.open(&target).await.unwrap();
+
+        // Another CA in the file (as after a renewal to the wrong one): the server's
+        // certificate is no longer trusted, and the webpki roots are not a fallback.
+        let other = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        std::fs::write(&ca, format!("{}\n", other.cert.pem())).unwrap();
+        assert_unknown_issuer(client.send(&post(&target, "{}")).await);
+        // Gone: connections fail before connecting, naming the key and the file.
+        std::fs::remove_file(&ca).unwrap();
+        match client.open(&target).await {
+            Err(Error::Trust(e)) => {
+                let text = e.to_string();
+                assert!(text.starts_with("destinations[0].tls-ca: cannot read"), "{text}");
+            }
+            other => panic!("expected the CA file to fail, got {other:?}"),
+        }
+        assert!(trust.check().is_err());
+        assert!(matches!(
+            HttpClient::with_trust(Config::default(), Arc::new(AnyAddress), trust),
+            Err(BuildError::Trust(_))
+        ));
+        // Back as it was: trusted again, with no restart.
+        std::fs::write(&ca, CERT).unwrap();
+        let r = client.send(&post(&target, "{}")).await.unwrap();
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(server.seen.requests.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]

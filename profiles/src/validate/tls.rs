@@ -62,8 +62,17 @@ impl Validator {
                     );
                 }
                 for (name, set) in extras {
-                    if set {
+                    if !set {
+                        continue;
+                    }
+                    if name != "tls-ca" {
                         self.invalid(format!("{key}.{name}"), "only for kind = \"smpp\"");
+                    } else if d.kind != DestinationKind::Http {
+                        self.invalid(format!("{key}.tls-ca"), "only for kind = \"smpp\" or \"http\"");
+                    } else if !d.url.as_deref().is_some_and(|u| u.starts_with("https://")) {
+                        self.invalid(format!("{key}.tls-ca"), "only used with an https:// url");
+                    } else if let Some(ca) = &d.tls_ca {
+                        self.path(&format!("{key}.tls-ca"), ca);
                     }
                 }
                 continue;

@@ -5,10 +5,12 @@
 //!
 //! One task per destination queues submissions and runs at most `window` requests at
 //! once, paced to `max_tps`, each on the pooled keep-alive [`HttpClient`]. Reachability:
-//! the destination is up once a TCP connection to the URL's host and port succeeds, and
-//! down after [`DOWN_AFTER`] requests in a row failed to connect (nothing reached the
-//! provider); while down it probes with a TCP connect after the reconnect backoff. An
-//! HTTP answer of any status, or a timeout, says the provider is reachable.
+//! the destination is up once a connection to the URL's host and port opens (with the TLS
+//! handshake for `https://`, the certificate checked against `tls-ca` or the webpki
+//! roots), and down after [`DOWN_AFTER`] requests in a row failed to connect (nothing
+//! reached the provider); while down it probes with a new connection after the reconnect
+//! backoff, and logs why one failed whenever the reason changes. An HTTP answer of any
+//! status, or a timeout, says the provider is reachable.
 //! `sendium_destination_up` (label `destination`) is 1 while it is up, as for an SMPP
 //! destination's transmitting session.
 
@@ -31,7 +33,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::http_client::{self, AnyAddress, HttpClient, Request, Target};
+use crate::http_client::{self, AnyAddress, HttpClient, Request, Target, Trust};
 use crate::smpp::client::{ClientEvent, ClientEvents, OutboundSubmit, SubmitFailure};
 use outcome::{Class, ResultCounts};
 use render::{Encoding, Field, Rendered, Values};
@@ -57,6 +59,8 @@ pub struct HttpProviderConfig {
     pub response_timeout: Duration,
     pub reconnect_min: Duration,
     pub reconnect_max: Duration,
+    /// What an `https://` url's certificate is checked against (`tls-ca`).
+    pub trust: Trust,
 }
 
 impl fmt::Debug for HttpProviderConfig {
@@ -129,15 +133,14 @@ impl HttpProvider {
 struct Done {
     token: u64,
     result: Result<String, SubmitFailure>,
-    /// It could not connect: nothing reached the provider.
-    unreachable: bool,
+    /// It could not connect, and why (the error and its causes, which name no URL):
+    /// nothing reached the provider.
+    unreachable: Option<String>,
 }
 
 struct Prepared {
     client: HttpClient,
     target: Target,
-    host: String,
-    port: u16,
     headers: Vec<(HeaderName, HeaderValue)>,
 }
 
@@ -152,6 +155,8 @@ struct Task {
     cancel: CancellationToken,
     queue: VecDeque<(u64, HttpSubmit)>,
     failures_in_a_row: u32,
+    /// Why the last probe failed, as logged; `None` after one succeeded.
+    probe_failure: Option<String>,
     backoff: Duration,
     next_send: Instant,
 }
@@ -178,6 +183,7 @@ impl Task {
             cancel,
             queue: VecDeque::new(),
             failures_in_a_row: 0,
+            probe_failure: None,
             backoff,
             next_send: Instant::now(),
         }
@@ -186,22 +192,17 @@ impl Task {
     fn prepare(&self) -> Result<Prepared, String> {
         let cfg = &self.cfg;
         let parsed = url::Url::parse(&cfg.url).map_err(|_| "the url is not a URL".to_owned())?;
-        let host = parsed
-            .host_str()
-            .ok_or("the url has no host")?
-            .trim_matches(['[', ']'])
-            .to_owned();
-        let port = parsed.port_or_known_default().ok_or("the url has no port")?;
         let target = Target::from_url(&parsed).map_err(|e| e.to_string())?;
-        let client = HttpClient::new(
+        let client = HttpClient::with_trust(
             http_client::Config {
                 timeout: cfg.response_timeout,
                 max_idle_per_origin: cfg.window,
                 ..http_client::Config::default()
             },
             Arc::new(AnyAddress),
+            cfg.trust.clone(),
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| crate::error::chain(&e))?;
         let mut headers = Vec::with_capacity(cfg.headers.len());
         for (name, value) in &cfg.headers {
             let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("bad header name {name}"))?;
@@ -212,8 +213,6 @@ impl Task {
         Ok(Prepared {
             client,
             target,
-            host,
-            port,
             headers,
         })
     }
@@ -278,15 +277,15 @@ impl Task {
     /// go down (a probe is then due after the backoff). The `Down` event goes out at
     /// once, before the results that caused it.
     fn account(&mut self, d: &Done) -> bool {
-        if !d.unreachable {
+        let Some(why) = &d.unreachable else {
             self.failures_in_a_row = 0;
             return false;
-        }
+        };
         self.failures_in_a_row += 1;
         if self.failures_in_a_row >= DOWN_AFTER && self.up.swap(false, Ordering::AcqRel) {
             self.up_gauge.set(0.0);
             self.sink.on_events(vec![ClientEvent::Down {
-                reason: format!("{DOWN_AFTER} requests in a row could not connect"),
+                reason: format!("{DOWN_AFTER} requests in a row could not connect: {why}"),
             }]);
             self.backoff = self.cfg.reconnect_min;
             return true;
@@ -294,14 +293,19 @@ impl Task {
         false
     }
 
-    /// One TCP connect to the provider: up if it succeeds, else the next probe's time.
+    /// One connection to the provider, TLS included for an `https://` url (pooled for the
+    /// next request): up if it opens, else the next probe's time.
     async fn probe(&mut self, p: &Prepared) -> Option<Instant> {
-        let connect = tokio::net::TcpStream::connect((p.host.as_str(), p.port));
-        let ok = matches!(
-            tokio::time::timeout(self.cfg.response_timeout, connect).await,
-            Ok(Ok(_))
-        );
-        if ok {
+        let opened = p.client.open(&p.target).await;
+        if let Err(e) = &opened {
+            let why = crate::error::chain(e);
+            if self.probe_failure.as_deref() != Some(why.as_str()) {
+                tracing::warn!(destination = %self.cfg.name, reason = %why, "HTTP destination cannot be reached");
+                self.probe_failure = Some(why);
+            }
+        }
+        if opened.is_ok() {
+            self.probe_failure = None;
             self.failures_in_a_row = 0;
             self.backoff = self.cfg.reconnect_min;
             if !self.up.swap(true, Ordering::AcqRel) {
@@ -379,7 +383,7 @@ async fn send_one(
             return Done {
                 token,
                 result: Err(SubmitFailure::Status(outcome::NO_MESSAGE_ID)),
-                unreachable: false,
+                unreachable: None,
             };
         }
     };
@@ -397,7 +401,7 @@ async fn send_one(
                     return Done {
                         token,
                         result: Err(SubmitFailure::Status(outcome::NO_MESSAGE_ID)),
-                        unreachable: false,
+                        unreachable: None,
                     };
                 }
             };
@@ -429,11 +433,11 @@ async fn send_one(
             } else {
                 Err(outcome::failure_of(resp.status))
             };
-            (result, class, false)
+            (result, class, None)
         }
         Err(e) => {
             let (f, class, unreachable) = outcome::failure_of_error(&e);
-            (Err(f), class, unreachable)
+            (Err(f), class, unreachable.then(|| crate::error::chain(&e)))
         }
     };
     metrics::counter!("sendium_http_destination_requests_total", "destination" => cfg.name.clone(), "class" => class.label())

@@ -95,7 +95,7 @@ pub fn failure_of(status: StatusCode) -> SubmitFailure {
 pub fn failure_of_error(e: &Error) -> (SubmitFailure, Class, bool) {
     match e {
         Error::Timeout(_) => (SubmitFailure::Timeout, Class::Timeout, false),
-        Error::Forbidden | Error::Resolve(_) | Error::Connect(_) | Error::Tls(_) | Error::Closed => {
+        Error::Forbidden | Error::Resolve(_) | Error::Connect(_) | Error::Trust(_) | Error::Tls(_) | Error::Closed => {
             (SubmitFailure::NotBound, Class::Error, true)
         }
         _ => (SubmitFailure::Disconnected, Class::Error, false),

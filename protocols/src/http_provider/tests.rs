@@ -146,6 +146,7 @@ fn config(addr: SocketAddr, window: usize, max_tps: u32) -> HttpProviderConfig {
         response_timeout: Duration::from_secs(5),
         reconnect_min: Duration::from_millis(50),
         reconnect_max: Duration::from_millis(200),
+        trust: crate::http_client::Trust::WebPki,
     }
 }
 
