@@ -350,6 +350,18 @@ async fn destinations_are_added_changed_and_removed_live_while_an_esme_submits_a
     let receipts = esme.wait_receipts(ids.len(), WAIT).await;
     one_receipt_per_id(&receipts, &ids);
     assert!(gw.log().contains("destination worker retired"), "{}", gw.log());
+    // Its series left /metrics with it (a stale sendium_destination_up would keep an
+    // alert on it firing until a restart); the remaining destination's stay.
+    let (status, metrics) = gw.admin_get("/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        !metrics.contains("destination=\"upstream\"") && !metrics.contains("destination-worker:upstream"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("sendium_destination_up{destination=\"other\"} 1"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -106,9 +106,15 @@ async fn metrics(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Re
     }
     let snapshot = state.gateway.snapshot().await;
     let actors = state.gateway.actors().await;
+    let sources = state.gateway.outbox();
     crate::metrics::publish(&snapshot, &actors, state.gateway.readiness().is_ok());
-    crate::metrics::publish_outbox(&state.gateway.outbox());
-    let body = state.prometheus.as_ref().map(|p| p.render()).unwrap_or_default();
+    crate::metrics::publish_outbox(&sources);
+    let present = crate::metrics::Present::of(&snapshot, &sources);
+    let body = state
+        .prometheus
+        .as_ref()
+        .map(|p| crate::metrics::without_removed(p.render(), &present))
+        .unwrap_or_default();
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],

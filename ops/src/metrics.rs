@@ -6,6 +6,8 @@
 //! low-cardinality only: stage, actor, destination, status, store file name — never
 //! message ids.
 
+use std::collections::HashSet;
+
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use sendium_actors::Snapshot;
 use sendium_actors::outbox_relay::SourceView;
@@ -137,5 +139,123 @@ pub fn publish_outbox(sources: &[SourceView]) {
         if let Some(n) = s.dead {
             metrics::gauge!("sendium_outbox_dead_rows", "source" => name()).set(n as f64);
         }
+    }
+}
+
+/// The destinations and outbox sources the gateway has now, whose series `/metrics` shows.
+pub struct Present<'a> {
+    /// Destination workers, a retiring one (removed by a reload, finishing what it had in
+    /// flight) included until it stopped.
+    pub destinations: HashSet<&'a str>,
+    pub sources: HashSet<&'a str>,
+}
+
+impl<'a> Present<'a> {
+    pub fn of(s: &'a Snapshot, sources: &'a [SourceView]) -> Self {
+        Present {
+            destinations: s.workers.iter().map(|(name, _)| name.as_str()).collect(),
+            sources: sources.iter().map(|v| v.name.as_str()).collect(),
+        }
+    }
+
+    /// Whether a sample line names only what is present: its `destination`, its outbox
+    /// `source`, and a destination worker's `actor`.
+    fn keeps(&self, line: &str) -> bool {
+        let Some(labels) = line.find('{').map(|at| &line[at..]) else {
+            return true;
+        };
+        let present = |key: &str, set: &HashSet<&str>, prefix: &str| {
+            label(labels, key)
+                .and_then(|v| v.strip_prefix(prefix))
+                .is_none_or(|name| set.contains(name))
+        };
+        present("destination", &self.destinations, "")
+            && present("actor", &self.destinations, "destination-worker:")
+            && (!line.starts_with("sendium_outbox_") || present("source", &self.sources, ""))
+    }
+}
+
+/// The value of label `key` in a sample's `{…}` label set (values here are names and fixed
+/// words, never escaped).
+fn label<'t>(labels: &'t str, key: &str) -> Option<&'t str> {
+    let mut rest = labels;
+    while let Some(at) = rest.find(key) {
+        let before = rest[..at].chars().next_back();
+        let after = &rest[at + key.len()..];
+        if matches!(before, Some('{' | ','))
+            && let Some(value) = after.strip_prefix("=\"")
+        {
+            return value.find('"').map(|end| &value[..end]);
+        }
+        rest = after;
+    }
+    None
+}
+
+/// `text` without the series of destinations and outbox sources a reload removed: the
+/// exporter keeps every series it was ever given, so without this a removed destination's
+/// last `sendium_destination_up` (or its queue gauges) would stay in every scrape, and in
+/// every alert on them, until the process restarts.
+pub fn without_removed(text: String, present: &Present<'_>) -> String {
+    let sample = |l: &&str| !l.starts_with('#') && !l.is_empty();
+    if text.lines().filter(sample).all(|l| present.keeps(l)) {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        if !sample(&line) || present.keeps(line) {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_of_removed_destinations_and_sources_are_left_out() {
+        let text = "# TYPE sendium_destination_up gauge\n\
+            sendium_destination_up{destination=\"kept\"} 1\n\
+            sendium_destination_up{destination=\"gone\"} 0\n\
+            sendium_destination_submits_total{destination=\"gone\",result=\"ok\"} 7\n\
+            sendium_provider_retries_total{reason=\"x\",destination=\"kept\"} 2\n\
+            sendium_actor_restarts{actor=\"destination-worker:gone\"} 0\n\
+            sendium_actor_restarts{actor=\"destination-worker:kept\"} 0\n\
+            sendium_actor_restarts{actor=\"router\"} 0\n\
+            sendium_outbox_backlog_rows{source=\"old\"} 3\n\
+            sendium_outbox_backlog_rows{source=\"orders\"} 4\n\
+            sendium_admitted_total 9\n\
+            sendium_admission_seconds_bucket{le=\"0.005\"} 9\n";
+        let present = Present {
+            destinations: ["kept"].into_iter().collect(),
+            sources: ["orders"].into_iter().collect(),
+        };
+        let out = without_removed(text.to_owned(), &present);
+        assert_eq!(
+            out,
+            "# TYPE sendium_destination_up gauge\n\
+             sendium_destination_up{destination=\"kept\"} 1\n\
+             sendium_provider_retries_total{reason=\"x\",destination=\"kept\"} 2\n\
+             sendium_actor_restarts{actor=\"destination-worker:kept\"} 0\n\
+             sendium_actor_restarts{actor=\"router\"} 0\n\
+             sendium_outbox_backlog_rows{source=\"orders\"} 4\n\
+             sendium_admitted_total 9\n\
+             sendium_admission_seconds_bucket{le=\"0.005\"} 9\n"
+        );
+        // Nothing removed: the text comes back as it was.
+        let all = Present {
+            destinations: ["kept", "gone"].into_iter().collect(),
+            sources: ["orders", "old"].into_iter().collect(),
+        };
+        assert_eq!(without_removed(text.to_owned(), &all), text);
+        // A label whose name ends in "destination" is not the destination label.
+        assert_eq!(
+            label("{from_destination=\"a\",destination=\"b\"}", "destination"),
+            Some("b")
+        );
+        assert_eq!(label("{from_destination=\"a\"}", "destination"), None);
     }
 }
