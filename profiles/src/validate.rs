@@ -1077,12 +1077,12 @@ system-id = "sendium"
         );
         let e = one(&format!("{sim}tls-ca = \"/etc/ca.pem\""));
         assert!(
-            e.contains("destinations[2].tls-ca") && e.contains("only for kind = \"smpp\" or \"http\""),
+            e.contains("destinations[2].tls-ca") && e.contains("applies to kind = \"smpp\" or \"http\" only"),
             "{e}"
         );
         for extra in ["tls-server-name = \"x.example\"", "tls-insecure-skip-verify = true"] {
             let e = one(&format!("{HTTP}{extra}"));
-            assert!(e.contains("only for kind = \"smpp\""), "{extra}: {e}");
+            assert!(e.contains("applies to kind = \"smpp\" only"), "{extra}: {e}");
         }
         let smpp = "[[destinations]]\nname = \"c\"\nkind = \"smpp\"\nhost = \"h\"\nport = 1\nsystem-id = \"x\"\n";
         let e = one(&format!("{smpp}dlr-delay-ms = 5"));

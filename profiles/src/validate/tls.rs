@@ -58,7 +58,7 @@ impl Validator {
                 if d.tls {
                     self.invalid(
                         format!("{key}.tls"),
-                        "only for kind = \"smpp\" (an HTTP destination uses TLS by its https:// url)",
+                        "applies to kind = \"smpp\" only (an HTTP destination uses TLS by its https:// url)",
                     );
                 }
                 for (name, set) in extras {
@@ -66,9 +66,9 @@ impl Validator {
                         continue;
                     }
                     if name != "tls-ca" {
-                        self.invalid(format!("{key}.{name}"), "only for kind = \"smpp\"");
+                        self.invalid(format!("{key}.{name}"), "applies to kind = \"smpp\" only");
                     } else if d.kind != DestinationKind::Http {
-                        self.invalid(format!("{key}.tls-ca"), "only for kind = \"smpp\" or \"http\"");
+                        self.invalid(format!("{key}.tls-ca"), "applies to kind = \"smpp\" or \"http\" only");
                     } else if !d.url.as_deref().is_some_and(|u| u.starts_with("https://")) {
                         self.invalid(format!("{key}.tls-ca"), "only used with an https:// url");
                     } else if let Some(ca) = &d.tls_ca {
@@ -208,7 +208,7 @@ mod tests {
         assert!(both.contains("destinations[0].tls-insecure-skip-verify"), "{both}");
         let sim = problems("[[destinations]]\nname = \"sim\"\nkind = \"simulator\"\ntls = true\n");
         assert!(
-            sim.contains("destinations[0].tls") && sim.contains("only for kind = \"smpp\""),
+            sim.contains("destinations[0].tls") && sim.contains("applies to kind = \"smpp\" only"),
             "{sim}"
         );
         let name = problems(&format!("{SMSC}tls = true\ntls-server-name = \" \"\n"));
