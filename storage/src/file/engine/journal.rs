@@ -314,6 +314,10 @@ pub(crate) struct Journal {
     state: Mutex<State>,
     /// Signalled when a flush ends.
     flushed: Condvar,
+    /// Held through each checkpointer round, so [`Journal::pause_ticks`] can wait out a
+    /// round already past its check.
+    #[cfg(test)]
+    ticking: Mutex<()>,
 }
 
 impl std::fmt::Debug for Journal {
@@ -397,6 +401,8 @@ impl Journal {
                 ticks_paused: false,
             }),
             flushed: Condvar::new(),
+            #[cfg(test)]
+            ticking: Mutex::new(()),
         });
         let weak = Arc::downgrade(&journal);
         let spawned = std::thread::Builder::new()
@@ -763,6 +769,8 @@ impl Journal {
     /// other reclaimable, and checkpoint the stages that hold up the next switch or have
     /// had frames uncovered for long.
     fn tick(&self) {
+        #[cfg(test)]
+        let _round = self.ticking.lock();
         let hooks: Vec<(Stage, Arc<dyn Checkpoint>)> = {
             let mut st = self.state.lock();
             #[cfg(test)]
@@ -812,10 +820,13 @@ impl Journal {
         self.state.lock().refuse_frames = refuse;
     }
 
-    /// Stop the checkpointer's rounds (a test that needs frames left unflushed).
+    /// Stop the checkpointer's rounds (a test that needs frames left unflushed). A round
+    /// already running (its checkpoints run outside the state lock) is waited for, so no
+    /// checkpoint covers what is written after this returns.
     #[cfg(test)]
     pub(crate) fn pause_ticks(&self) {
         self.state.lock().ticks_paused = true;
+        drop(self.ticking.lock());
     }
 
     #[cfg(test)]
