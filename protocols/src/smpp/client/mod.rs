@@ -85,7 +85,7 @@
 //! # Metrics and logs
 //!
 //! `sendium_destination_up` (gauge, label `destination` = [`ClientConfig::name`]) follows
-//! the transmitting session; `sendium_destination_submits_total` (labels `destination`,
+//! the transmitting session until the client is stopped; `sendium_destination_submits_total` (labels `destination`,
 //! `result` = `ok|status|timeout|disconnected`; `NotBound` submits never left and are not
 //! counted); `sendium_destination_reconnects_total` (label `destination`: every connection
 //! attempt after a slot's first). Binds, refused binds (status name and code) and lost

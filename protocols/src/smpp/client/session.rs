@@ -204,7 +204,12 @@ impl Slot {
     fn set_up(&self, metrics: &Metrics, up: bool) {
         if self.transmits() {
             self.shared.up.store(up, Ordering::Release);
-            metrics.up.set(if up { 1.0 } else { 0.0 });
+            // A stopped client reports nothing more, on the gauge either: after a reload
+            // changed the destination, the new client's session owns the series, and the
+            // old one unbinding must not set it to 0 under a bound session.
+            if !self.shared.is_stopped() {
+                metrics.up.set(if up { 1.0 } else { 0.0 });
+            }
         }
     }
 
