@@ -4,9 +4,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use sendium_protocols::smpp::server::SessionRegistry;
 use sendium_storage::postgresql::Ownership;
+use sendium_storage::{PendingRecord, Timestamp};
 
 use crate::directory::Directory;
 use crate::dlr_correlator::{DlrMsg, ReceiptBatch};
@@ -106,9 +108,29 @@ pub struct Shared {
     pub stopping: Stopping,
     /// `[mo]` and `[[mo-routes]]`: where inbound messages go.
     pub mo: crate::inbound::LiveMo,
+    /// How far ahead a message that asks for a receipt may be scheduled: its receipt
+    /// comes after the provider delivered it, and must find its correlation, which the
+    /// DLR store keeps `[dlr] retention`; an hour of that is left for the delivery
+    /// ([`schedule_horizon`]). None without a DLR store: no receipt is kept for.
+    pub schedule_horizon: Option<Duration>,
+}
+
+/// `[dlr] retention` less an hour, for [`Shared::schedule_horizon`].
+pub fn schedule_horizon(cfg: &sendium_profiles::Config) -> Option<Duration> {
+    (cfg.dlr.backend != sendium_profiles::DlrBackend::Disabled)
+        .then(|| cfg.dlr.retention.saturating_sub(Duration::from_secs(3600)))
 }
 
 impl Shared {
+    /// Whether `r` is scheduled further ahead of `now` than its receipt can be kept for.
+    pub fn scheduled_too_far(&self, r: &PendingRecord, now: Timestamp) -> bool {
+        let wants_receipt = r.wants_receipt() || r.callback_url.is_some();
+        match (r.deliver_at, self.schedule_horizon) {
+            (Some(at), Some(horizon)) if wants_receipt => at > now.saturating_add(horizon),
+            _ => false,
+        }
+    }
+
     /// Hand provider receipts to the DlrCorrelator. With DLR handling disabled they are
     /// acknowledged and dropped. If the correlator is not running the batch is answered
     /// with a temporary error (see [`crate::dlr_correlator::ReceiptAcks`]), so the

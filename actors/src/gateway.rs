@@ -270,6 +270,7 @@ impl Gateway {
                 .filter(|o| o.access() == StageAccess::Shared),
             stopping: Stopping::default(),
             mo: LiveMo::new(MoSettings::from_config(cfg)?),
+            schedule_horizon: crate::context::schedule_horizon(cfg),
         });
         reserve_recovered_receipts(&spec).await;
         let (supervisor, supervisor_task) = Actor::spawn(

@@ -85,6 +85,7 @@ pub fn record(s: HttpSubmission) -> Result<PendingRecord, (&'static str, String)
     let alphabet = text::best_alphabet(&s.text);
     let payload = text::encode(alphabet, &s.text).map_err(|e| ("text", e.to_string()))?;
     let registered_delivery = if s.callback_url.is_some() { 0x01 } else { 0x00 };
+    let accepted_at = Timestamp::now();
     Ok(PendingRecord {
         id: MessageId::generate(),
         account: s.account,
@@ -104,11 +105,12 @@ pub fn record(s: HttpSubmission) -> Result<PendingRecord, (&'static str, String)
         registered_delivery,
         callback_url: s.callback_url,
         idempotency_key: s.idempotency_key,
-        accepted_at: Timestamp::now(),
+        accepted_at,
         valid_until: None,
         dlr_mask: None,
         route_priority: 0,
         destination_hint: None,
+        deliver_at: s.deliver_at.map(Timestamp).filter(|&at| at > accepted_at),
     })
 }
 
@@ -173,6 +175,11 @@ pub fn sendsms_records(account: &str, s: &Sendsms, now: Timestamp, multipart_exp
             route_priority: 0,
             // A destination name; anything longer names none and is not stored.
             destination_hint: s.smsc.clone().filter(|h| h.len() <= MAX_DESTINATION_HINT),
+            // Kannel's `deferred`: minutes from now; 0 is now.
+            deliver_at: s
+                .deferred_minutes
+                .filter(|&m| m > 0)
+                .map(|m| now.saturating_add(Duration::from_secs(u64::from(m) * 60))),
         })
         .collect()
 }
@@ -195,6 +202,18 @@ fn outcome(a: Option<Admission>) -> HttpOutcome {
     }
 }
 
+/// The answer to a message scheduled further ahead than its receipt can be kept for.
+fn too_far(shared: &Shared) -> HttpOutcome {
+    let horizon = shared.schedule_horizon.unwrap_or_default();
+    HttpOutcome::Invalid {
+        field: "deliver_at",
+        reason: format!(
+            "is more than {} ahead: a message asking for a receipt may be scheduled at most [dlr] retention less an hour ahead",
+            humantime::format_duration(horizon)
+        ),
+    }
+}
+
 #[async_trait]
 impl HttpSubmitHandler for HttpIngress {
     async fn provider_receipts(
@@ -211,12 +230,19 @@ impl HttpSubmitHandler for HttpIngress {
             Ok(r) => r,
             Err((field, reason)) => return HttpOutcome::Invalid { field, reason },
         };
+        if self.shared.scheduled_too_far(&rec, rec.accepted_at) {
+            return too_far(&self.shared);
+        }
         let mut answers = ingress::admit(&self.shared, vec![rec]).await;
         outcome(answers.pop())
     }
 
     async fn sendsms(&self, account: &str, request: Sendsms) -> Vec<HttpOutcome> {
-        let records = sendsms_records(account, &request, Timestamp::now(), self.multipart_expiry);
+        let now = Timestamp::now();
+        let records = sendsms_records(account, &request, now, self.multipart_expiry);
+        if records.iter().any(|r| self.shared.scheduled_too_far(r, now)) {
+            return records.iter().map(|_| too_far(&self.shared)).collect();
+        }
         let waits: Vec<bool> = records.iter().map(|r| self.waits_for_a_destination(r)).collect();
         let mut answers = ingress::admit(&self.shared, records).await.into_iter();
         waits
@@ -241,6 +267,7 @@ mod tests {
             text: text.into(),
             callback_url: cb.map(str::to_string),
             idempotency_key: None,
+            deliver_at: None,
         }
     }
 

@@ -446,6 +446,7 @@ mod tests {
             partitions: None,
             stopping: Stopping::default(),
             mo: LiveMo::new(MoSettings::from_config(&sendium_profiles::Config::default()).unwrap()),
+            schedule_horizon: None,
         })
     }
 

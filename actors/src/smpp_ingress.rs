@@ -17,6 +17,8 @@ use crate::ingress::{self, Admission, Refusal};
 pub const ESME_RINVREGDLVFLG: u32 = 0x07;
 pub const ESME_RSYSERR: u32 = 0x08;
 pub const ESME_RMSGQFUL: u32 = 0x14;
+/// A `schedule_delivery_time` further ahead than the message's receipt can be kept for.
+pub const ESME_RINVSCHED: u32 = 0x61;
 
 pub fn refusal_status(r: Refusal) -> u32 {
     match r {
@@ -67,9 +69,17 @@ pub fn record(account: &str, s: InboundSubmit, now: Timestamp, multipart_expiry:
         idempotency_key: None,
         accepted_at: now,
         valid_until: s.validity.map(Timestamp),
+        deliver_at: s.schedule.map(Timestamp).filter(|&at| at > now),
         dlr_mask: None,
         route_priority: 0,
         destination_hint: None,
+    }
+}
+
+fn reply(a: Admission) -> SubmitReply {
+    match a {
+        Admission::Accepted(id) | Admission::Duplicate(id) => SubmitReply::Accepted(id.to_string()),
+        Admission::Refused(r) => SubmitReply::Refused(refusal_status(r)),
     }
 }
 
@@ -77,16 +87,33 @@ pub fn record(account: &str, s: InboundSubmit, now: Timestamp, multipart_expiry:
 impl SubmitHandler for SmppIngress {
     async fn submit(&self, account: &str, batch: Vec<InboundSubmit>) -> Vec<SubmitReply> {
         let now = Timestamp::now();
-        let records: Vec<PendingRecord> = batch
+        let (records, too_far): (Vec<PendingRecord>, Vec<bool>) = batch
             .into_iter()
             .map(|s| record(account, s, now, self.multipart_expiry))
-            .collect();
-        ingress::admit(&self.shared, records)
-            .await
+            .map(|r| {
+                let too_far = self.shared.scheduled_too_far(&r, now);
+                (r, too_far)
+            })
+            .unzip();
+        if !too_far.contains(&true) {
+            return ingress::admit(&self.shared, records)
+                .await
+                .into_iter()
+                .map(reply)
+                .collect();
+        }
+        let admitted: Vec<PendingRecord> = records
             .into_iter()
-            .map(|a| match a {
-                Admission::Accepted(id) | Admission::Duplicate(id) => SubmitReply::Accepted(id.to_string()),
-                Admission::Refused(r) => SubmitReply::Refused(refusal_status(r)),
+            .zip(&too_far)
+            .filter(|(_, far)| !**far)
+            .map(|(r, _)| r)
+            .collect();
+        let mut answers = ingress::admit(&self.shared, admitted).await.into_iter();
+        too_far
+            .into_iter()
+            .map(|far| match far {
+                true => SubmitReply::Refused(ESME_RINVSCHED),
+                false => answers.next().map_or(SubmitReply::Refused(ESME_RSYSERR), reply),
             })
             .collect()
     }

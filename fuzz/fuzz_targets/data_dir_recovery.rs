@@ -120,6 +120,7 @@ fn record(account: &str, destination: &str, text: &str, part: Option<(u16, u8, u
         dlr_mask: None,
         route_priority: 0,
         destination_hint: None,
+        deliver_at: None,
     }
 }
 

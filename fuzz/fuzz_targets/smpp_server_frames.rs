@@ -235,7 +235,11 @@ fn inbound_submit(sm: &rusmpp::pdus::SubmitSm) -> Result<(), CommandStatus> {
     }
     let validity = sm.validity_period.as_str();
     if !validity.is_empty() {
-        time::parse_validity(validity, NOW_MS).map_err(|_| CommandStatus::EsmeRinvexpiry)?;
+        time::parse(validity, NOW_MS).map_err(|_| CommandStatus::EsmeRinvexpiry)?;
+    }
+    let schedule = sm.schedule_delivery_time.as_str();
+    if !schedule.is_empty() {
+        time::parse(schedule, NOW_MS).map_err(|_| CommandStatus::EsmeRinvsched)?;
     }
     Ok(())
 }

@@ -222,6 +222,7 @@ fn record(account: &str, destination: &str, reference: u16, total: u8, seq: u8, 
         dlr_mask: None,
         route_priority: 0,
         destination_hint: None,
+        deliver_at: None,
     }
 }
 

@@ -371,6 +371,7 @@ fn cbor_envelope() -> Vec<Seed> {
         dlr_mask: None,
         route_priority: 0,
         destination_hint: None,
+        deliver_at: None,
     };
     let routed = RoutedUnit {
         id,

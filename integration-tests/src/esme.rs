@@ -285,6 +285,8 @@ pub struct SubmitSpec {
     pub sar: Option<(u16, u8, u8)>,
     /// SMPP time (`YYMMDDhhmmsstnnp`), empty for none.
     pub validity_period: String,
+    /// SMPP time, empty for none.
+    pub schedule_delivery_time: String,
 }
 
 impl SubmitSpec {
@@ -304,6 +306,7 @@ impl SubmitSpec {
             message_payload: None,
             sar: None,
             validity_period: String::new(),
+            schedule_delivery_time: String::new(),
         }
     }
 
@@ -473,15 +476,30 @@ impl SubmitSpec {
         self
     }
 
+    /// With this `schedule_delivery_time` (an SMPP time such as `000000010000000R`: in
+    /// an hour).
+    pub fn with_schedule(mut self, schedule_delivery_time: &str) -> SubmitSpec {
+        self.schedule_delivery_time = schedule_delivery_time.to_owned();
+        self
+    }
+
     /// The submit_sm PDU with sequence number `seq`.
     pub fn to_command(&self, seq: u32) -> Result<Command, BuildError> {
         let mut command = self.to_command_without_validity(seq)?;
-        if !self.validity_period.is_empty()
+        if (!self.validity_period.is_empty() || !self.schedule_delivery_time.is_empty())
             && let Some(Pdu::SubmitSm(sm)) = command.pdu()
         {
+            let time = |t: &String| {
+                rusmpp::types::EmptyOrFullCOctetString::from_string(t.clone())
+                    .expect("SMPP times are 16 ASCII characters")
+            };
             let mut sm = sm.clone();
-            sm.validity_period = rusmpp::types::EmptyOrFullCOctetString::from_string(self.validity_period.clone())
-                .expect("validity_period is 16 ASCII characters");
+            if !self.validity_period.is_empty() {
+                sm.validity_period = time(&self.validity_period);
+            }
+            if !self.schedule_delivery_time.is_empty() {
+                sm.schedule_delivery_time = time(&self.schedule_delivery_time);
+            }
             command.set_pdu(sm);
         }
         Ok(command)

@@ -300,6 +300,8 @@ pub struct SubmitRecord {
     pub sar: Option<(u16, u8, u8)>,
     /// Concatenation info (UDH or SAR).
     pub part: Option<PartInfo>,
+    /// `schedule_delivery_time` as sent ("" for at once).
+    pub schedule_delivery_time: String,
     pub sequence_number: u32,
     /// The status we answered with; `None`: not answered (stop-answering / drop faults).
     pub status: Option<CommandStatus>,
@@ -1486,6 +1488,7 @@ impl Session {
             message_payload: if record { tlvs.message_payload.clone() } else { None },
             sar: tlvs.sar(),
             part,
+            schedule_delivery_time: sm.schedule_delivery_time.as_str().to_owned(),
             sequence_number: seq,
             status,
             message_id,

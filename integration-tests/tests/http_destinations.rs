@@ -46,7 +46,7 @@ fn one_destination(extra: &str) -> String {
 /// ESME.
 async fn start(config: &str, providers: &[(&str, &FakeProvider)]) -> (GatewayProcess, TestEsme) {
     let mut b = GatewayProcess::builder(config).env("SENDIUM_TEST_PROVIDER_KEY", API_KEY);
-    for p in ["to", "text", "id", "coding", "SENDIUM_TEST_PROVIDER_KEY"] {
+    for p in ["to", "text", "id", "coding", "deliver_at", "SENDIUM_TEST_PROVIDER_KEY"] {
         b = b.var(p, &format!("{{{p}}}"));
     }
     for (var, provider) in providers {
@@ -392,4 +392,70 @@ async fn an_https_provider_behind_a_private_ca_is_trusted_through_tls_ca_only() 
         1,
         "nothing was sent through the untrusted destination"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_message_carries_its_time_where_the_fields_say_and_fails_where_they_cannot() {
+    let carrying = FakeProvider::start().await;
+    let plain = FakeProvider::start().await;
+    let scheduling = http_destination("h", "h_port", "")
+        .replace("enc = \"{coding}\" }", "enc = \"{coding}\", when = \"{deliver_at}\" }");
+    let config = config(
+        &[scheduling, http_destination("plain", "plain_port", "")],
+        "\n[[routes]]\nname = \"plain\"\ndestination-prefix = \"4478\"\nto = [\"plain\"]\n\
+         [[routes]]\nname = \"default\"\nto = [\"h\"]\n",
+    );
+    let (_gw, esme) = start(&config, &[("h_port", &carrying), ("plain_port", &plain)]).await;
+    let before = std::time::SystemTime::now();
+    let later = esme
+        .submit(
+            &SubmitSpec::gsm("Shop", "447700900126", "later")
+                .dlr()
+                .with_schedule("000000010000000R"),
+        )
+        .await
+        .unwrap();
+    assert!(later.is_ok());
+    let now = esme
+        .submit(&SubmitSpec::gsm("Shop", "447700900127", "now"))
+        .await
+        .unwrap();
+    assert!(now.is_ok());
+    assert!(carrying.wait_requests(2, WAIT).await);
+    let when = |text: &str| {
+        carrying
+            .requests()
+            .iter()
+            .find(|r| r.json()["msg"] == text)
+            .map(|r| r.json()["when"].as_str().unwrap_or("?").to_owned())
+            .unwrap()
+    };
+    assert_eq!(when("now"), "", "no schedule: an empty field");
+    let at = humantime::parse_rfc3339(&when("later")).unwrap();
+    let ahead = at.duration_since(before).unwrap();
+    assert!(
+        ahead > Duration::from_secs(3540) && ahead < Duration::from_secs(3660),
+        "{}",
+        when("later")
+    );
+
+    // A destination whose fields cannot carry the time: the branch fails rather than the
+    // message going out at once.
+    let refused = esme
+        .submit(
+            &SubmitSpec::gsm("Shop", "447800900128", "cannot wait")
+                .dlr()
+                .with_schedule("000000010000000R"),
+        )
+        .await
+        .unwrap();
+    assert!(refused.is_ok());
+    let receipts = esme.wait_receipts(1, WAIT).await;
+    let receipt = receipts
+        .iter()
+        .find(|r| r.message_id() == Some(refused.message_id.as_str()))
+        .unwrap_or_else(|| panic!("{receipts:?}"));
+    assert_eq!(receipt.stat, Some(ReceiptState::Rejected));
+    assert_eq!(receipt.err.as_deref(), Some("097"), "ESME_RINVSCHED");
+    assert!(plain.requests().is_empty(), "nothing was sent to be delivered at once");
 }

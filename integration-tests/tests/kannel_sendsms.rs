@@ -16,17 +16,9 @@ use sendium_integration_tests::{
 };
 use support::*;
 
-/// The user of Kannel's examples, for `esme1`.
-const USERS: &str = r#"
-[[http.sendsms-users]]
-username = "tester"
-password = "foobar"
-account = "esme1"
-"#;
-
 async fn start() -> (TestSmsc, GatewayProcess) {
     let smsc = smsc().await;
-    let gw = gateway(&[memory_config().as_str(), USERS].concat(), &smsc).await;
+    let gw = gateway(&[memory_config().as_str(), SENDSMS_USERS].concat(), &smsc).await;
     wait_bound(&gw).await;
     (smsc, gw)
 }
@@ -355,7 +347,7 @@ async fn a_rejectd_receipt_reports_2() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn undelivered_reports_survive_a_restart() {
     let smsc = smsc().await;
-    let mut gw = gateway(&[durable_config(DLR_FILE).as_str(), USERS].concat(), &smsc).await;
+    let mut gw = gateway(&[durable_config(DLR_FILE).as_str(), SENDSMS_USERS].concat(), &smsc).await;
     wait_bound(&gw).await;
     let cb = CallbackServer::start().await;
     cb.set_status(Some(503));
@@ -451,7 +443,7 @@ async fn an_intermediate_receipt_reports_4_and_the_final_one_follows() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn accepted_reports_survive_a_restart() {
     let smsc = smsc().await;
-    let mut gw = gateway(&[durable_config(DLR_FILE).as_str(), USERS].concat(), &smsc).await;
+    let mut gw = gateway(&[durable_config(DLR_FILE).as_str(), SENDSMS_USERS].concat(), &smsc).await;
     wait_bound(&gw).await;
     let cb = CallbackServer::start().await;
     cb.set_status(Some(503));
@@ -509,7 +501,7 @@ async fn destination_state(gw: &GatewayProcess, name: &str) -> String {
 async fn a_message_whose_destinations_are_down_is_queued_for_later_delivery() {
     let smsc = smsc().await;
     let port = smsc.port();
-    let gw = gateway(&[memory_config().as_str(), USERS].concat(), &smsc).await;
+    let gw = gateway(&[memory_config().as_str(), SENDSMS_USERS].concat(), &smsc).await;
     wait_bound(&gw).await;
     async fn send(gw: &GatewayProcess, to: &str) -> HttpResponse {
         get(gw, &format!("username=tester&password=foobar&from=1&to={to}&text=q")).await
@@ -555,7 +547,7 @@ async fn an_http_providers_receipts_are_reported_like_an_smscs() {
         receipt-status = { failed = \"UNDELIV\", queued = \"ENROUTE\" }\n\
         receipt-id-pointer = \"/message_id\"\nreceipt-status-pointer = \"/status\"\n\
         \n[[routes]]\nname = \"default\"\nto = [\"h\"]\n";
-    let config = [SMPP, HTTP, ADMIN, destination, USERS].concat();
+    let config = [SMPP, HTTP, ADMIN, destination, SENDSMS_USERS].concat();
     let mut b = GatewayProcess::builder(&config).var("h_port", &provider.addr().port().to_string());
     for p in ["to", "text"] {
         b = b.var(p, &format!("{{{p}}}"));

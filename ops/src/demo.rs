@@ -99,6 +99,7 @@ async fn smpp_round_trip(cfg: &Config, port: u16) -> Result<(), DemoError> {
             registered_delivery: 0x01,
             data_coding: 0x00,
             short_message,
+            schedule_delivery_time: None,
         },
     )]);
     let id = next_event(&mut rx, "submit_sm_resp", |e| match e {

@@ -4,7 +4,7 @@
 //! POST /v1/messages
 //! Authorization: Bearer KEY
 //! {"from": "12345", "to": "447700900123", "text": "hello",
-//!  "callback_url": "http://…", "idempotency_key": "…"}
+//!  "callback_url": "http://…", "idempotency_key": "…", "deliver_at": "2026-12-24T09:00:00Z"}
 //! ```
 //!
 //! Kannel's `GET`/`POST /cgi-bin/sendsms` is served on the same listener (see
@@ -194,6 +194,8 @@ pub struct HttpSubmission {
     pub text: String,
     pub callback_url: Option<String>,
     pub idempotency_key: Option<String>,
+    /// `deliver_at`: when the provider is to deliver it, ms since the Unix epoch.
+    pub deliver_at: Option<u64>,
 }
 
 /// The pipeline's answer.
@@ -446,13 +448,15 @@ struct Body<'a> {
     callback_url: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow)]
     idempotency_key: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    deliver_at: Option<std::borrow::Cow<'a, str>>,
 }
 
 /// Validate a request body into a submission for `account`, its `callback_url` against
 /// `targets`.
 pub fn parse_submission(account: &str, raw: &[u8], targets: &CallbackTargets) -> Result<HttpSubmission, FieldError> {
     if let Ok(body) = serde_json::from_slice::<Body<'_>>(raw) {
-        return validate_submission(
+        let mut s = validate_submission(
             account,
             required(body.from.as_deref(), "from")?,
             required(body.to.as_deref(), "to")?,
@@ -460,13 +464,15 @@ pub fn parse_submission(account: &str, raw: &[u8], targets: &CallbackTargets) ->
             body.callback_url.as_deref(),
             body.idempotency_key.as_deref(),
             targets,
-        );
+        )?;
+        s.deliver_at = deliver_at(body.deliver_at.as_deref())?;
+        return Ok(s);
     }
     let body: Value = serde_json::from_slice(raw).map_err(|e| field_err("body", format!("is not valid JSON: {e}")))?;
     let Some(obj) = body.as_object() else {
         return Err(field_err("body", "must be a JSON object"));
     };
-    const KNOWN: [&str; 5] = ["from", "to", "text", "callback_url", "idempotency_key"];
+    const KNOWN: [&str; 6] = ["from", "to", "text", "callback_url", "idempotency_key", "deliver_at"];
     if let Some(unknown) = obj.keys().find(|k| !KNOWN.contains(&k.as_str())) {
         return Err(FieldError {
             field: "body",
@@ -475,7 +481,8 @@ pub fn parse_submission(account: &str, raw: &[u8], targets: &CallbackTargets) ->
     }
     let callback_url = string_field(&body, "callback_url", false)?;
     let idempotency_key = string_field(&body, "idempotency_key", false)?;
-    validate_submission(
+    let scheduled = string_field(&body, "deliver_at", false)?;
+    let mut s = validate_submission(
         account,
         string_field(&body, "from", true)?.unwrap_or_default(),
         string_field(&body, "to", true)?.unwrap_or_default(),
@@ -483,7 +490,26 @@ pub fn parse_submission(account: &str, raw: &[u8], targets: &CallbackTargets) ->
         callback_url,
         idempotency_key,
         targets,
-    )
+    )?;
+    s.deliver_at = deliver_at(scheduled)?;
+    Ok(s)
+}
+
+/// `deliver_at`: an RFC 3339 time in UTC (`Z`), fractions of a second allowed.
+fn deliver_at(value: Option<&str>) -> Result<Option<u64>, FieldError> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let at = humantime::parse_rfc3339(value.trim()).map_err(|_| {
+        field_err(
+            "deliver_at",
+            "must be an RFC 3339 time in UTC, e.g. \"2026-12-24T09:00:00Z\"",
+        )
+    })?;
+    let ms = at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    Ok(Some(ms))
 }
 
 /// Check a submission's fields, as `POST /v1/messages` and the outbox relay take them:
@@ -559,6 +585,7 @@ pub fn validate_submission(
         text,
         callback_url,
         idempotency_key,
+        deliver_at: None,
     })
 }
 

@@ -93,8 +93,8 @@ impl RecordKind {
     pub fn version(self) -> (u16, u16) {
         match self {
             // Minor 1: `dm` (a Kannel dlr-mask). Minor 2: `rp` (route priority) and `sh`
-            // (a destination hint).
-            RecordKind::PendingRecord => (1, 2),
+            // (a destination hint). Minor 3: `da` (a scheduled delivery time).
+            RecordKind::PendingRecord => (1, 3),
             // Minor 1: a receipt target's reply may be `Kannel`. Minor 2: a first failure
             // may be `Refused`.
             RecordKind::DlrTrack => (1, 2),
@@ -485,6 +485,7 @@ pub(crate) mod tests {
             dlr_mask: None,
             route_priority: 0,
             destination_hint: None,
+            deliver_at: None,
         }
     }
 
@@ -507,6 +508,8 @@ pub(crate) mod tests {
         round_trip(RecordKind::PendingRecord, &plain);
         plain.valid_until = Some(Timestamp(u64::MAX));
         plain.esm_class = u8::MAX;
+        round_trip(RecordKind::PendingRecord, &plain);
+        plain.deliver_at = Some(Timestamp(4_102_444_799_000));
         round_trip(RecordKind::PendingRecord, &plain);
         round_trip(
             RecordKind::PendingUnit,
@@ -652,6 +655,7 @@ pub(crate) mod tests {
         assert_eq!(r.idempotency_key, None);
         assert_eq!(r.accepted_at, Timestamp(1234));
         assert_eq!(r.dlr_mask, None, "minor 0 records have no dlr-mask");
+        assert_eq!(r.deliver_at, None, "records before minor 3 are not scheduled");
     }
 
     /// A record with a Kannel dlr-mask round-trips; one without it encodes exactly as

@@ -123,6 +123,12 @@ pub struct PendingRecord {
     /// version 2 of the record; absent in older ones.
     #[serde(default, rename = "sh", skip_serializing_if = "Option::is_none")]
     pub destination_hint: Option<String>,
+    /// When the provider is to deliver the message (SMPP `schedule_delivery_time`, a
+    /// Kannel `deferred`, the API's `deliver_at`), absolute: passed on to the provider,
+    /// which holds it until then. `None`: at once. Minor version 3 of the record; absent
+    /// in older ones.
+    #[serde(default, rename = "da", skip_serializing_if = "Option::is_none")]
+    pub deliver_at: Option<Timestamp>,
 }
 
 fn is_zero(v: &u8) -> bool {
@@ -154,8 +160,9 @@ impl PendingRecord {
 
     /// A digest of every field the client sent: two admissions with the same digest are
     /// the same submission sent twice. The id, acceptance time and multipart deadline
-    /// Sendium gave each admission are left out, and so is the validity deadline (a
-    /// relative validity period resolves to another instant each time it is sent).
+    /// Sendium gave each admission are left out, and so are the validity deadline and the
+    /// scheduled delivery time (a relative SMPP time resolves to another instant each time
+    /// it is sent).
     /// CRC-64 over a length-prefixed encoding: stable across builds, so stored digests
     /// stay comparable after an upgrade.
     pub fn submission_digest(&self) -> u64 {

@@ -59,6 +59,7 @@ pub fn build_parts(unit: &Unit, request_receipt: bool, reference: u8) -> Result<
             registered_delivery,
             data_coding: first.data_coding,
             short_message,
+            schedule_delivery_time: first.deliver_at.map(|t| t.as_millis()),
         });
     }
     if out.is_empty() {
@@ -81,6 +82,7 @@ pub fn build_whole(unit: &Unit, request_receipt: bool) -> Result<Vec<OutboundSub
         registered_delivery: registered_delivery(unit, request_receipt),
         data_coding: first.data_coding,
         short_message: unit.payload(),
+        schedule_delivery_time: first.deliver_at.map(|t| t.as_millis()),
     }])
 }
 
@@ -127,6 +129,7 @@ mod tests {
             dlr_mask: None,
             route_priority: 0,
             destination_hint: None,
+            deliver_at: None,
         }
     }
 

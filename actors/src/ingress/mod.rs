@@ -380,6 +380,7 @@ to = ["a"]
             dlr_mask: None,
             route_priority: 7,
             destination_hint: None,
+            deliver_at: None,
         }
     }
 

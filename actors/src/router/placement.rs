@@ -366,6 +366,7 @@ mod tests {
             dlr_mask: None,
             route_priority: 0,
             destination_hint: None,
+            deliver_at: None,
         };
         let unit = |parts: Vec<sendium_storage::PendingRecord>| Unit {
             id: parts[0].id,

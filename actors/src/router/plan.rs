@@ -198,6 +198,7 @@ copy-to = ["audit"]
             dlr_mask: None,
             route_priority: 0,
             destination_hint: None,
+            deliver_at: None,
         };
         Unit {
             id,

@@ -35,6 +35,14 @@ key = "key-1"
 account = "esme1"
 "#;
 
+/// Kannel's user guide's sendsms user (`tester`/`foobar`), for `esme1`.
+pub const SENDSMS_USERS: &str = r#"
+[[http.sendsms-users]]
+username = "tester"
+password = "foobar"
+account = "esme1"
+"#;
+
 pub const ADMIN: &str = r#"
 [admin]
 listen = "127.0.0.1:{admin_port}"

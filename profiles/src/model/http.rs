@@ -90,7 +90,7 @@ impl ReceiptState {
 }
 
 /// Placeholders a `fields` template may use.
-pub const PLACEHOLDERS: &[&str] = &["from", "to", "text", "coding", "id", "callback"];
+pub const PLACEHOLDERS: &[&str] = &["from", "to", "text", "coding", "id", "callback", "deliver_at"];
 
 /// The fields sent when a destination lists none.
 pub fn default_fields() -> Vec<(String, String)> {

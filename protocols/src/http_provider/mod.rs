@@ -141,6 +141,8 @@ struct Done {
 struct Prepared {
     client: HttpClient,
     target: Target,
+    /// A field template uses `{deliver_at}`: scheduled messages can be sent here.
+    carries_schedule: bool,
     headers: Vec<(HeaderName, HeaderValue)>,
 }
 
@@ -210,9 +212,14 @@ impl Task {
             value.set_sensitive(true);
             headers.push((name, value));
         }
+        let carries_schedule = cfg
+            .fields
+            .iter()
+            .any(|(_, pieces)| pieces.contains(&render::Piece::Value(render::Placeholder::DeliverAt)));
         Ok(Prepared {
             client,
             target,
+            carries_schedule,
             headers,
         })
     }
@@ -387,6 +394,17 @@ async fn send_one(
             };
         }
     };
+    if values.scheduled() && !p.carries_schedule {
+        tracing::warn!(
+            destination = %cfg.name,
+            "a message scheduled for later reached an HTTP destination whose fields have no {{deliver_at}}: the branch fails rather than delivering it now"
+        );
+        return Done {
+            token,
+            result: Err(SubmitFailure::Status(outcome::SCHEDULE_NOT_CARRIED)),
+            unreachable: None,
+        };
+    }
     let mut headers = p.headers.clone();
     let (method, body, target) = match render::render(&cfg.fields, cfg.encoding, &values) {
         Rendered::Body { body, content_type } => {

@@ -14,6 +14,9 @@ pub const SERVER_ERROR: u32 = 0x08;
 pub const THROTTLED: u32 = 0x58;
 /// `ESME_RSUBMITFAIL`: a 2xx without a readable message id (ends the branch).
 pub const NO_MESSAGE_ID: u32 = 0x45;
+/// `ESME_RINVSCHED`: a message scheduled for later, at a destination whose `fields` do
+/// not carry `{deliver_at}` (it would be delivered at once).
+pub const SCHEDULE_NOT_CARRIED: u32 = 0x61;
 
 /// The status class a request ended in, the `class` label of
 /// `sendium_http_destination_requests_total`.

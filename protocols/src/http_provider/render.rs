@@ -18,6 +18,8 @@ pub enum Placeholder {
     Coding,
     Id,
     Callback,
+    /// When the provider is to deliver the message: RFC 3339 in UTC, empty for at once.
+    DeliverAt,
 }
 
 impl Placeholder {
@@ -30,6 +32,7 @@ impl Placeholder {
             "coding" => Self::Coding,
             "id" => Self::Id,
             "callback" => Self::Callback,
+            "deliver_at" => Self::DeliverAt,
             _ => return None,
         })
     }
@@ -65,6 +68,9 @@ pub struct Values {
     pub coding: &'static str,
     pub id: String,
     pub callback: String,
+    /// `{deliver_at}`: RFC 3339 in UTC while the part's schedule is in the future, else
+    /// empty.
+    pub deliver_at: String,
 }
 
 /// Why a part cannot be sent over HTTP.
@@ -92,7 +98,21 @@ impl Values {
             coding: coding_name(alphabet),
             id,
             callback,
+            deliver_at: part
+                .schedule_delivery_time
+                .filter(|&at| at > crate::smpp::time::now_ms())
+                .map(|at| {
+                    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(at);
+                    humantime::format_rfc3339_seconds(at).to_string()
+                })
+                .unwrap_or_default(),
         })
+    }
+
+    /// The part is scheduled for later: only a destination whose fields carry
+    /// `{deliver_at}` can send it as asked.
+    pub fn scheduled(&self) -> bool {
+        !self.deliver_at.is_empty()
     }
 
     fn get(&self, p: Placeholder) -> &str {
@@ -103,6 +123,7 @@ impl Values {
             Placeholder::Coding => self.coding,
             Placeholder::Id => &self.id,
             Placeholder::Callback => &self.callback,
+            Placeholder::DeliverAt => &self.deliver_at,
         }
     }
 }
@@ -182,6 +203,7 @@ mod tests {
             coding: "ucs2",
             id: "m-1".into(),
             callback: "http://gw/v1/providers/h/receipts".into(),
+            deliver_at: String::new(),
         }
     }
 
@@ -238,12 +260,25 @@ mod tests {
             registered_delivery: 1,
             data_coding: 0,
             short_message: sm,
+            schedule_delivery_time: None,
         };
         let v = Values::of(&part, "x".into(), String::new()).unwrap();
         assert_eq!(
             (v.text.as_str(), v.coding, v.to.as_str()),
             ("hello", "gsm7", "447700900123")
         );
+        assert!(!v.scheduled() && v.deliver_at.is_empty());
+        // A schedule in the future is `{deliver_at}` in UTC; one gone by is no schedule.
+        let mut later = part.clone();
+        let at = crate::smpp::time::now_ms() + 86_400_000;
+        later.schedule_delivery_time = Some(at);
+        let v = Values::of(&later, "x".into(), String::new()).unwrap();
+        assert!(v.scheduled());
+        let parsed = humantime::parse_rfc3339(&v.deliver_at).unwrap();
+        let ms = u64::try_from(parsed.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()).unwrap();
+        assert_eq!(ms, at - at % 1_000, "{}", v.deliver_at);
+        later.schedule_delivery_time = Some(1_000);
+        assert!(!Values::of(&later, "x".into(), String::new()).unwrap().scheduled());
         let mut bad = part;
         bad.short_message = vec![9, 0];
         assert_eq!(Values::of(&bad, "x".into(), String::new()), Err(Undecodable));

@@ -163,6 +163,7 @@ fn submits(tokens: std::ops::Range<u64>) -> Vec<(u64, HttpSubmit)> {
                 registered_delivery: 1,
                 data_coding: 0,
                 short_message: b"hello".to_vec(),
+                schedule_delivery_time: None,
             };
             (
                 t,

@@ -147,6 +147,13 @@ fn answer(receivers: &[String], outcomes: &[HttpOutcome]) -> Answer {
         Some(HttpOutcome::Invalid {
             field: "callback_url", ..
         }) => Answer::not_routable(),
+        // `deferred` further ahead than the receipt it asks for can be kept.
+        Some(HttpOutcome::Invalid {
+            field: "deliver_at", ..
+        }) => Answer {
+            status: 400,
+            text: "Deferred field misformed, rejected".into(),
+        },
         Some(HttpOutcome::Invalid { .. }) => Answer {
             status: 400,
             text: "Charset or body misformed, rejected".into(),

@@ -44,10 +44,10 @@ pub enum SmppTimeError {
     RelativeOffset { tenths: u64, offset: u64 },
 }
 
-/// Parses a `validity_period` into the absolute deadline in milliseconds since the Unix
-/// epoch; relative values are added to `now_ms` (saturating). An empty field is `None`:
-/// the ESME gave no validity.
-pub fn parse_validity(field: &str, now_ms: u64) -> Result<Option<u64>, SmppTimeError> {
+/// Parses a `validity_period` or `schedule_delivery_time` into an absolute time in
+/// milliseconds since the Unix epoch; relative values are added to `now_ms` (saturating).
+/// An empty field is `None`: the ESME gave none.
+pub fn parse(field: &str, now_ms: u64) -> Result<Option<u64>, SmppTimeError> {
     if field.is_empty() {
         return Ok(None);
     }
@@ -110,6 +110,37 @@ pub fn parse_validity(field: &str, now_ms: u64) -> Result<Option<u64>, SmppTimeE
     Ok(Some(utc_ms))
 }
 
+/// The system clock in ms since the Unix epoch (0 if it is set before the epoch).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// `ms` (since the Unix epoch) as an absolute SMPP time in UTC, `YYMMDDhhmmsst00+`:
+/// what a `schedule_delivery_time` carries to a provider. Times outside 2000-2099, which
+/// the format cannot hold, are `None`.
+pub fn format_absolute(ms: u64) -> Option<String> {
+    let at = std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_millis(ms))?;
+    // "2026-12-08T01:23:45Z": the calendar fields, already in UTC.
+    let iso = humantime::format_rfc3339_seconds(at).to_string();
+    let b = iso.as_bytes();
+    if b.len() != 20 || &b[0..2] != b"20" {
+        return None;
+    }
+    let field = |from: usize| &iso[from..from + 2];
+    Some(format!(
+        "{}{}{}{}{}{}{}00+",
+        field(2),
+        field(5),
+        field(8),
+        field(11),
+        field(14),
+        field(17),
+        (ms % 1_000) / 100
+    ))
+}
+
 /// The value of an ASCII digit (checked by the caller).
 fn digit(b: u8) -> u64 {
     u64::from(b.saturating_sub(b'0'))
@@ -164,8 +195,22 @@ mod tests {
 
     const NOW: u64 = 1_700_000_000_000;
 
+    #[test]
+    fn absolute_times_are_written_in_utc_and_read_back() {
+        // 2023-11-14T22:13:20.000Z
+        assert_eq!(format_absolute(NOW).as_deref(), Some("231114221320000+"));
+        assert_eq!(format_absolute(NOW + 700).as_deref(), Some("231114221320700+"));
+        for at in [NOW, NOW + 100, 946_684_800_000, 4_102_444_799_900] {
+            let text = format_absolute(at).unwrap();
+            assert_eq!(super::parse(&text, 0), Ok(Some(at)), "{text}");
+        }
+        // Outside 2000-2099 the format has no year for it.
+        assert_eq!(format_absolute(0), None);
+        assert_eq!(format_absolute(4_102_444_800_000), None);
+    }
+
     fn parse(field: &str) -> Result<Option<u64>, SmppTimeError> {
-        parse_validity(field, NOW)
+        super::parse(field, NOW)
     }
 
     #[test]
@@ -221,7 +266,7 @@ mod tests {
         assert_eq!(parse("000000480000000R"), Ok(Some(NOW + 2 * day)));
         assert_eq!(parse("000000009999000R"), Ok(Some(NOW + 99 * 60_000 + 99_000)));
         // Saturates instead of overflowing.
-        assert_eq!(parse_validity("999999999999000R", u64::MAX - 5), Ok(Some(u64::MAX)));
+        assert_eq!(super::parse("999999999999000R", u64::MAX - 5), Ok(Some(u64::MAX)));
     }
 
     #[test]
@@ -368,7 +413,7 @@ mod tests {
             }
             let field = std::str::from_utf8(&bytes).unwrap();
             for now in [0, NOW, u64::MAX] {
-                if let Ok(Some(ms)) = parse_validity(field, now) {
+                if let Ok(Some(ms)) = super::parse(field, now) {
                     parsed += 1;
                     if field.ends_with('R') {
                         assert!(ms >= now, "{field}");

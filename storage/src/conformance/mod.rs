@@ -64,6 +64,7 @@ pub(crate) fn record(account: &str, to: &str, text: &str) -> PendingRecord {
         dlr_mask: None,
         route_priority: 0,
         destination_hint: None,
+        deliver_at: None,
     }
 }
 

@@ -204,6 +204,9 @@ pub struct OutboundSubmit {
     pub registered_delivery: u8,
     pub data_coding: u8,
     pub short_message: Vec<u8>,
+    /// When the provider is to deliver it (ms since the Unix epoch): sent as an absolute
+    /// `schedule_delivery_time` while it is in the future. None: at once.
+    pub schedule_delivery_time: Option<u64>,
 }
 
 /// A deliver_sm received from the provider (a receipt, or a mobile-originated message).

@@ -2,7 +2,7 @@
 
 use rusmpp::pdus::{DataSm, DataSmResp, DeliverSm};
 use rusmpp::tlvs::{Tlv, TlvValue};
-use rusmpp::types::COctetString;
+use rusmpp::types::{COctetString, EmptyOrFullCOctetString};
 use rusmpp::values::{PriorityFlag, ServiceType};
 use rusmpp::{Command, CommandStatus, Pdu};
 
@@ -17,8 +17,10 @@ pub(crate) const MAX_SHORT_MESSAGE: usize = 255;
 ///
 /// [`build::submit_sm`] validates and fills the addresses, esm_class, registered_delivery,
 /// data_coding and the user data (in message_payload when longer than 255 octets); the
-/// three fields it leaves at their NULL value — service_type, protocol_id, priority_flag —
-/// are set here from the part, so every field on the wire is the one the part means.
+/// fields it leaves at their NULL value — service_type, protocol_id, priority_flag,
+/// schedule_delivery_time — are set here from the part, so every field on the wire is the
+/// one the part means. A schedule that is not in the future any more is left out: the
+/// provider delivers at once, as it would at that time.
 pub(crate) fn submit_sm(seq: u32, part: &OutboundSubmit) -> Result<Command, BuildError> {
     let long = part.short_message.len() > MAX_SHORT_MESSAGE;
     let sm = ShortMessage {
@@ -32,9 +34,20 @@ pub(crate) fn submit_sm(seq: u32, part: &OutboundSubmit) -> Result<Command, Buil
         sar: None,
     };
     let command = build::submit_sm(seq, &sm)?;
-    if part.service_type.is_empty() && part.protocol_id == 0 && part.priority_flag == 0 {
+    let schedule = part
+        .schedule_delivery_time
+        .filter(|&at| at > crate::smpp::time::now_ms())
+        .and_then(crate::smpp::time::format_absolute);
+    if part.service_type.is_empty() && part.protocol_id == 0 && part.priority_flag == 0 && schedule.is_none() {
         return Ok(command);
     }
+    let schedule = match schedule {
+        Some(at) => EmptyOrFullCOctetString::from_string(at).map_err(|err| BuildError {
+            field: "schedule_delivery_time",
+            reason: err.to_string(),
+        })?,
+        None => EmptyOrFullCOctetString::empty(),
+    };
     let service_type =
         ServiceType::new(
             COctetString::from_string(part.service_type.clone()).map_err(|err| BuildError {
@@ -47,6 +60,7 @@ pub(crate) fn submit_sm(seq: u32, part: &OutboundSubmit) -> Result<Command, Buil
         pdu.service_type = service_type;
         pdu.protocol_id = part.protocol_id;
         pdu.priority_flag = PriorityFlag::from(part.priority_flag);
+        pdu.schedule_delivery_time = schedule;
     }
     Ok(Command::from_parts(parts))
 }
@@ -68,6 +82,7 @@ pub(crate) fn build_error_status(err: &BuildError) -> u32 {
         "destination_addr" => CommandStatus::EsmeRinvdstadr,
         "short_message" | "message_payload" => CommandStatus::EsmeRinvmsglen,
         "service_type" => CommandStatus::EsmeRinvsertyp,
+        "schedule_delivery_time" => CommandStatus::EsmeRinvsched,
         _ => CommandStatus::EsmeRsubmitfail,
     };
     u32::from(status)
@@ -168,6 +183,7 @@ mod tests {
             registered_delivery: 1,
             data_coding: 8,
             short_message,
+            schedule_delivery_time: None,
         }
     }
 
@@ -178,6 +194,23 @@ mod tests {
             Some(Pdu::SubmitSm(sm)) => sm.clone(),
             other => panic!("not a submit_sm: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_future_schedule_goes_out_as_an_absolute_utc_time_and_a_past_one_not_at_all() {
+        let now = crate::smpp::time::now_ms();
+        let mut p = part(b"hi".to_vec());
+        p.esm_class = 0;
+        p.schedule_delivery_time = Some(now + 3_600_000);
+        let sm = round_trip(&submit_sm(1, &p).unwrap());
+        let sent = sm.schedule_delivery_time.as_str().to_owned();
+        assert_eq!(sent.len(), 16, "{sent}");
+        assert!(sent.ends_with("00+"), "UTC: {sent}");
+        let at = crate::smpp::time::parse(&sent, 0).unwrap().unwrap();
+        assert!(at.abs_diff(now + 3_600_000) < 100, "{sent}");
+        p.schedule_delivery_time = Some(now.saturating_sub(1_000));
+        let sm = round_trip(&submit_sm(2, &p).unwrap());
+        assert_eq!(sm.schedule_delivery_time.as_str(), "");
     }
 
     #[test]

@@ -562,6 +562,7 @@ fn part(text: &[u8]) -> OutboundSubmit {
         registered_delivery: 1,
         data_coding: 0,
         short_message: text.to_vec(),
+        schedule_delivery_time: None,
     }
 }
 

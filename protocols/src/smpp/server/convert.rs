@@ -2,8 +2,6 @@
 //! [`InboundSubmit`] (or the status refusing it), an [`OutboundDeliver`] into a deliver_sm,
 //! and a submit_sm_resp written straight into the output buffer.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use bytes::{BufMut, BytesMut};
 use rusmpp::pdus::{DataSm, DataSmResp, SubmitSm};
 use rusmpp::tlvs::{Tlv, TlvValue};
@@ -28,19 +26,12 @@ const UDHI: u8 = 0x40;
 ///
 /// See the module documentation of [`super`] for the statuses.
 pub(super) fn inbound_submit(sm: &SubmitSm) -> Result<InboundSubmit, CommandStatus> {
-    inbound_submit_at(sm, now_ms)
-}
-
-/// The system clock in ms since the Unix epoch (0 if it is set before the epoch).
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
+    inbound_submit_at(sm, time::now_ms)
 }
 
 /// [`inbound_submit`] with the clock passed in; it is only read when the submit has a
-/// validity_period, which keeps it off the common path.
-fn inbound_submit_at(sm: &SubmitSm, now_ms: impl FnOnce() -> u64) -> Result<InboundSubmit, CommandStatus> {
+/// validity_period or a schedule_delivery_time, which keeps it off the common path.
+fn inbound_submit_at(sm: &SubmitSm, now_ms: impl Fn() -> u64) -> Result<InboundSubmit, CommandStatus> {
     inbound(
         Fields {
             service_type: sm.service_type.value().as_str(),
@@ -62,6 +53,7 @@ fn inbound_submit_at(sm: &SubmitSm, now_ms: impl FnOnce() -> u64) -> Result<Inbo
             short_message: sm.short_message().as_ref(),
             tlvs: sm.tlvs(),
             validity_period: sm.validity_period.as_str(),
+            schedule_delivery_time: sm.schedule_delivery_time.as_str(),
         },
         now_ms,
     )
@@ -91,8 +83,9 @@ pub(super) fn inbound_data_sm(dsm: &DataSm) -> Result<InboundSubmit, CommandStat
             short_message: &[],
             tlvs: dsm.tlvs(),
             validity_period: "",
+            schedule_delivery_time: "",
         },
-        now_ms,
+        time::now_ms,
     )
 }
 
@@ -110,9 +103,10 @@ struct Fields<'a> {
     short_message: &'a [u8],
     tlvs: &'a [Tlv],
     validity_period: &'a str,
+    schedule_delivery_time: &'a str,
 }
 
-fn inbound(f: Fields<'_>, now_ms: impl FnOnce() -> u64) -> Result<InboundSubmit, CommandStatus> {
+fn inbound(f: Fields<'_>, now_ms: impl Fn() -> u64) -> Result<InboundSubmit, CommandStatus> {
     let (dest_ton, dest_npi, destination) = f.destination;
     if destination.is_empty() {
         return Err(CommandStatus::EsmeRinvdstadr);
@@ -157,7 +151,12 @@ fn inbound(f: Fields<'_>, now_ms: impl FnOnce() -> u64) -> Result<InboundSubmit,
     let validity = if validity_period.is_empty() {
         None
     } else {
-        time::parse_validity(validity_period, now_ms()).map_err(|_| CommandStatus::EsmeRinvexpiry)?
+        time::parse(validity_period, now_ms()).map_err(|_| CommandStatus::EsmeRinvexpiry)?
+    };
+    let schedule = if f.schedule_delivery_time.is_empty() {
+        None
+    } else {
+        time::parse(f.schedule_delivery_time, now_ms()).map_err(|_| CommandStatus::EsmeRinvsched)?
     };
 
     Ok(InboundSubmit {
@@ -178,6 +177,7 @@ fn inbound(f: Fields<'_>, now_ms: impl FnOnce() -> u64) -> Result<InboundSubmit,
         // over SAR TLVs (which are still validated above).
         concat: udh_concat.or(sar_concat),
         validity,
+        schedule,
     })
 }
 
@@ -465,12 +465,41 @@ mod tests {
             );
         }
         // The real clock: a relative validity lands just after now.
-        let before = now_ms();
+        let before = time::now_ms();
         let validity = inbound_submit(&with_validity("000000000100000R"))
             .unwrap()
             .validity
             .unwrap();
-        assert!((before + 60_000..=now_ms() + 60_000).contains(&validity));
+        assert!((before + 60_000..=time::now_ms() + 60_000).contains(&validity));
+    }
+
+    #[test]
+    fn schedule_delivery_time() {
+        let scheduled = |value: &str| {
+            let mut sm = submit(0, b"x", None, None);
+            sm.schedule_delivery_time = rusmpp::types::EmptyOrFullCOctetString::from_string(value.to_owned()).unwrap();
+            sm
+        };
+        let now = 1_700_000_000_000;
+        assert_eq!(
+            inbound_submit_at(&submit(0, b"x", None, None), || now).map(|s| s.schedule),
+            Ok(None)
+        );
+        assert_eq!(
+            inbound_submit_at(&scheduled("000000010000000R"), || now).map(|s| s.schedule),
+            Ok(Some(now + 3_600_000))
+        );
+        assert_eq!(
+            inbound_submit_at(&scheduled("250101090000000+"), || now).map(|s| s.schedule),
+            Ok(Some(1_735_722_000_000))
+        );
+        for bad in ["251301000000000+", "000001000000100R", "2023-10-01T09:00"] {
+            assert_eq!(
+                inbound_submit_at(&scheduled(bad), || now),
+                Err(CommandStatus::EsmeRinvsched),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -29,7 +29,8 @@
 //! | UDHI set on an empty message | `ESME_RINVESMCLASS` (the esm_class promises a UDH that is not there) |
 //! | UDHI set and the UDH is malformed (UDHL past the end, an element past the header, a concatenation element of the wrong length or with part 0 / part > total) | `ESME_RINVMSGLEN` (the octets of short_message do not add up) |
 //! | SAR TLVs not all three present, or invalid values | `ESME_RINVTLVVAL` (0xC4) |
-//! | validity_period that is not an SMPP time ([`parse_validity`](crate::smpp::time::parse_validity): wrong length, not digits, an impossible date, relative with tenths or offset) | `ESME_RINVEXPIRY` (0x62) |
+//! | validity_period that is not an SMPP time ([`parse`](crate::smpp::time::parse): wrong length, not digits, an impossible date, relative with tenths or offset) | `ESME_RINVEXPIRY` (0x62) |
+//! | schedule_delivery_time that is not an SMPP time (as above) | `ESME_RINVSCHED` (0x61) |
 //! | more handler-bound submits outstanding than `window` | `ESME_RTHROTTLED` |
 //! | account over `max_tps` (token bucket, 1-second burst, shared by the account's sessions) | `ESME_RTHROTTLED` |
 //! | handler [`SubmitReply::Accepted`] / [`SubmitReply::Refused`] | `ESME_ROK` with the id / that status with an empty id |
@@ -199,6 +200,9 @@ pub struct InboundSubmit {
     /// The `validity_period` as an absolute deadline, ms since the Unix epoch (relative
     /// values resolved against the time of receipt); None when the ESME gave none.
     pub validity: Option<u64>,
+    /// The `schedule_delivery_time`, absolute in ms since the Unix epoch like
+    /// `validity`; None when the ESME gave none.
+    pub schedule: Option<u64>,
 }
 
 /// The answer for one submit_sm.

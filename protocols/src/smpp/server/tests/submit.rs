@@ -32,6 +32,7 @@ async fn submit_is_answered_with_the_handlers_id() {
             user_data: b"hello".to_vec(),
             concat: None,
             validity: None,
+            schedule: None,
         }]
     );
 }
