@@ -159,7 +159,7 @@ impl<'a> Present<'a> {
     }
 
     /// Whether a sample line names only what is present: its `destination`, its outbox
-    /// `source`, and a destination worker's `actor`.
+    /// `source`, a destination worker's `actor`, and the `from`/`to` of a failover.
     fn keeps(&self, line: &str) -> bool {
         let Some(labels) = line.find('{').map(|at| &line[at..]) else {
             return true;
@@ -169,9 +169,11 @@ impl<'a> Present<'a> {
                 .and_then(|v| v.strip_prefix(prefix))
                 .is_none_or(|name| set.contains(name))
         };
+        let failover = line.starts_with("sendium_branches_failed_over_total");
         present("destination", &self.destinations, "")
             && present("actor", &self.destinations, "destination-worker:")
             && (!line.starts_with("sendium_outbox_") || present("source", &self.sources, ""))
+            && (!failover || (present("from", &self.destinations, "") && present("to", &self.destinations, "")))
     }
 }
 
@@ -227,10 +229,12 @@ mod tests {
             sendium_actor_restarts{actor=\"router\"} 0\n\
             sendium_outbox_backlog_rows{source=\"old\"} 3\n\
             sendium_outbox_backlog_rows{source=\"orders\"} 4\n\
+            sendium_branches_failed_over_total{from=\"gone\",to=\"kept\"} 1\n\
+            sendium_branches_failed_over_total{from=\"kept\",to=\"kept2\"} 1\n\
             sendium_admitted_total 9\n\
             sendium_admission_seconds_bucket{le=\"0.005\"} 9\n";
         let present = Present {
-            destinations: ["kept"].into_iter().collect(),
+            destinations: ["kept", "kept2"].into_iter().collect(),
             sources: ["orders"].into_iter().collect(),
         };
         let out = without_removed(text.to_owned(), &present);
@@ -242,12 +246,13 @@ mod tests {
              sendium_actor_restarts{actor=\"destination-worker:kept\"} 0\n\
              sendium_actor_restarts{actor=\"router\"} 0\n\
              sendium_outbox_backlog_rows{source=\"orders\"} 4\n\
+             sendium_branches_failed_over_total{from=\"kept\",to=\"kept2\"} 1\n\
              sendium_admitted_total 9\n\
              sendium_admission_seconds_bucket{le=\"0.005\"} 9\n"
         );
         // Nothing removed: the text comes back as it was.
         let all = Present {
-            destinations: ["kept", "gone"].into_iter().collect(),
+            destinations: ["kept", "kept2", "gone"].into_iter().collect(),
             sources: ["orders", "old"].into_iter().collect(),
         };
         assert_eq!(without_removed(text.to_owned(), &all), text);
