@@ -70,10 +70,7 @@ impl DestinationSpec {
                     reconnect_min: d.reconnect_min,
                     reconnect_max: d.reconnect_max,
                     max_command_length,
-                    tls: crate::tls::destination_settings(
-                        cfg.destinations.iter().position(|x| x.name == d.name).unwrap_or(0),
-                        d,
-                    ),
+                    tls: crate::tls::destination_settings(index_of(cfg, d), d),
                 }),
                 None,
             ),
@@ -129,6 +126,11 @@ impl DestinationSpec {
     }
 }
 
+/// `d`'s place in `[[destinations]]`, which configuration errors name it by.
+fn index_of(cfg: &Config, d: &DestinationConfig) -> usize {
+    cfg.destinations.iter().position(|x| x.name == d.name).unwrap_or(0)
+}
+
 /// The HTTP provider settings of a `kind = "http"` destination (validated already).
 fn http_provider_config(cfg: &Config, d: &DestinationConfig, window: usize) -> HttpProviderConfig {
     let encoding = match (d.method.unwrap_or_default(), d.body.unwrap_or_default()) {
@@ -172,10 +174,7 @@ fn http_provider_config(cfg: &Config, d: &DestinationConfig, window: usize) -> H
         response_timeout: d.response_timeout,
         reconnect_min: d.reconnect_min,
         reconnect_max: d.reconnect_max,
-        trust: crate::tls::http_destination_trust(
-            cfg.destinations.iter().position(|x| x.name == d.name).unwrap_or(0),
-            d,
-        ),
+        trust: crate::tls::http_destination_trust(index_of(cfg, d), d),
     }
 }
 

@@ -306,10 +306,7 @@ fn tls_report(cfg: &Config) -> String {
         };
         lines.push(format!("  destination {} over TLS, {trust}", d.name));
     }
-    let https = |d: &&sendium_profiles::DestinationConfig| {
-        d.kind == sendium_profiles::DestinationKind::Http && d.url.as_deref().is_some_and(|u| u.starts_with("https://"))
-    };
-    for d in cfg.destinations.iter().filter(https) {
+    for d in cfg.destinations.iter().filter(|d| d.is_https()) {
         let trust = match &d.tls_ca {
             Some(ca) => format!("trusts {}", ca.display()),
             None => "trusts the webpki roots".to_owned(),

@@ -1080,6 +1080,13 @@ pub struct DestinationConfig {
     pub receipt_error_pointer: Option<String>,
 }
 
+impl DestinationConfig {
+    /// An HTTP destination whose `url` is `https://`: TLS by its url, `tls-ca` allowed.
+    pub fn is_https(&self) -> bool {
+        self.kind == DestinationKind::Http && self.url.as_deref().is_some_and(|u| u.starts_with("https://"))
+    }
+}
+
 fn default_route_account() -> String {
     "*".to_owned()
 }

@@ -400,8 +400,6 @@ pub enum Error {
 pub enum BuildError {
     #[error("cannot set up TLS")]
     Tls(#[source] rustls::Error),
-    #[error("cannot use the trusted CA certificates")]
-    Trust(#[source] crate::tls::TlsError),
 }
 
 /// The certificates a client's TLS connections are checked against.
@@ -428,20 +426,24 @@ impl Trust {
 /// How new TLS connections are set up.
 enum Connector {
     Fixed(TlsConnector),
-    /// Built from a CA file, and built again when the file's length or modification time
-    /// differs from what it was built from.
+    /// Built from a CA file at the first new connection, and built again when the file
+    /// differs from what it was built from (see [`FileStamp`]). A file that cannot be read
+    /// fails connections, not the client, so it is picked up once it is fixed.
     CaFile {
         key: String,
         path: PathBuf,
-        built: Mutex<(FileStamp, TlsConnector)>,
+        built: Mutex<Option<(FileStamp, TlsConnector)>>,
     },
 }
 
-/// What tells a changed file from the one read before, without reading it.
+/// What tells a changed file from the one read before, without reading it: besides length
+/// and modification time, the inode (a file renamed into place) and the change time.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct FileStamp {
     len: u64,
     modified: Option<SystemTime>,
+    #[cfg(unix)]
+    inode: (u64, i64, i64),
 }
 
 impl FileStamp {
@@ -451,9 +453,16 @@ impl FileStamp {
             path: path.to_owned(),
             source,
         })?;
+        #[cfg(unix)]
+        let inode = {
+            use std::os::unix::fs::MetadataExt;
+            (meta.ino(), meta.ctime(), meta.ctime_nsec())
+        };
         Ok(FileStamp {
             len: meta.len(),
             modified: meta.modified().ok(),
+            #[cfg(unix)]
+            inode,
         })
     }
 }
@@ -476,15 +485,11 @@ impl Connector {
                         .with_no_client_auth();
                 Ok(Connector::Fixed(http1_connector(tls)))
             }
-            Trust::CaFile { key, path } => {
-                let stamp = FileStamp::of(&key, &path).map_err(BuildError::Trust)?;
-                let connector = ca_file_connector(&key, &path).map_err(BuildError::Trust)?;
-                Ok(Connector::CaFile {
-                    key,
-                    path,
-                    built: Mutex::new((stamp, connector)),
-                })
-            }
+            Trust::CaFile { key, path } => Ok(Connector::CaFile {
+                key,
+                path,
+                built: Mutex::new(None),
+            }),
         }
     }
 
@@ -496,14 +501,13 @@ impl Connector {
             Connector::Fixed(c) => Ok(c.clone()),
             Connector::CaFile { key, path, built } => {
                 let stamp = FileStamp::of(key, path)?;
+                if let Some((seen, connector)) = &*built.lock()
+                    && *seen == stamp
                 {
-                    let built = built.lock();
-                    if built.0 == stamp {
-                        return Ok(built.1.clone());
-                    }
+                    return Ok(connector.clone());
                 }
                 let connector = ca_file_connector(key, path)?;
-                *built.lock() = (stamp, connector.clone());
+                *built.lock() = Some((stamp, connector.clone()));
                 Ok(connector)
             }
         }
@@ -561,8 +565,9 @@ impl HttpClient {
         Self::with_trust(config, policy, Trust::WebPki)
     }
 
-    /// `new`, checking TLS servers against `trust`. A CA file that cannot be read or holds
-    /// no certificate fails here.
+    /// `new`, checking TLS servers against `trust`. A CA file is read at the first new
+    /// connection, and a bad one fails connections until it is fixed; [`Trust::check`]
+    /// reads it now.
     pub fn with_trust(config: Config, policy: Arc<dyn AddressPolicy>, trust: Trust) -> Result<Self, BuildError> {
         Self::build(config, policy, Connector::new(trust, Vec::new())?)
     }
@@ -1519,14 +1524,14 @@ AyQWWChm6NeKPeyqinyN3IRYoAehRANCAAS9PKNL1eEYuz883X4cVPnh9E5rOLmG
             other => panic!("expected the CA file to fail, got {other:?}"),
         }
         assert!(trust.check().is_err());
-        assert!(matches!(
-            HttpClient::with_trust(Config::default(), Arc::new(AnyAddress), trust),
-            Err(BuildError::Trust(_))
-        ));
+        // A client made while it is missing fails its connections, not its making.
+        let late = HttpClient::with_trust(Config::default(), Arc::new(AnyAddress), trust).unwrap();
+        assert!(matches!(late.open(&target).await, Err(Error::Trust(_))));
         // Back as it was: trusted again, with no restart.
         std::fs::write(&ca, CERT).unwrap();
         let r = client.send(&post(&target, "{}")).await.unwrap();
         assert_eq!(r.status, StatusCode::OK);
+        late.open(&target).await.unwrap();
         assert_eq!(server.seen.requests.load(Ordering::SeqCst), 2);
     }
 

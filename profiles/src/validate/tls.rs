@@ -69,7 +69,7 @@ impl Validator {
                         self.invalid(format!("{key}.{name}"), "applies to kind = \"smpp\" only");
                     } else if d.kind != DestinationKind::Http {
                         self.invalid(format!("{key}.tls-ca"), "applies to kind = \"smpp\" or \"http\" only");
-                    } else if !d.url.as_deref().is_some_and(|u| u.starts_with("https://")) {
+                    } else if !d.is_https() {
                         self.invalid(format!("{key}.tls-ca"), "only used with an https:// url");
                     } else if let Some(ca) = &d.tls_ca {
                         self.path(&format!("{key}.tls-ca"), ca);
