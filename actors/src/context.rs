@@ -115,6 +115,15 @@ pub struct Shared {
     pub schedule_horizon: Option<Duration>,
 }
 
+/// Why a scheduled delivery time is refused (see [`Shared::schedule_refusal`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScheduleRefusal {
+    /// After 2099: an SMPP time cannot name it.
+    BeyondSmppTime,
+    /// Further ahead than this horizon (`[dlr] retention` less an hour).
+    BeyondRetention(Duration),
+}
+
 /// `[dlr] retention` less an hour, for [`Shared::schedule_horizon`].
 pub fn schedule_horizon(cfg: &sendium_profiles::Config) -> Option<Duration> {
     (cfg.dlr.backend != sendium_profiles::DlrBackend::Disabled)
@@ -122,12 +131,19 @@ pub fn schedule_horizon(cfg: &sendium_profiles::Config) -> Option<Duration> {
 }
 
 impl Shared {
-    /// Whether `r` is scheduled further ahead of `now` than its receipt can be kept for.
-    pub fn scheduled_too_far(&self, r: &PendingRecord, now: Timestamp) -> bool {
+    /// Why `r`'s scheduled delivery time cannot be honoured, if it cannot: later than a
+    /// provider can be told, or further ahead of `now` than its receipt can be kept for.
+    pub fn schedule_refusal(&self, r: &PendingRecord, now: Timestamp) -> Option<ScheduleRefusal> {
+        let at = r.deliver_at?;
+        if at.as_millis() > sendium_protocols::smpp::time::LATEST_MS {
+            return Some(ScheduleRefusal::BeyondSmppTime);
+        }
         let wants_receipt = r.wants_receipt() || r.callback_url.is_some();
-        match (r.deliver_at, self.schedule_horizon) {
-            (Some(at), Some(horizon)) if wants_receipt => at > now.saturating_add(horizon),
-            _ => false,
+        match self.schedule_horizon {
+            Some(horizon) if wants_receipt && at > now.saturating_add(horizon) => {
+                Some(ScheduleRefusal::BeyondRetention(horizon))
+            }
+            _ => None,
         }
     }
 

@@ -13,7 +13,7 @@ use sendium_protocols::kannel::dlr_url::kind;
 use sendium_protocols::text::{self, Alphabet};
 use sendium_storage::{Address, Channel, MessageId, PartInfo, PendingRecord, Timestamp};
 
-use crate::context::Shared;
+use crate::context::{ScheduleRefusal, Shared};
 use crate::ingress::{self, Admission, Refusal};
 use crate::spec::LiveRoutes;
 
@@ -202,15 +202,18 @@ fn outcome(a: Option<Admission>) -> HttpOutcome {
     }
 }
 
-/// The answer to a message scheduled further ahead than its receipt can be kept for.
-fn too_far(shared: &Shared) -> HttpOutcome {
-    let horizon = shared.schedule_horizon.unwrap_or_default();
-    HttpOutcome::Invalid {
-        field: "deliver_at",
-        reason: format!(
+/// The answer to a message whose scheduled time cannot be honoured.
+fn schedule_refused(why: ScheduleRefusal) -> HttpOutcome {
+    let reason = match why {
+        ScheduleRefusal::BeyondSmppTime => "must not be later than 2099-12-31T23:59:59Z".to_owned(),
+        ScheduleRefusal::BeyondRetention(horizon) => format!(
             "is more than {} ahead: a message asking for a receipt may be scheduled at most [dlr] retention less an hour ahead",
             humantime::format_duration(horizon)
         ),
+    };
+    HttpOutcome::Invalid {
+        field: "deliver_at",
+        reason,
     }
 }
 
@@ -230,8 +233,8 @@ impl HttpSubmitHandler for HttpIngress {
             Ok(r) => r,
             Err((field, reason)) => return HttpOutcome::Invalid { field, reason },
         };
-        if self.shared.scheduled_too_far(&rec, rec.accepted_at) {
-            return too_far(&self.shared);
+        if let Some(why) = self.shared.schedule_refusal(&rec, rec.accepted_at) {
+            return schedule_refused(why);
         }
         let mut answers = ingress::admit(&self.shared, vec![rec]).await;
         outcome(answers.pop())
@@ -240,8 +243,8 @@ impl HttpSubmitHandler for HttpIngress {
     async fn sendsms(&self, account: &str, request: Sendsms) -> Vec<HttpOutcome> {
         let now = Timestamp::now();
         let records = sendsms_records(account, &request, now, self.multipart_expiry);
-        if records.iter().any(|r| self.shared.scheduled_too_far(r, now)) {
-            return records.iter().map(|_| too_far(&self.shared)).collect();
+        if let Some(why) = records.iter().find_map(|r| self.shared.schedule_refusal(r, now)) {
+            return records.iter().map(|_| schedule_refused(why)).collect();
         }
         let waits: Vec<bool> = records.iter().map(|r| self.waits_for_a_destination(r)).collect();
         let mut answers = ingress::admit(&self.shared, records).await.into_iter();

@@ -91,7 +91,7 @@ impl SubmitHandler for SmppIngress {
             .into_iter()
             .map(|s| record(account, s, now, self.multipart_expiry))
             .map(|r| {
-                let too_far = self.shared.scheduled_too_far(&r, now);
+                let too_far = self.shared.schedule_refusal(&r, now).is_some();
                 (r, too_far)
             })
             .unzip();

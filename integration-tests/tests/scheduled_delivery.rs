@@ -158,6 +158,28 @@ async fn a_schedule_beyond_what_receipts_are_kept_for_is_refused() {
         .await
         .unwrap();
     assert!(no_receipt.is_ok(), "{no_receipt:?}");
+    // After 2099 no SMPP time can carry it: refused, receipt or not, whatever the ingress.
+    let beyond = esme
+        .submit(&SubmitSpec::gsm("Shop", "447700900017", "beyond").with_schedule("990000000000000R"))
+        .await
+        .unwrap();
+    assert_eq!(beyond.status, CommandStatus::EsmeRinvsched);
+    let huge = sendsms(
+        &gw,
+        "/cgi-bin/sendsms?username=tester&password=foobar&from=Shop&to=447700900018&text=x&deferred=4294967295",
+    )
+    .await;
+    assert_eq!(
+        (huge.status, huge.text().as_str()),
+        (400, "Deferred field misformed, rejected")
+    );
+    let far = post_message(
+        &gw,
+        r#"{"from":"Shop","to":"447700900019","text":"x","deliver_at":"2100-01-01T00:00:00Z"}"#,
+    )
+    .await;
+    assert_eq!(far.status, 400);
+    assert!(far.text().contains("2099"), "{}", far.text());
     let malformed = esme
         .submit(&SubmitSpec::gsm("Shop", "447700900014", "bad").with_schedule("991301000000000+"))
         .await

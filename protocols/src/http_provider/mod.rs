@@ -143,6 +143,8 @@ struct Prepared {
     target: Target,
     /// A field template uses `{deliver_at}`: scheduled messages can be sent here.
     carries_schedule: bool,
+    /// The warning about a scheduled message this destination cannot carry was logged.
+    schedule_warned: AtomicBool,
     headers: Vec<(HeaderName, HeaderValue)>,
 }
 
@@ -220,6 +222,7 @@ impl Task {
             client,
             target,
             carries_schedule,
+            schedule_warned: AtomicBool::new(false),
             headers,
         })
     }
@@ -395,10 +398,13 @@ async fn send_one(
         }
     };
     if values.scheduled() && !p.carries_schedule {
-        tracing::warn!(
-            destination = %cfg.name,
-            "a message scheduled for later reached an HTTP destination whose fields have no {{deliver_at}}: the branch fails rather than delivering it now"
-        );
+        // Once per destination start: the REJECTD receipts say it for each message.
+        if !p.schedule_warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                destination = %cfg.name,
+                "a message scheduled for later reached an HTTP destination whose fields have no {{deliver_at}}: such branches fail rather than delivering now"
+            );
+        }
         return Done {
             token,
             result: Err(SubmitFailure::Status(outcome::SCHEDULE_NOT_CARRIED)),

@@ -101,10 +101,8 @@ impl Values {
             deliver_at: part
                 .schedule_delivery_time
                 .filter(|&at| at > crate::smpp::time::now_ms())
-                .map(|at| {
-                    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(at);
-                    humantime::format_rfc3339_seconds(at).to_string()
-                })
+                // Ingress refuses times past 2099: one here is given as the latest.
+                .map(|at| crate::smpp::time::rfc3339(at.min(crate::smpp::time::LATEST_MS)).unwrap_or_default())
                 .unwrap_or_default(),
         })
     }

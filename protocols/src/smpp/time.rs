@@ -117,15 +117,32 @@ pub fn now_ms() -> u64 {
         .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// The first and the last instant (ms since the Unix epoch) an absolute SMPP time can
+/// name: 2000-01-01T00:00:00Z and 2099-12-31T23:59:59.999Z. A scheduled delivery time past
+/// the last cannot be passed on, and is refused when the message comes in.
+pub const EARLIEST_MS: u64 = 946_684_800_000;
+pub const LATEST_MS: u64 = 4_102_444_799_999;
+
+/// `ms` as RFC 3339 in UTC to the second (`2026-12-24T09:00:00Z`); `None` outside the
+/// years [`EARLIEST_MS`]..=[`LATEST_MS`] (so the formatter never meets a year it cannot
+/// write).
+pub fn rfc3339(ms: u64) -> Option<String> {
+    if !(EARLIEST_MS..=LATEST_MS).contains(&ms) {
+        return None;
+    }
+    let at = std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_millis(ms))?;
+    let mut out = String::with_capacity(20);
+    std::fmt::Write::write_fmt(&mut out, format_args!("{}", humantime::format_rfc3339_seconds(at))).ok()?;
+    Some(out)
+}
+
 /// `ms` (since the Unix epoch) as an absolute SMPP time in UTC, `YYMMDDhhmmsst00+`:
 /// what a `schedule_delivery_time` carries to a provider. Times outside 2000-2099, which
 /// the format cannot hold, are `None`.
 pub fn format_absolute(ms: u64) -> Option<String> {
-    let at = std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_millis(ms))?;
     // "2026-12-08T01:23:45Z": the calendar fields, already in UTC.
-    let iso = humantime::format_rfc3339_seconds(at).to_string();
-    let b = iso.as_bytes();
-    if b.len() != 20 || &b[0..2] != b"20" {
+    let iso = rfc3339(ms)?;
+    if iso.len() != 20 {
         return None;
     }
     let field = |from: usize| &iso[from..from + 2];
@@ -204,9 +221,13 @@ mod tests {
             let text = format_absolute(at).unwrap();
             assert_eq!(super::parse(&text, 0), Ok(Some(at)), "{text}");
         }
-        // Outside 2000-2099 the format has no year for it.
+        // Outside 2000-2099 the format has no year for it; far beyond, no panic either.
         assert_eq!(format_absolute(0), None);
-        assert_eq!(format_absolute(4_102_444_800_000), None);
+        assert_eq!(format_absolute(LATEST_MS + 1), None);
+        assert_eq!(format_absolute(u64::MAX), None);
+        assert_eq!(rfc3339(u64::MAX), None);
+        assert_eq!(rfc3339(LATEST_MS).as_deref(), Some("2099-12-31T23:59:59Z"));
+        assert_eq!(format_absolute(LATEST_MS).as_deref(), Some("991231235959900+"));
     }
 
     fn parse(field: &str) -> Result<Option<u64>, SmppTimeError> {

@@ -34,10 +34,17 @@ pub(crate) fn submit_sm(seq: u32, part: &OutboundSubmit) -> Result<Command, Buil
         sar: None,
     };
     let command = build::submit_sm(seq, &sm)?;
-    let schedule = part
-        .schedule_delivery_time
-        .filter(|&at| at > crate::smpp::time::now_ms())
-        .and_then(crate::smpp::time::format_absolute);
+    let schedule = match part.schedule_delivery_time {
+        Some(at) if at > crate::smpp::time::now_ms() => {
+            // Never dropped: a time the format cannot hold fails the part (ingress
+            // refuses those, so only an old record could carry one).
+            Some(crate::smpp::time::format_absolute(at).ok_or_else(|| BuildError {
+                field: "schedule_delivery_time",
+                reason: "later than an SMPP time can name (2099)".into(),
+            })?)
+        }
+        _ => None,
+    };
     if part.service_type.is_empty() && part.protocol_id == 0 && part.priority_flag == 0 && schedule.is_none() {
         return Ok(command);
     }
@@ -211,6 +218,11 @@ mod tests {
         p.schedule_delivery_time = Some(now.saturating_sub(1_000));
         let sm = round_trip(&submit_sm(2, &p).unwrap());
         assert_eq!(sm.schedule_delivery_time.as_str(), "");
+        // Later than an SMPP time can name: the part fails, it is not sent for now.
+        p.schedule_delivery_time = Some(u64::MAX);
+        let err = submit_sm(3, &p).unwrap_err();
+        assert_eq!(err.field, "schedule_delivery_time");
+        assert_eq!(build_error_status(&err), u32::from(CommandStatus::EsmeRinvsched));
     }
 
     #[test]
