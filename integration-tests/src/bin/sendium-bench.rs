@@ -395,16 +395,7 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
             v.trim().parse().map_err(|_| format!("bad {flag} value {v:?}"))
         }
         match flag {
-            "--profile" => {
-                let name = value()?;
-                let profile = find_profile(&name).ok_or_else(|| {
-                    let names: Vec<&str> = PROFILES.iter().map(|p| p.name).collect();
-                    format!("unknown profile {name:?} (known: {})", names.join(", "))
-                })?;
-                if !o.profiles.iter().any(|p| p.name == profile.name) {
-                    o.profiles.push(profile);
-                }
-            }
+            "--profile" => add_profile(&mut o.profiles, &value()?)?,
             "--include-unsupported" => o.include_unsupported = true,
             "--pg-url" => o.pg_url = Some(value()?),
             "--count" => o.count = num(flag, value()?)?,
@@ -441,14 +432,7 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
             "--http-messages" => o.http_messages = num(flag, value()?)?,
             "--http-clients" => o.http_clients = num(flag, value()?)?,
             "--http-profile" => {
-                let name = value()?;
-                let profile = find_profile(&name).ok_or_else(|| {
-                    let names: Vec<&str> = PROFILES.iter().map(|p| p.name).collect();
-                    format!("unknown profile {name:?} (known: {})", names.join(", "))
-                })?;
-                if !o.http_profiles.iter().any(|p| p.name == profile.name) {
-                    o.http_profiles.push(profile);
-                }
+                add_profile(&mut o.http_profiles, &value()?)?;
                 o.http = true;
             }
             "--mo" => o.mo = true,
@@ -517,6 +501,18 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
             .collect();
     }
     Ok(Some(o))
+}
+
+/// Add the profile called `name` to `list`, once.
+fn add_profile(list: &mut Vec<&'static Profile>, name: &str) -> Result<(), String> {
+    let profile = find_profile(name).ok_or_else(|| {
+        let names: Vec<&str> = PROFILES.iter().map(|p| p.name).collect();
+        format!("unknown profile {name:?} (known: {})", names.join(", "))
+    })?;
+    if !list.iter().any(|p| p.name == profile.name) {
+        list.push(profile);
+    }
+    Ok(())
 }
 
 fn profile_list() -> String {
