@@ -93,7 +93,7 @@ pub fn destination_settings(i: usize, d: &sendium_profiles::DestinationConfig) -
 pub fn http_destination_trust(i: usize, d: &sendium_profiles::DestinationConfig) -> Trust {
     match &d.tls_ca {
         Some(path) => Trust::CaFile {
-            key: format!("destinations[{i}].tls-ca"),
+            key: format!("destinations[{i}]"),
             path: path.clone(),
         },
         None => Trust::WebPki,

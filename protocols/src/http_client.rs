@@ -407,8 +407,8 @@ pub enum BuildError {
 pub enum Trust {
     /// The webpki roots (the Mozilla CA list).
     WebPki,
-    /// Only the CA certificates in this PEM file; `key` names it in errors (the
-    /// configuration key, e.g. `destinations[2].tls-ca`).
+    /// Only the CA certificates in this PEM file; errors name it `{key}.tls-ca` (`key` is
+    /// the destination's configuration key, e.g. `destinations[2]`, as for SMPP TLS).
     CaFile { key: String, path: PathBuf },
 }
 
@@ -449,7 +449,7 @@ struct FileStamp {
 impl FileStamp {
     fn of(key: &str, path: &std::path::Path) -> Result<FileStamp, crate::tls::TlsError> {
         let meta = std::fs::metadata(path).map_err(|source| crate::tls::TlsError::Read {
-            key: key.to_owned(),
+            key: format!("{key}.tls-ca"),
             path: path.to_owned(),
             source,
         })?;
@@ -520,21 +520,13 @@ fn http1_connector(mut tls: rustls::ClientConfig) -> TlsConnector {
 }
 
 fn ca_file_connector(key: &str, path: &std::path::Path) -> Result<TlsConnector, crate::tls::TlsError> {
-    let rejected = |source| crate::tls::TlsError::Rejected {
+    let settings = crate::tls::ClientTlsSettings {
+        server_name: String::new(),
+        ca: Some(path.to_owned()),
+        insecure_skip_verify: false,
         key: key.to_owned(),
-        path: path.to_owned(),
-        source,
     };
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in crate::tls::load_certificates(key, path)? {
-        roots.add(cert).map_err(rejected)?;
-    }
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(rejected)?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(http1_connector(tls))
+    Ok(http1_connector((*crate::tls::client_config(&settings)?).clone()))
 }
 
 /// The client; cheap to clone (clones share the pool).
@@ -569,7 +561,7 @@ impl HttpClient {
     /// connection, and a bad one fails connections until it is fixed; [`Trust::check`]
     /// reads it now.
     pub fn with_trust(config: Config, policy: Arc<dyn AddressPolicy>, trust: Trust) -> Result<Self, BuildError> {
-        Self::build(config, policy, Connector::new(trust, Vec::new())?)
+        Ok(Self::build(config, policy, Connector::new(trust, Vec::new())?))
     }
 
     /// `new`, trusting `extra_roots` besides the webpki roots (tests: a local server's own
@@ -580,18 +572,18 @@ impl HttpClient {
         policy: Arc<dyn AddressPolicy>,
         extra_roots: Vec<CertificateDer<'static>>,
     ) -> Result<Self, BuildError> {
-        Self::build(config, policy, Connector::new(Trust::WebPki, extra_roots)?)
+        Ok(Self::build(config, policy, Connector::new(Trust::WebPki, extra_roots)?))
     }
 
-    fn build(config: Config, policy: Arc<dyn AddressPolicy>, tls: Connector) -> Result<Self, BuildError> {
-        Ok(HttpClient {
+    fn build(config: Config, policy: Arc<dyn AddressPolicy>, tls: Connector) -> Self {
+        HttpClient {
             inner: Arc::new(Inner {
                 config,
                 policy,
                 tls,
                 pool: Mutex::default(),
             }),
-        })
+        }
     }
 
     /// Open a connection to `target` (resolve, connect, TLS) and pool it for the next
@@ -1495,7 +1487,7 @@ AyQWWChm6NeKPeyqinyN3IRYoAehRANCAAS9PKNL1eEYuz883X4cVPnh9E5rOLmG
         let ca = dir.path().join("ca.pem");
         std::fs::write(&ca, CERT).unwrap();
         let trust = Trust::CaFile {
-            key: "destinations[0].tls-ca".into(),
+            key: "destinations[0]".into(),
             path: ca.clone(),
         };
         trust.check().unwrap();
