@@ -76,13 +76,6 @@ pub fn record(account: &str, s: InboundSubmit, now: Timestamp, multipart_expiry:
     }
 }
 
-fn reply(a: Admission) -> SubmitReply {
-    match a {
-        Admission::Accepted(id) | Admission::Duplicate(id) => SubmitReply::Accepted(id.to_string()),
-        Admission::Refused(r) => SubmitReply::Refused(refusal_status(r)),
-    }
-}
-
 #[async_trait]
 impl SubmitHandler for SmppIngress {
     async fn submit(&self, account: &str, batch: Vec<InboundSubmit>) -> Vec<SubmitReply> {
@@ -95,13 +88,7 @@ impl SubmitHandler for SmppIngress {
                 (r, too_far)
             })
             .unzip();
-        if !too_far.contains(&true) {
-            return ingress::admit(&self.shared, records)
-                .await
-                .into_iter()
-                .map(reply)
-                .collect();
-        }
+        // Refused ones never reach the Ingress; the others keep their order.
         let admitted: Vec<PendingRecord> = records
             .into_iter()
             .zip(&too_far)
@@ -113,7 +100,11 @@ impl SubmitHandler for SmppIngress {
             .into_iter()
             .map(|far| match far {
                 true => SubmitReply::Refused(ESME_RINVSCHED),
-                false => answers.next().map_or(SubmitReply::Refused(ESME_RSYSERR), reply),
+                false => match answers.next() {
+                    Some(Admission::Accepted(id) | Admission::Duplicate(id)) => SubmitReply::Accepted(id.to_string()),
+                    Some(Admission::Refused(r)) => SubmitReply::Refused(refusal_status(r)),
+                    None => SubmitReply::Refused(ESME_RSYSERR),
+                },
             })
             .collect()
     }
